@@ -1,0 +1,131 @@
+// reservoir::Allocator — the C++ front of the caching allocator.
+//
+//   reservoir::Allocator& a = reservoir::Allocator::instance();  // CUDA, or the sim
+//   void* p = a.allocate(64 << 20, stream);   // throws OutOfMemoryError
+//   a.deallocate(p);                          // throws InvalidPointerError if foreign
+//
+// One engine per device, created on first use. Blocks belong to the stream they
+// were allocated on and are reused only on that stream (as in PyTorch); use
+// record_stream() when a block is used on another stream. All members are
+// thread-safe; threads on different streams do not contend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "reservoir/backend.hpp"
+#include "reservoir/config.hpp"
+#include "reservoir/errors.hpp"
+#include "reservoir/export.hpp"
+#include "reservoir/stats.hpp"
+
+namespace reservoir {
+
+namespace detail {
+class DeviceEngine;
+class SegmentMap;
+class TraceRecorder;
+}  // namespace detail
+
+// Called once the out-of-memory ladder has failed, before OutOfMemoryError is
+// thrown: (device, bytes asked of the device, bytes allowed, bytes free).
+using OomObserver =
+    std::function<void(int device, std::size_t alloc_size, std::size_t allowed, std::size_t free)>;
+// Called on a cache miss before asking the device: free what you can (e.g. drop
+// other caches); return true if anything was freed.
+using FreeMemoryCallback = std::function<bool()>;
+
+struct BaseAllocation {
+  void* base = nullptr;    // start of the segment holding the pointer
+  std::size_t size = 0;    // size of that segment
+};
+
+class RESERVOIR_API Allocator {
+ public:
+  // Uses backend (must outlive nothing: it is shared) and config.
+  Allocator(std::shared_ptr<Backend> backend, Config config);
+  // Picks the backend from config.device ("auto": CUDA when a device is present,
+  // else SimBackend) and reads the configuration from the environment.
+  Allocator();
+  ~Allocator();
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  // The process-wide allocator used by the C API and the integrations, created on
+  // first use and never destroyed (device work may outlive static destructors).
+  static Allocator& instance();
+  // A backend chosen as Allocator() chooses it.
+  static std::shared_ptr<Backend> make_default_backend(const Config& config);
+
+  // ---- Allocation ----
+  // Size 0 returns nullptr. device -1 = the backend's current device.
+  // Throws OutOfMemoryError (also for sizes >= 1 EiB, before any device call),
+  // InvalidArgumentError for an unknown device, DeviceError for device failures.
+  void* allocate(std::size_t size, StreamHandle stream = 0, int device = -1);
+  // nullptr is ignored. Throws InvalidPointerError (naming the pointer, changing
+  // nothing) for a pointer not handed out, already freed, or inside a block.
+  void deallocate(void* ptr);
+  // The block at ptr is also used on stream: its memory is not reused until the
+  // work submitted to stream by the time of deallocate() completes.
+  void record_stream(void* ptr, StreamHandle stream);
+  // Tells the allocator (and the trace recorder) that the host waited for stream.
+  void notify_host_wait(StreamHandle stream, int device = -1);
+
+  // ---- Cache control ----
+  // Returns every unused cached segment to the device (all devices).
+  void empty_cache();
+  void empty_cache(int device);
+  // Caps reserved memory at fraction * device total. fraction in [0, 1].
+  void set_memory_fraction(double fraction, int device = -1);
+  double memory_fraction(int device = -1);
+  // Size of the largest cached (free) block.
+  std::size_t largest_cached_block(int device = -1);
+  // The segment holding ptr (an allocated pointer, or inside one).
+  BaseAllocation base_allocation(void* ptr);
+  // Size of the block (rounded) for an allocated pointer, and what was asked for.
+  std::size_t block_size(void* ptr);
+  std::size_t requested_size(void* ptr);
+
+  // ---- Statistics ----
+  DeviceStats stats(int device = -1);
+  void reset_peak_stats(int device = -1);
+  void reset_accumulated_stats(int device = -1);
+  // A readable table of the statistics (like torch.cuda.memory_summary()).
+  std::string summary(int device = -1);
+
+  // ---- Hooks ----
+  void attach_oom_observer(OomObserver observer);
+  void add_free_memory_callback(FreeMemoryCallback callback);
+
+  // ---- Configuration ----
+  const Config& config() const;
+  // Applies "key:value,..." at run time (throws ConfigError, leaving it unchanged).
+  void update_config(std::string_view text);
+
+  // ---- Trace capture (docs/trace_format.md) ----
+  // Starts writing every request to path (replaces a running recording).
+  void start_trace_recording(const std::string& path);
+  void stop_trace_recording();
+
+  // ---- Introspection ----
+  Backend& backend();
+  int device_count();
+  // False in uncached mode (RESERVOIR_NO_CACHING=1): every call goes to the device.
+  bool caching() const;
+  // Walks every segment, block, pool and statistic; throws InvariantError.
+  void validate();
+
+  // Internal: the engine of a device (created on first use).
+  detail::DeviceEngine& engine(int device);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace reservoir

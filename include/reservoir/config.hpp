@@ -1,0 +1,72 @@
+// Allocator settings, in PyTorch's PYTORCH_CUDA_ALLOC_CONF syntax:
+//   "key:value,key:value"  e.g. "max_split_size_mb:256,expandable_segments:True"
+// Read from RESERVOIR_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF. An unknown key or a
+// bad value throws ConfigError naming the key and what is allowed. docs/config.md
+// lists every key.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "reservoir/export.hpp"
+
+namespace reservoir {
+
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+// roundup_power2_divisions has one entry per power-of-two interval of sizes,
+// [1 MiB, 2 MiB), [2 MiB, 4 MiB), ... (below 1 MiB uses the first, 32 GiB+ the last).
+inline constexpr std::size_t kRoundupIntervals = 16;
+
+struct RESERVOIR_API Config {
+  // "native" (the only engine; "cudaMallocAsync" is refused with an explanation).
+  std::string backend = "native";
+  // Blocks of at least this size are never split (max_split_size_mb).
+  std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
+  // An oversize cached block serves a request at most this much smaller
+  // (max_non_split_rounding_mb; default 20 MiB).
+  std::size_t max_non_split_rounding_size = 20 * kMiB;
+  // Divisions per power-of-two interval; 0 or 1 = plain 512-byte rounding.
+  std::array<std::size_t, kRoundupIntervals> roundup_power2_divisions{};
+  // Age-based release of cached blocks once reserved exceeds this fraction of the
+  // memory fraction's allowance (0 = off; needs a memory fraction).
+  double garbage_collection_threshold = 0.0;
+  bool expandable_segments = false;
+  // Address space reserved per expandable segment: bytes (0 = device memory plus 1/8).
+  std::size_t expandable_segments_reserve = 0;
+  // Fraction of device memory when > 0 and expandable_segments_reserve is 0.
+  double expandable_segments_reserve_fraction = 0.0;
+  bool release_lock_on_cudamalloc = false;
+  // Applied to every device at creation (1.0 = no limit unless set later).
+  double per_process_memory_fraction = 1.0;
+  bool per_process_memory_fraction_set = false;
+  // Which device backend the default allocator uses: "auto" (CUDA if a device is
+  // present, else the simulated device), "cuda" or "sim".
+  std::string device = "auto";
+  // Capacity of the simulated device when device is sim (0 = SimBackend default).
+  std::size_t sim_capacity = 0;
+  // Write a trace (docs/trace_format.md) of every request to this path ("" = off).
+  std::string record_trace;
+  // Write a snapshot at the moment of an OutOfMemoryError ("" = off).
+  std::string oom_snapshot;
+
+  // The settings as given, for reports ("" for all defaults).
+  std::string source;
+
+  // Parses a whole configuration onto the defaults. Throws ConfigError.
+  static Config parse(std::string_view text);
+  // RESERVOIR_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else defaults. Throws ConfigError.
+  static Config from_environment();
+  // Applies "key:value,..." on top of this configuration. Throws ConfigError (and
+  // then leaves *this unchanged).
+  void apply(std::string_view text);
+  // Divisions for a rounded request of size bytes.
+  std::size_t divisions_for(std::size_t size) const noexcept;
+  // A canonical "key:value,..." string of every non-default setting.
+  std::string to_string() const;
+};
+
+}  // namespace reservoir

@@ -1,0 +1,77 @@
+/* Reservoir C API: the caching allocator behind status codes.
+ *
+ * Every function returns RESERVOIR_OK (0) or an error code; on error,
+ * reservoir_last_error() returns a message for the calling thread. No function
+ * throws or aborts; the free path never fails silently and never crashes on a
+ * foreign pointer. All functions use the process-wide allocator
+ * (reservoir::Allocator::instance()).
+ */
+#ifndef RESERVOIR_RESERVOIR_H
+#define RESERVOIR_RESERVOIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define RESERVOIR_C_API __declspec(dllexport)
+#else
+#define RESERVOIR_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum reservoir_status {
+  RESERVOIR_OK = 0,
+  RESERVOIR_ERROR_OUT_OF_MEMORY = 1,
+  RESERVOIR_ERROR_INVALID_POINTER = 2,
+  RESERVOIR_ERROR_INVALID_ARGUMENT = 3,
+  RESERVOIR_ERROR_CONFIG = 4,
+  RESERVOIR_ERROR_DEVICE = 5,
+  RESERVOIR_ERROR_INTERNAL = 6
+} reservoir_status;
+
+/* Message of the last error on this thread ("" if none). Valid until the next call. */
+RESERVOIR_C_API const char* reservoir_last_error(void);
+/* Name of a status code ("out_of_memory", ...). */
+RESERVOIR_C_API const char* reservoir_status_name(reservoir_status status);
+
+/* size is signed so that negative sizes from callers are caught, not wrapped.
+ * size 0 gives *ptr = NULL. device -1 = current device. */
+RESERVOIR_C_API reservoir_status reservoir_allocate(void** ptr, int64_t size, int device,
+                                                    uintptr_t stream);
+/* ptr NULL is ignored. */
+RESERVOIR_C_API reservoir_status reservoir_free(void* ptr);
+RESERVOIR_C_API reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream);
+RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
+RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);
+RESERVOIR_C_API reservoir_status reservoir_get_memory_fraction(int device, double* fraction);
+RESERVOIR_C_API reservoir_status reservoir_largest_cached_block(int device, size_t* bytes);
+RESERVOIR_C_API reservoir_status reservoir_base_allocation(void* ptr, void** base, size_t* size);
+RESERVOIR_C_API reservoir_status reservoir_reset_peak_stats(int device);
+RESERVOIR_C_API reservoir_status reservoir_reset_accumulated_stats(int device);
+/* Applies "key:value,..." (PYTORCH_CUDA_ALLOC_CONF syntax) at run time. */
+RESERVOIR_C_API reservoir_status reservoir_update_config(const char* text);
+RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
+
+/* Statistics as "name value\n" lines with PyTorch's memory_stats() keys
+ * ("allocated_bytes.all.current 1024\n..."). Writes at most capacity bytes
+ * including the terminating NUL; *needed gets the full length + 1. */
+RESERVOIR_C_API reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity,
+                                                      size_t* needed);
+/* The memory summary table, same buffer convention. */
+RESERVOIR_C_API reservoir_status reservoir_summary(int device, char* buffer, size_t capacity,
+                                                   size_t* needed);
+
+RESERVOIR_C_API reservoir_status reservoir_start_trace_recording(const char* path);
+RESERVOIR_C_API reservoir_status reservoir_stop_trace_recording(void);
+
+/* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. */
+RESERVOIR_C_API reservoir_status reservoir_validate(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RESERVOIR_RESERVOIR_H */

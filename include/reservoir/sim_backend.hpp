@@ -1,0 +1,150 @@
+// SimBackend: a deterministic simulated device, so every engine behaviour can be
+// tested (and every trace replayed) on a machine without a GPU.
+//
+// - Capacity per device (default 80 GiB); segment addresses are 512-byte aligned,
+//   2 MiB aligned from 2 MiB up; live ranges never overlap; freed ranges are reused.
+// - Addresses are synthetic (not dereferenceable) unless host_backed is set, in
+//   which case they point into a host mapping (MAP_NORESERVE) that tests may write.
+// - Streams progress explicitly: an event recorded on a stream completes only when
+//   the test calls advance(stream) (or synchronize_*); in eager mode all work
+//   completes at once.
+// - Fault injection: fail the Nth raw allocation, fail allocations above a size,
+//   make event queries (or any named operation) return an error.
+// - Counters and a cost model (µs per raw alloc/free/map/unmap) so tools can report
+//   the device time a workload would spend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "reservoir/backend.hpp"
+
+namespace reservoir {
+
+struct SimOptions {
+  std::size_t capacity = std::size_t{80} << 30;  // bytes per device
+  int device_count = 1;
+  bool eager = false;        // all submitted work completes at once
+  bool host_backed = false;  // addresses point into real host memory
+  bool virtual_memory = true;  // advertise Capability kVirtualMemory
+  std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
+  // Cost model, in microseconds of device time per call.
+  double alloc_us = 150.0;
+  double free_us = 100.0;
+  double map_us = 30.0;
+  double unmap_us = 30.0;
+};
+
+// Counters of calls the engine made, per SimBackend (all devices).
+struct SimCounters {
+  std::uint64_t allocs = 0, frees = 0;
+  std::uint64_t alloc_bytes = 0, free_bytes = 0;
+  std::uint64_t failed_allocs = 0;  // out_of_memory answers (real or injected)
+  std::uint64_t events_created = 0, events_destroyed = 0, events_recorded = 0;
+  std::uint64_t event_queries = 0, event_syncs = 0, stream_waits = 0;
+  std::uint64_t stream_syncs = 0, device_syncs = 0;
+  std::uint64_t physical_creates = 0, physical_releases = 0, maps = 0, unmaps = 0;
+  std::uint64_t reservations = 0;
+  double device_time_us = 0;  // the cost model's total
+};
+
+// Operations that fault injection can target.
+enum class SimOp {
+  allocate,
+  deallocate,
+  create_event,
+  record_event,
+  query_event,
+  synchronize_event,
+  create_physical,
+  map,
+  unmap,
+  set_access,
+  reserve_address_range,
+};
+
+class RESERVOIR_API SimBackend final : public Backend {
+ public:
+  explicit SimBackend(SimOptions options = {});
+  ~SimBackend() override;
+  SimBackend(const SimBackend&) = delete;
+  SimBackend& operator=(const SimBackend&) = delete;
+
+  // ---- Backend ----
+  const char* name() const noexcept override { return "sim"; }
+  std::uint32_t capabilities() const noexcept override;
+  DeviceStatus device_count(int* count) override;
+  DeviceStatus current_device(int* device) override;
+  DeviceStatus memory_info(int device, MemoryInfo* info) override;
+  DeviceStatus allocate(int device, std::size_t size, void** ptr) override;
+  DeviceStatus deallocate(int device, void* ptr, std::size_t size) override;
+  DeviceStatus create_event(int device, EventHandle* event) override;
+  DeviceStatus destroy_event(int device, EventHandle event) override;
+  DeviceStatus record_event(int device, EventHandle event, StreamHandle stream) override;
+  DeviceStatus query_event(int device, EventHandle event) override;
+  DeviceStatus synchronize_event(int device, EventHandle event) override;
+  DeviceStatus stream_wait_event(int device, StreamHandle stream, EventHandle event) override;
+  DeviceStatus synchronize_stream(int device, StreamHandle stream) override;
+  DeviceStatus synchronize_device(int device) override;
+  DeviceStatus granularity(int device, std::size_t* bytes) override;
+  DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
+                                     void** ptr) override;
+  DeviceStatus release_address_range(int device, void* ptr, std::size_t size) override;
+  DeviceStatus create_physical(int device, std::size_t size, PhysicalHandle* handle) override;
+  DeviceStatus release_physical(int device, PhysicalHandle handle) override;
+  DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle) override;
+  DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
+  DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
+                          int count) override;
+  DeviceStatus can_access_peer(int device, int peer, bool* can) override;
+  DeviceStatus enable_peer_access(int device, int peer) override;
+  std::uint64_t now_us() const override;
+
+  // ---- Test controls ----
+  // The calling thread's current device (thread-local, default 0).
+  void set_current_device(int device);
+  // Completes all work submitted to stream so far (on every device).
+  void advance(StreamHandle stream);
+  // Completes all work on every stream.
+  void advance_all();
+  // In eager mode all work completes at once (switching on completes pending work).
+  void set_eager(bool eager);
+  // Events recorded on stream that have not completed yet.
+  std::size_t pending_events(StreamHandle stream) const;
+  // Models a kernel launch on stream: work that an event recorded later captures.
+  void submit_work(StreamHandle stream);
+
+  // ---- Fault injection (each persists until cleared) ----
+  // The nth allocate() call from now (1 = the next) answers out_of_memory.
+  void fail_allocation_number(std::uint64_t n);
+  // Every allocate() of more than bytes answers out_of_memory.
+  void fail_allocations_above(std::size_t bytes);
+  // Every call of op answers status (error: last_error() says "injected ...").
+  void fail_operation(SimOp op, DeviceStatus status);
+  // The nth call of op from now (1 = the next) answers status, once.
+  void fail_operation_number(SimOp op, std::uint64_t n, DeviceStatus status);
+  void clear_faults();
+  // Called inside allocate() before it answers (for tests of lock release).
+  void set_allocate_hook(std::function<void()> hook);
+
+  // ---- Capacity and clock ----
+  void set_capacity(int device, std::size_t bytes);
+  std::size_t capacity(int device) const;
+  std::size_t used(int device) const;   // bytes of live segments + physical memory
+  std::size_t live_segments(int device) const;
+  // Fake clock: now_us() returns this value plus the cost model's device time.
+  void set_clock_us(std::uint64_t us);
+  void advance_clock_us(std::uint64_t us);
+
+  SimCounters counters() const;
+  void reset_counters();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace reservoir

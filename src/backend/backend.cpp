@@ -1,0 +1,78 @@
+// Defaults of the device seam: optional capabilities answer unsupported.
+#include "reservoir/backend.hpp"
+
+#include <chrono>
+
+namespace reservoir {
+
+namespace {
+thread_local std::string t_last_error;
+
+DeviceStatus unsupported(const char* what) {
+  t_last_error = std::string(what) + ": not supported by this backend";
+  return DeviceStatus::unsupported;
+}
+}  // namespace
+
+const char* to_string(DeviceStatus status) noexcept {
+  switch (status) {
+    case DeviceStatus::ok:
+      return "ok";
+    case DeviceStatus::out_of_memory:
+      return "out_of_memory";
+    case DeviceStatus::not_ready:
+      return "not_ready";
+    case DeviceStatus::error:
+      return "error";
+    case DeviceStatus::unsupported:
+      return "unsupported";
+  }
+  return "unknown";
+}
+
+Backend::~Backend() = default;
+
+DeviceStatus Backend::fail(DeviceStatus status, std::string message) {
+  t_last_error = std::move(message);
+  return status;
+}
+
+std::string Backend::last_error() const { return t_last_error; }
+
+std::uint64_t Backend::now_us() const {
+  using namespace std::chrono;
+  return static_cast<std::uint64_t>(
+      duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count());
+}
+
+DeviceStatus Backend::stream_wait_event(int, StreamHandle, EventHandle) {
+  return unsupported("stream_wait_event");
+}
+DeviceStatus Backend::granularity(int, std::size_t*) { return unsupported("granularity"); }
+DeviceStatus Backend::reserve_address_range(int, std::size_t, std::size_t, void**) {
+  return unsupported("reserve_address_range");
+}
+DeviceStatus Backend::release_address_range(int, void*, std::size_t) {
+  return unsupported("release_address_range");
+}
+DeviceStatus Backend::create_physical(int, std::size_t, PhysicalHandle*) {
+  return unsupported("create_physical");
+}
+DeviceStatus Backend::release_physical(int, PhysicalHandle) {
+  return unsupported("release_physical");
+}
+DeviceStatus Backend::map(int, void*, std::size_t, PhysicalHandle) { return unsupported("map"); }
+DeviceStatus Backend::unmap(int, void*, std::size_t) { return unsupported("unmap"); }
+DeviceStatus Backend::set_access(int, void*, std::size_t, const int*, int) {
+  return unsupported("set_access");
+}
+DeviceStatus Backend::export_ipc(int, void*, IpcHandle*) { return unsupported("export_ipc"); }
+DeviceStatus Backend::open_ipc(int, const IpcHandle&, void**) { return unsupported("open_ipc"); }
+DeviceStatus Backend::close_ipc(int, void*) { return unsupported("close_ipc"); }
+DeviceStatus Backend::can_access_peer(int, int, bool* can) {
+  if (can) *can = false;
+  return unsupported("can_access_peer");
+}
+DeviceStatus Backend::enable_peer_access(int, int) { return unsupported("enable_peer_access"); }
+
+}  // namespace reservoir
