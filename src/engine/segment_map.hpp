@@ -1,0 +1,55 @@
+// SegmentMap: address -> Segment for every live segment of every device, read
+// without locks so that deallocate() finds the owning stream pool (and device) of a
+// pointer before taking exactly one lock.
+//
+// A three-level radix tree over 2 MiB pages of a 57-bit address space. Each page
+// slot holds up to two segments (a segment need not start on a page boundary, so a
+// page can straddle the end of one and the start of the next).
+// Invariant: for every registered segment S and address a in [S.base, S.base+S.size),
+// find(a) == S. Nodes are never freed before the map, so concurrent readers are safe;
+// writers (segment creation and release) serialize on a mutex.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+namespace reservoir::detail {
+
+struct Segment;
+
+class SegmentMap {
+ public:
+  SegmentMap();
+  ~SegmentMap();
+  SegmentMap(const SegmentMap&) = delete;
+  SegmentMap& operator=(const SegmentMap&) = delete;
+
+  // The live segment containing address, or nullptr.
+  Segment* find(std::uintptr_t address) const noexcept;
+  // pre: segment's range overlaps no registered segment.
+  void insert(Segment* segment);
+  void erase(Segment* segment);
+
+ private:
+  static constexpr int kPageBits = 21;
+  static constexpr int kLevelBits = 12;
+  static constexpr std::size_t kFanout = std::size_t{1} << kLevelBits;
+  struct Slot {
+    std::atomic<Segment*> first{nullptr};
+    std::atomic<Segment*> second{nullptr};
+  };
+  struct Leaf {
+    Slot slots[kFanout];
+  };
+  struct Middle {
+    std::atomic<Leaf*> leaves[kFanout];
+  };
+
+  Slot* slot(std::uint64_t page, bool create);
+
+  std::atomic<Middle*> root_[kFanout];
+  std::mutex write_mutex_;
+};
+
+}  // namespace reservoir::detail

@@ -1,0 +1,80 @@
+// The statistics table (Allocator::summary), laid out like
+// torch.cuda.memory_summary() so that users find what they know.
+#include <cstdio>
+#include <string>
+
+#include "reservoir/allocator.hpp"
+#include "util/format.hpp"
+
+namespace reservoir {
+
+const char* const* stat_array_names() noexcept {
+  static const char* const names[] = {"allocation",     "segment",        "active",
+                                      "inactive_split", "allocated_bytes", "reserved_bytes",
+                                      "active_bytes",   "inactive_split_bytes",
+                                      "requested_bytes"};
+  return names;
+}
+
+namespace {
+
+std::string cell(std::int64_t v, bool bytes) {
+  if (bytes) return detail::format_size(static_cast<std::uint64_t>(v < 0 ? 0 : v));
+  return std::to_string(v);
+}
+
+void row(std::string& out, const char* name, const Stat& s, bool bytes) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "| %-22s| %12s | %12s | %12s | %12s |\n", name,
+                cell(s.current, bytes).c_str(), cell(s.peak, bytes).c_str(),
+                cell(s.allocated, bytes).c_str(), cell(s.freed, bytes).c_str());
+  out += buf;
+}
+
+void block(std::string& out, const char* name, const StatArray& a, bool bytes) {
+  row(out, name, a.all(), bytes);
+  row(out, "      from large pool", a.large(), bytes);
+  row(out, "      from small pool", a.small(), bytes);
+  out += "|-----------------------+--------------+--------------+--------------+--------------|\n";
+}
+
+}  // namespace
+
+std::string Allocator::summary(int device) {
+  DeviceStats s = stats(device);
+  const std::string rule =
+      "|=======================+==============+==============+==============+==============|\n";
+  std::string out;
+  out += rule;
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "| %-82s|\n",
+                ("Reservoir memory summary, device " + std::to_string(device < 0 ? 0 : device) +
+                 " (" + backend().name() + ")")
+                    .c_str());
+  out += buf;
+  std::snprintf(buf, sizeof buf, "| %-82s|\n",
+                ("OOMs: " + std::to_string(s.num_ooms) +
+                 "   device allocation retries: " + std::to_string(s.num_alloc_retries) +
+                 "   device allocs/frees: " + std::to_string(s.num_device_alloc) + "/" +
+                 std::to_string(s.num_device_free))
+                    .c_str());
+  out += buf;
+  out += rule;
+  out += "| Metric                |  Cur Usage   |  Peak Usage  |  Tot Alloc   |  Tot Freed   |\n";
+  out += "|-----------------------+--------------+--------------+--------------+--------------|\n";
+  block(out, "Allocated memory", s.allocated_bytes, true);
+  block(out, "Active memory", s.active_bytes, true);
+  block(out, "Requested memory", s.requested_bytes, true);
+  block(out, "Reserved memory", s.reserved_bytes, true);
+  block(out, "Non-releasable memory", s.inactive_split_bytes, true);
+  block(out, "Allocations", s.allocation, false);
+  block(out, "Active allocs", s.active, false);
+  block(out, "Reserved segments", s.segment, false);
+  block(out, "Non-releasable allocs", s.inactive_split, false);
+  row(out, "Oversize allocations", s.oversize_allocations, false);
+  row(out, "Oversize segments", s.oversize_segments, false);
+  out += rule;
+  return out;
+}
+
+}  // namespace reservoir

@@ -1,0 +1,271 @@
+// Parsing of the allocator settings (include/reservoir/config.hpp, docs/config.md).
+#include "reservoir/config.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "reservoir/errors.hpp"
+
+namespace reservoir {
+
+namespace {
+
+constexpr std::size_t kLargeBufferMiB = 20;
+
+std::string trim(std::string_view s) {
+  std::size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return std::string(s.substr(b, e - b));
+}
+
+[[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& allowed) {
+  throw ConfigError("reservoir config: bad value '" + value + "' for key '" + key + "': " +
+                    allowed);
+}
+
+bool parse_uint(const std::string& text, unsigned long long* out) {
+  if (text.empty()) return false;
+  for (char c : text)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  errno = 0;
+  char* end = nullptr;
+  *out = std::strtoull(text.c_str(), &end, 10);
+  return errno == 0 && end && *end == '\0';
+}
+
+bool parse_double(const std::string& text, double* out) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  *out = std::strtod(text.c_str(), &end);
+  return end && *end == '\0' && std::isfinite(*out);
+}
+
+bool parse_bool(const std::string& text, bool* out) {
+  if (text == "True" || text == "true" || text == "1") return *out = true, true;
+  if (text == "False" || text == "false" || text == "0") return *out = false, true;
+  return false;
+}
+
+bool is_power_of_two(unsigned long long v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// "1048576", "512MiB", "80GiB", "141G", "2M", "64KiB".
+bool parse_bytes(const std::string& text, std::size_t* out) {
+  std::size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  unsigned long long number = 0;
+  if (!parse_uint(text.substr(0, i), &number)) return false;
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  unsigned shift = 0;
+  if (unit.empty() || unit == "b")
+    shift = 0;
+  else if (unit == "k" || unit == "kib" || unit == "kb")
+    shift = 10;
+  else if (unit == "m" || unit == "mib" || unit == "mb")
+    shift = 20;
+  else if (unit == "g" || unit == "gib" || unit == "gb")
+    shift = 30;
+  else if (unit == "t" || unit == "tib" || unit == "tb")
+    shift = 40;
+  else
+    return false;
+  if (shift && number > (~0ull >> shift)) return false;
+  *out = static_cast<std::size_t>(number << shift);
+  return true;
+}
+
+// Splits on top-level commas (commas inside [...] stay).
+std::vector<std::string> split_entries(std::string_view text) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char c : text) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (c == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+void parse_roundup(Config& c, const std::string& key, const std::string& value) {
+  const std::string allowed =
+      "a power of two (e.g. 4), or a list of SIZE_MB:DIVISIONS entries with power-of-two "
+      "sizes and a final >:DIVISIONS (e.g. [256:1,512:2,>:8])";
+  if (value.empty()) bad(key, value, allowed);
+  if (value.front() != '[') {
+    unsigned long long d = 0;
+    if (!parse_uint(value, &d) || !is_power_of_two(d)) bad(key, value, allowed);
+    c.roundup_power2_divisions.fill(static_cast<std::size_t>(d));
+    return;
+  }
+  if (value.back() != ']') bad(key, value, allowed);
+  std::string body = value.substr(1, value.size() - 2);
+  std::size_t next_interval = 0;  // first interval not yet assigned
+  std::stringstream ss(body);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos) bad(key, value, allowed);
+    std::string limit = trim(item.substr(0, colon));
+    unsigned long long d = 0;
+    if (!parse_uint(trim(item.substr(colon + 1)), &d) || !is_power_of_two(d))
+      bad(key, value, allowed);
+    if (limit == ">") {
+      for (std::size_t i = next_interval; i < kRoundupIntervals; ++i)
+        c.roundup_power2_divisions[i] = d;
+      next_interval = kRoundupIntervals;
+      continue;
+    }
+    unsigned long long mb = 0;
+    if (!parse_uint(limit, &mb) || !is_power_of_two(mb)) bad(key, value, allowed);
+    // Sizes below mb MiB (not covered by an earlier entry) use d divisions:
+    // interval i holds sizes in [2^i MiB, 2^(i+1) MiB).
+    std::size_t end = 0;
+    while ((1ull << end) < mb && end < kRoundupIntervals) ++end;
+    for (std::size_t i = next_interval; i < end; ++i) c.roundup_power2_divisions[i] = d;
+    if (end > next_interval) next_interval = end;
+  }
+}
+
+void apply_entry(Config& c, const std::string& key, const std::string& value) {
+  if (key == "backend") {
+    if (value == "native") {
+      c.backend = value;
+    } else if (value == "cudaMallocAsync") {
+      bad(key, value,
+          "Reservoir is itself the allocator; 'cudaMallocAsync' selects a different one. Remove "
+          "the key or use backend:native");
+    } else {
+      bad(key, value, "native");
+    }
+  } else if (key == "max_split_size_mb") {
+    unsigned long long mb = 0;
+    if (!parse_uint(value, &mb) || mb <= kLargeBufferMiB)
+      bad(key, value, "an integer number of MiB greater than 20");
+    c.max_split_size = mb > (~std::size_t{0} >> 20) ? ~std::size_t{0}
+                                                    : static_cast<std::size_t>(mb) << 20;
+  } else if (key == "max_non_split_rounding_mb") {
+    unsigned long long mb = 0;
+    if (!parse_uint(value, &mb) || mb > (1ull << 40))
+      bad(key, value, "a non-negative integer number of MiB");
+    c.max_non_split_rounding_size = static_cast<std::size_t>(mb) << 20;
+  } else if (key == "roundup_power2_divisions") {
+    parse_roundup(c, key, value);
+  } else if (key == "garbage_collection_threshold") {
+    double t = 0;
+    if (!parse_double(value, &t) || !(t > 0.0 && t < 1.0))
+      bad(key, value, "a number strictly between 0.0 and 1.0");
+    c.garbage_collection_threshold = t;
+  } else if (key == "expandable_segments") {
+    if (!parse_bool(value, &c.expandable_segments)) bad(key, value, "True or False");
+  } else if (key == "expandable_segments_reserve") {
+    double f = 0;
+    std::size_t bytes = 0;
+    if (value.find('.') != std::string::npos && parse_double(value, &f) && f > 0 && f <= 4) {
+      c.expandable_segments_reserve_fraction = f;
+      c.expandable_segments_reserve = 0;
+    } else if (parse_bytes(value, &bytes) && bytes > 0) {
+      c.expandable_segments_reserve = bytes;
+      c.expandable_segments_reserve_fraction = 0;
+    } else {
+      bad(key, value,
+          "a size in bytes (e.g. 64GiB, 2147483648) or a fraction of device memory with a "
+          "decimal point (e.g. 0.5)");
+    }
+  } else if (key == "release_lock_on_cudamalloc") {
+    if (!parse_bool(value, &c.release_lock_on_cudamalloc)) bad(key, value, "True or False");
+  } else if (key == "per_process_memory_fraction") {
+    double f = 0;
+    if (!parse_double(value, &f) || f < 0.0 || f > 1.0)
+      bad(key, value, "a number between 0.0 and 1.0");
+    c.per_process_memory_fraction = f;
+    c.per_process_memory_fraction_set = true;
+  } else if (key == "pinned_use_cuda_host_register" || key == "pinned_num_register_threads" ||
+             key == "pinned_use_background_threads" || key == "pinned_reserve_segment_size_mb") {
+    // PyTorch's pinned host allocator keys: accepted so that a shared
+    // PYTORCH_CUDA_ALLOC_CONF keeps working; they do not concern device memory.
+  } else if (key == "device") {
+    if (value != "auto" && value != "cuda" && value != "sim") bad(key, value, "auto, cuda or sim");
+    c.device = value;
+  } else if (key == "sim_capacity") {
+    std::size_t bytes = 0;
+    if (!parse_bytes(value, &bytes) || bytes == 0)
+      bad(key, value, "a size in bytes, e.g. 80GiB or 1073741824");
+    c.sim_capacity = bytes;
+  } else if (key == "record_trace") {
+    c.record_trace = value;
+  } else if (key == "oom_snapshot") {
+    c.oom_snapshot = value;
+  } else {
+    throw ConfigError(
+        "reservoir config: unknown key '" + key +
+        "'; known keys: backend, max_split_size_mb, max_non_split_rounding_mb, "
+        "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
+        "expandable_segments_reserve, release_lock_on_cudamalloc, per_process_memory_fraction, "
+        "device, sim_capacity, record_trace, oom_snapshot (see docs/config.md)");
+  }
+}
+
+}  // namespace
+
+Config Config::parse(std::string_view text) {
+  Config c;
+  c.apply(text);
+  return c;
+}
+
+Config Config::from_environment() {
+  const char* text = std::getenv("RESERVOIR_ALLOC_CONF");
+  const char* name = "RESERVOIR_ALLOC_CONF";
+  if (text == nullptr) {
+    text = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    name = "PYTORCH_CUDA_ALLOC_CONF";
+  }
+  if (text == nullptr) return Config{};
+  try {
+    return parse(text);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) + " (from " + name + ")");
+  }
+}
+
+void Config::apply(std::string_view text) {
+  Config next = *this;
+  for (const std::string& raw : split_entries(text)) {
+    std::string entry = trim(raw);
+    if (entry.empty()) continue;
+    auto colon = entry.find(':');
+    if (colon == std::string::npos)
+      throw ConfigError("reservoir config: entry '" + entry +
+                        "' is not of the form key:value (entries are separated by commas)");
+    apply_entry(next, trim(entry.substr(0, colon)), trim(entry.substr(colon + 1)));
+  }
+  std::string added = trim(text);
+  if (!added.empty()) next.source = next.source.empty() ? added : next.source + "," + added;
+  *this = std::move(next);
+}
+
+std::size_t Config::divisions_for(std::size_t size) const noexcept {
+  // Interval index: floor(log2(size)) - 20, clamped to [0, 15].
+  int log2 = 63 - __builtin_clzll(static_cast<unsigned long long>(size | 1));
+  int index = log2 > 20 ? log2 - 20 : 0;
+  if (index >= static_cast<int>(kRoundupIntervals)) index = kRoundupIntervals - 1;
+  return roundup_power2_divisions[static_cast<std::size_t>(index)];
+}
+
+std::string Config::to_string() const { return source; }
+
+}  // namespace reservoir
