@@ -1,0 +1,136 @@
+// Address-space bookkeeping for SimBackend (internal): a free-range allocator,
+// anonymous host mappings, and the virtual-memory books (reservations, physical
+// allocations, mappings). None of it locks: SimBackend calls it under its mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "reservoir/backend.hpp"
+
+namespace reservoir::sim {
+
+// "0x7f0000000000": how messages name an address.
+std::string hex(std::uintptr_t value);
+
+// First-fit allocator of address ranges inside one span [base, base + size).
+// Invariants: free_ maps start -> length of disjoint, non-empty ranges, all inside
+// the span; no two free ranges touch (give_back merges neighbours), so every byte of
+// the span is either in exactly one free range or in exactly one taken range.
+class RangeAllocator {
+ public:
+  RangeAllocator() = default;
+  RangeAllocator(std::uintptr_t base, std::size_t size);
+
+  // Takes the lowest run of size bytes starting at a multiple of alignment (a power
+  // of two); returns its start, or 0 when no free range can hold it.
+  std::uintptr_t take(std::size_t size, std::size_t alignment);
+  // Returns [start, start + size), which take() handed out (or a part of it).
+  void give_back(std::uintptr_t start, std::size_t size);
+  std::size_t free_ranges() const { return free_.size(); }
+
+ private:
+  std::map<std::uintptr_t, std::size_t> free_;
+};
+
+// An anonymous private mapping (MAP_NORESERVE), whose usable part starts at a
+// multiple of alignment. Unmapped on destruction. Move-only.
+class HostMapping {
+ public:
+  HostMapping() = default;
+  ~HostMapping();
+  HostMapping(HostMapping&& other) noexcept;
+  HostMapping& operator=(HostMapping&& other) noexcept;
+  HostMapping(const HostMapping&) = delete;
+  HostMapping& operator=(const HostMapping&) = delete;
+
+  // Maps size usable bytes with protection prot (PROT_*); false when mmap fails.
+  bool map(std::size_t size, std::size_t alignment, int prot);
+  std::uintptr_t begin() const { return begin_; }
+  std::size_t size() const { return size_; }
+
+ private:
+  void reset() noexcept;
+  void* raw_ = nullptr;  // what mmap returned; raw_size_ bytes
+  std::size_t raw_size_ = 0;
+  std::uintptr_t begin_ = 0;
+  std::size_t size_ = 0;
+};
+
+// Drops the contents of the whole pages inside [start, start + size) (madvise
+// DONTNEED); partial pages at either end are left alone, since a neighbouring
+// live range may share them.
+void host_discard(std::uintptr_t start, std::size_t size);
+// mprotect of [start, start + size), which must be page aligned.
+bool host_protect(std::uintptr_t start, std::size_t size, int prot);
+
+// The virtual-memory books of all devices. Each call checks its preconditions and
+// returns "" on success or the message of the error (state then unchanged). It does
+// no capacity accounting: it reports the physical bytes that became free.
+//
+// Invariants:
+//   - reservations_ never overlap one another, nor any segment (they come from a
+//     separate address region, or are separate host mappings);
+//   - every mapping lies inside one reservation of the same device, mappings never
+//     overlap, and mapping.size == physical_[mapping.handle].size;
+//   - physical_[h].mappings counts the mappings of h; an entry is erased once it is
+//     released and has no mapping left (its bytes are then free again).
+class VirtualSpace {
+ public:
+  // regions[d] hands out device d's synthetic reservations (unused when host_backed).
+  VirtualSpace(bool host_backed, std::size_t granularity, std::vector<RangeAllocator> regions);
+
+  std::string reserve(int device, std::size_t size, std::size_t alignment, void** ptr);
+  std::string release(int device, void* ptr, std::size_t size);
+  PhysicalHandle create(int device, std::size_t size);
+  // *freed: bytes that are free again (0 while the handle is still mapped).
+  std::string release_physical(int device, PhysicalHandle handle, std::size_t* freed);
+  std::string map(int device, void* ptr, std::size_t size, PhysicalHandle handle);
+  // *freed: bytes of released handles whose last mapping this removed.
+  std::string unmap(int device, void* ptr, std::size_t size, std::size_t* freed);
+  std::string set_access(int device, void* ptr, std::size_t size, const int* devices, int count,
+                         int device_count);
+
+  // The devices set_access granted on the mapping that starts at ptr (for tests).
+  std::vector<int> access(void* ptr) const;
+  std::size_t reservations() const { return reservations_.size(); }
+  std::size_t mappings() const { return mappings_.size(); }
+
+ private:
+  struct Reservation {
+    int device = 0;
+    std::size_t size = 0;
+    HostMapping host;  // host_backed only: the PROT_NONE range itself
+  };
+  struct Physical {
+    int device = 0;
+    std::size_t size = 0;
+    int mappings = 0;       // how many live mappings use this handle
+    bool released = false;  // release_physical was called
+  };
+  struct Mapping {
+    std::size_t size = 0;
+    PhysicalHandle handle = 0;
+    std::vector<int> access;  // devices set_access granted, sorted, unique
+  };
+
+  // The reservation holding all of [p, p + size) on device, or nullptr.
+  const Reservation* reservation_of(int device, std::uintptr_t p, std::size_t size) const;
+  // Checks that [p, p + size) is covered by adjacent mappings; "" or the problem.
+  // With exact, the range must also start and end on mapping boundaries.
+  std::string check_covered(const char* op, std::uintptr_t p, std::size_t size, bool exact) const;
+
+  bool host_backed_;
+  std::size_t granularity_;
+  std::vector<RangeAllocator> regions_;
+  std::map<std::uintptr_t, Reservation> reservations_;  // keyed by start
+  std::unordered_map<PhysicalHandle, Physical> physical_;
+  std::map<std::uintptr_t, Mapping> mappings_;  // keyed by start
+  PhysicalHandle next_handle_ = 1;
+};
+
+}  // namespace reservoir::sim

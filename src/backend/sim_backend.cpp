@@ -1,0 +1,728 @@
+// SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp).
+//
+// One mutex guards all state; the allocate hook runs outside it. Address layout
+// (synthetic mode): device d owns [kBase + d * stride, kBase + (d + 1) * stride);
+// segments come from its lower half, reservations from its upper half, so the two
+// never overlap. In host_backed mode segments come from one host mapping per device
+// and each reservation is its own PROT_NONE host mapping.
+//
+// Counters count calls that succeeded (for query_event: answered ok or not_ready),
+// except failed_allocs, which counts out_of_memory answers of allocate and
+// create_physical, real or injected. For fault injection, "the nth call of op"
+// counts the calls that named a valid device (allocate: also size > 0).
+// deallocate does not complete stream work: no simulated kernel touches memory, so
+// the engine cannot tell, and tests keep explicit control of event completion.
+#include "reservoir/sim_backend.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/sim_address_space.hpp"
+#include "reservoir/errors.hpp"
+
+namespace reservoir {
+
+namespace {
+
+constexpr std::uintptr_t kBase = 0x7f0000000000;
+constexpr std::size_t kSmallAlignment = 512;
+constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
+constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::reserve_address_range) + 1;
+
+const char* op_name(SimOp op) {
+  static constexpr std::array<const char*, kOpCount> names = {
+      "allocate",    "deallocate",        "create_event",         "record_event",
+      "query_event", "synchronize_event", "create_physical",      "map",
+      "unmap",       "set_access",        "reserve_address_range"};
+  return names[static_cast<std::size_t>(op)];
+}
+
+std::size_t round_up(std::size_t value, std::size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::string bytes(std::size_t n) {
+  return std::to_string(n) + " bytes";
+}
+
+// Synthetic address window per device: big enough that segments fill their half
+// (at least 4x the capacity, for fragmentation) long before running out of room.
+std::size_t device_stride(std::size_t capacity) {
+  std::size_t stride = std::size_t{1} << 40;
+  while (stride / 8 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
+  return stride;
+}
+
+const SimOptions& validated(const SimOptions& o) {
+  const std::size_t g = o.granularity;
+  if (o.device_count < 0) throw InvalidArgumentError("SimOptions: device_count is negative");
+  if (g == 0 || (g & (g - 1)) != 0) {
+    throw InvalidArgumentError("SimOptions: granularity " + std::to_string(g) +
+                               " is not a power of two");
+  }
+  if (o.host_backed && g % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    throw InvalidArgumentError("SimOptions: host_backed needs a granularity of whole pages");
+  }
+  const std::size_t stride = device_stride(o.capacity);
+  if (static_cast<std::size_t>(o.device_count) > (UINTPTR_MAX - kBase) / stride) {
+    throw InvalidArgumentError("SimOptions: too many devices for the address space");
+  }
+  return o;
+}
+
+// The upper half of each device's synthetic window (reservations).
+std::vector<sim::RangeAllocator> reservation_regions(const SimOptions& o) {
+  std::vector<sim::RangeAllocator> regions;
+  const std::size_t stride = device_stride(o.capacity);
+  for (int d = 0; d < o.device_count; ++d) {
+    regions.emplace_back(kBase + static_cast<std::size_t>(d) * stride + stride / 2, stride / 2);
+  }
+  return regions;
+}
+
+std::atomic<std::uint64_t> g_next_instance{1};
+// The current device of this thread, per SimBackend instance (keyed by instance id,
+// never by address, so a new backend at a recycled address starts from device 0).
+thread_local std::unordered_map<std::uint64_t, int> t_current_device;
+
+// Backend::fail is protected; this lets the helpers below (not members) use it.
+struct Failer : Backend {
+  using Backend::fail;
+};
+
+DeviceStatus bad_device(int device, int count) {
+  return Failer::fail(DeviceStatus::error, "sim: device " + std::to_string(device) +
+                                               " does not exist (device_count " +
+                                               std::to_string(count) + ")");
+}
+
+DeviceStatus error(std::string message) {
+  return Failer::fail(DeviceStatus::error, std::move(message));
+}
+
+DeviceStatus injected_failure(SimOp op, DeviceStatus status) {
+  return Failer::fail(status,
+                      std::string("sim: injected ") + to_string(status) + " in " + op_name(op));
+}
+
+}  // namespace
+
+struct SimBackend::State {
+  // Invariants: used == sum of live segment sizes + bytes of physical allocations not
+  // yet freed; each live segment [start, start + round_up(size, 512)) is taken from
+  // space, and live segments never overlap (space hands out disjoint runs).
+  struct Device {
+    std::size_t capacity = 0;
+    std::size_t used = 0;  // may exceed capacity after set_capacity lowers it
+    sim::RangeAllocator space;
+    std::map<std::uintptr_t, std::size_t> live;  // segment start -> requested size
+    std::vector<bool> peers;                     // enable_peer_access(this, peer)
+    std::size_t free() const { return used < capacity ? capacity - used : 0; }
+  };
+  // Invariant: completed <= submitted. Work item n (1-based) has completed iff
+  // n <= completed; an event recorded at position p completed iff p <= completed.
+  struct Stream {
+    std::uint64_t submitted = 0;
+    std::uint64_t completed = 0;
+  };
+  // Invariant: recorded implies position >= 1 and streams contains stream.
+  struct Event {
+    int device = 0;
+    bool recorded = false;
+    StreamHandle stream = 0;
+    std::uint64_t position = 0;
+  };
+  // Answers status on call number `call` of op (call counts from construction).
+  struct NumberedFault {
+    SimOp op;
+    std::uint64_t call;
+    DeviceStatus status;
+  };
+
+  explicit State(const SimOptions& o);
+
+  bool valid(int device) const { return device >= 0 && device < options.device_count; }
+  // Counts a call of op; returns the injected answer, or nullopt.
+  std::optional<DeviceStatus> injected(SimOp op, std::size_t size = 0);
+  void charge(double us) {
+    counters.device_time_us += us;
+    device_time_us += us;
+  }
+  // Checks device, locks, counts a call of op (when given) and answers its injected
+  // fault; otherwise runs body(device) under the lock.
+  template <typename Body>
+  DeviceStatus call(int device, std::optional<SimOp> op, Body&& body) {
+    if (!valid(device)) return bad_device(device, options.device_count);
+    std::lock_guard lock(mutex);
+    if (op) {
+      if (auto status = injected(*op)) return injected_failure(*op, *status);
+    }
+    return body(devices[static_cast<std::size_t>(device)]);
+  }
+  // For test controls, which have no status to answer with.
+  Device& device_or_throw(int device) {
+    if (!valid(device)) {
+      throw InvalidArgumentError("SimBackend: device " + std::to_string(device) +
+                                 " does not exist (device_count " +
+                                 std::to_string(options.device_count) + ")");
+    }
+    return devices[static_cast<std::size_t>(device)];
+  }
+  // The event, or nullptr after setting the error (unknown, or of another device).
+  Event* find_event(const char* op, int device, EventHandle event) {
+    auto it = events.find(event);
+    if (it == events.end()) {
+      error(std::string("sim: ") + op + ": unknown event " + std::to_string(event) +
+            " (destroyed or never created)");
+      return nullptr;
+    }
+    if (it->second.device != device) {
+      error(std::string("sim: ") + op + ": event " + std::to_string(event) + " belongs to device " +
+            std::to_string(it->second.device) + ", not " + std::to_string(device));
+      return nullptr;
+    }
+    return &it->second;
+  }
+  void complete_all() {
+    for (auto& [handle, stream] : streams) stream.completed = stream.submitted;
+  }
+
+  const SimOptions options;
+  const std::uint64_t id = g_next_instance.fetch_add(1);
+  mutable std::mutex mutex;
+  std::vector<Device> devices;
+  std::vector<sim::HostMapping> host;  // host_backed: device d's segment memory
+  sim::VirtualSpace vm;
+  std::unordered_map<StreamHandle, Stream> streams;
+  std::unordered_map<EventHandle, Event> events;
+  EventHandle next_event = 1;
+  bool eager = false;
+
+  std::array<std::uint64_t, kOpCount> calls{};
+  std::array<std::optional<DeviceStatus>, kOpCount> persistent{};
+  std::vector<NumberedFault> numbered;
+  std::optional<std::size_t> fail_above;
+  std::shared_ptr<const std::function<void()>> hook;
+
+  SimCounters counters;
+  double device_time_us = 0;  // like counters.device_time_us, but never reset (clock)
+  std::uint64_t clock_us = 0;
+};
+
+SimBackend::State::State(const SimOptions& o)
+    : options(validated(o)),
+      devices(static_cast<std::size_t>(o.device_count)),
+      vm(o.host_backed, o.granularity, reservation_regions(o)),
+      eager(o.eager) {
+  const std::size_t stride = device_stride(o.capacity);
+  if (o.host_backed) host.resize(devices.size());
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    Device& device = devices[d];
+    device.capacity = o.capacity;
+    device.peers.assign(devices.size(), false);
+    if (!o.host_backed) {
+      device.space = sim::RangeAllocator(kBase + d * stride, stride / 2);
+      continue;
+    }
+    // Twice the capacity, so that alignment padding and fragmentation do not run
+    // out of addresses before the capacity is used up; MAP_NORESERVE makes it free.
+    const std::size_t size = round_up(2 * o.capacity, kLargeAlignment);
+    if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE)) {
+      throw DeviceError("SimBackend: mmap of " + bytes(size) + " for host_backed failed");
+    }
+    device.space = sim::RangeAllocator(host[d].begin(), host[d].size());
+  }
+}
+
+std::optional<DeviceStatus> SimBackend::State::injected(SimOp op, std::size_t size) {
+  const auto i = static_cast<std::size_t>(op);
+  const std::uint64_t call = ++calls[i];
+  std::optional<DeviceStatus> answer;
+  for (auto it = numbered.begin(); it != numbered.end();) {
+    if (it->op == op && it->call == call) {
+      answer = it->status;  // once: consumed here
+      it = numbered.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!answer && persistent[i]) answer = persistent[i];
+  if (!answer && op == SimOp::allocate && fail_above && size > *fail_above) {
+    answer = DeviceStatus::out_of_memory;
+  }
+  if (answer == DeviceStatus::out_of_memory &&
+      (op == SimOp::allocate || op == SimOp::create_physical)) {
+    ++counters.failed_allocs;
+  }
+  return answer;
+}
+
+// ---- Devices and segments ----------------------------------------------------------
+
+SimBackend::SimBackend(SimOptions options) : state_(std::make_unique<State>(options)) {}
+
+SimBackend::~SimBackend() = default;
+
+std::uint32_t SimBackend::capabilities() const noexcept {
+  return kPeerAccess | (state_->options.virtual_memory ? kVirtualMemory : 0u);
+}
+
+DeviceStatus SimBackend::device_count(int* count) {
+  if (count == nullptr) return error("sim: device_count: null count");
+  *count = state_->options.device_count;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus SimBackend::current_device(int* device) {
+  const State& s = *state_;
+  if (device == nullptr) return error("sim: current_device: null device");
+  if (s.options.device_count == 0) return error("sim: current_device: there is no device");
+  auto it = t_current_device.find(s.id);
+  *device = it == t_current_device.end() ? 0 : it->second;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus SimBackend::memory_info(int device, MemoryInfo* info) {
+  return state_->call(device, std::nullopt, [&](State::Device& d) {
+    if (info == nullptr) return error("sim: memory_info: null info");
+    info->total = d.capacity;
+    info->free = d.free();
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::allocate(int device, std::size_t size, void** ptr) {
+  State& s = *state_;
+  if (!s.valid(device)) return bad_device(device, s.options.device_count);
+  if (size == 0 || ptr == nullptr) return error("sim: allocate: size 0 or null ptr");
+  std::shared_ptr<const std::function<void()>> hook;
+  {
+    std::lock_guard lock(s.mutex);
+    hook = s.hook;
+  }
+  if (hook && *hook) (*hook)();  // outside the mutex: the hook may block or call us
+
+  std::lock_guard lock(s.mutex);
+  if (auto status = s.injected(SimOp::allocate, size)) {
+    return injected_failure(SimOp::allocate, *status);
+  }
+  State::Device& d = s.devices[device];
+  const std::size_t free = d.free();
+  if (size > free) {
+    ++s.counters.failed_allocs;
+    return Failer::fail(DeviceStatus::out_of_memory,
+                        "sim: device " + std::to_string(device) + " out of memory: " + bytes(size) +
+                            " requested, " + bytes(free) + " free of " + bytes(d.capacity));
+  }
+  const std::size_t alignment = size >= kLargeAlignment ? kLargeAlignment : kSmallAlignment;
+  const std::uintptr_t start = d.space.take(round_up(size, kSmallAlignment), alignment);
+  if (start == 0) {
+    ++s.counters.failed_allocs;
+    return Failer::fail(
+        DeviceStatus::out_of_memory,
+        "sim: device " + std::to_string(device) + " has no free address range for " + bytes(size));
+  }
+  d.live.emplace(start, size);
+  d.used += size;
+  ++s.counters.allocs;
+  s.counters.alloc_bytes += size;
+  s.charge(s.options.alloc_us);
+  *ptr = reinterpret_cast<void*>(start);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  return s.call(device, SimOp::deallocate, [&](State::Device& d) {
+    const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+    auto it = d.live.find(start);
+    if (it == d.live.end()) {
+      return error("sim: deallocate: " + sim::hex(start) + " is not a live segment of device " +
+                   std::to_string(device));
+    }
+    if (it->second != size) {
+      return error("sim: deallocate: " + sim::hex(start) + " was allocated with " +
+                   bytes(it->second) + ", not " + bytes(size));
+    }
+    const std::size_t block = round_up(size, kSmallAlignment);
+    if (s.options.host_backed) sim::host_discard(start, block);
+    d.space.give_back(start, block);
+    d.live.erase(it);
+    d.used -= size;
+    ++s.counters.frees;
+    s.counters.free_bytes += size;
+    s.charge(s.options.free_us);
+    return DeviceStatus::ok;
+  });
+}
+
+// ---- Events and streams --------------------------------------------------------------
+
+DeviceStatus SimBackend::create_event(int device, EventHandle* event) {
+  State& s = *state_;
+  return s.call(device, SimOp::create_event, [&](State::Device&) {
+    if (event == nullptr) return error("sim: create_event: null event");
+    *event = s.next_event++;
+    s.events.emplace(*event, State::Event{device, false, 0, 0});
+    ++s.counters.events_created;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::destroy_event(int device, EventHandle event) {
+  State& s = *state_;
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    if (s.find_event("destroy_event", device, event) == nullptr) return DeviceStatus::error;
+    s.events.erase(event);
+    ++s.counters.events_destroyed;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::record_event(int device, EventHandle event, StreamHandle stream) {
+  State& s = *state_;
+  return s.call(device, SimOp::record_event, [&](State::Device&) {
+    State::Event* e = s.find_event("record_event", device, event);
+    if (e == nullptr) return DeviceStatus::error;
+    State::Stream& st = s.streams[stream];
+    e->recorded = true;
+    e->stream = stream;
+    e->position = ++st.submitted;  // the event is a marker after the work so far
+    if (s.eager) st.completed = st.submitted;
+    ++s.counters.events_recorded;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::query_event(int device, EventHandle event) {
+  State& s = *state_;
+  return s.call(device, SimOp::query_event, [&](State::Device&) {
+    const State::Event* e = s.find_event("query_event", device, event);
+    if (e == nullptr) return DeviceStatus::error;
+    ++s.counters.event_queries;
+    if (!e->recorded || s.streams[e->stream].completed >= e->position) return DeviceStatus::ok;
+    return DeviceStatus::not_ready;
+  });
+}
+
+DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
+  State& s = *state_;
+  return s.call(device, SimOp::synchronize_event, [&](State::Device&) {
+    const State::Event* e = s.find_event("synchronize_event", device, event);
+    if (e == nullptr) return DeviceStatus::error;
+    if (e->recorded) {
+      // The host waits, so the stream's work up to the marker finishes.
+      State::Stream& st = s.streams[e->stream];
+      st.completed = std::max(st.completed, e->position);
+    }
+    ++s.counters.event_syncs;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle, EventHandle event) {
+  State& s = *state_;
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    if (s.find_event("stream_wait_event", device, event) == nullptr) {
+      return DeviceStatus::error;
+    }
+    ++s.counters.stream_waits;  // ordering between streams is not simulated
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
+  State& s = *state_;
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    auto it = s.streams.find(stream);
+    if (it != s.streams.end()) it->second.completed = it->second.submitted;
+    ++s.counters.stream_syncs;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::synchronize_device(int device) {
+  State& s = *state_;
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    s.complete_all();  // streams are not per device: all of them finish
+    ++s.counters.device_syncs;
+    return DeviceStatus::ok;
+  });
+}
+
+// ---- Virtual memory ------------------------------------------------------------------
+
+DeviceStatus SimBackend::granularity(int device, std::size_t* bytes) {
+  if (!state_->options.virtual_memory) return Backend::granularity(device, bytes);
+  return state_->call(device, std::nullopt, [&](State::Device&) {
+    if (bytes == nullptr) return error("sim: granularity: null bytes");
+    *bytes = state_->options.granularity;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::reserve_address_range(int device, std::size_t size, std::size_t alignment,
+                                               void** ptr) {
+  State& s = *state_;
+  if (!s.options.virtual_memory)
+    return Backend::reserve_address_range(device, size, alignment, ptr);
+  return s.call(device, SimOp::reserve_address_range, [&](State::Device&) {
+    if (ptr == nullptr) return error("sim: reserve_address_range: null ptr");
+    if (std::string problem = s.vm.reserve(device, size, alignment, ptr); !problem.empty()) {
+      return error(std::move(problem));
+    }
+    ++s.counters.reservations;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::release_address_range(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::release_address_range(device, ptr, size);
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    std::string problem = s.vm.release(device, ptr, size);
+    return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
+  });
+}
+
+DeviceStatus SimBackend::create_physical(int device, std::size_t size, PhysicalHandle* handle) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::create_physical(device, size, handle);
+  return s.call(device, SimOp::create_physical, [&](State::Device& d) {
+    if (handle == nullptr) return error("sim: create_physical: null handle");
+    if (size == 0 || size % s.options.granularity != 0) {
+      return error("sim: create_physical: size " + std::to_string(size) +
+                   " is not a positive multiple of the granularity " +
+                   std::to_string(s.options.granularity));
+    }
+    const std::size_t free = d.free();
+    if (size > free) {
+      ++s.counters.failed_allocs;
+      return Failer::fail(DeviceStatus::out_of_memory,
+                          "sim: create_physical: device " + std::to_string(device) +
+                              " out of memory: " + bytes(size) + " requested, " + bytes(free) +
+                              " free of " + bytes(d.capacity));
+    }
+    *handle = s.vm.create(device, size);
+    d.used += size;
+    ++s.counters.physical_creates;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::release_physical(int device, PhysicalHandle handle) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::release_physical(device, handle);
+  return s.call(device, std::nullopt, [&](State::Device& d) {
+    std::size_t freed = 0;
+    if (std::string problem = s.vm.release_physical(device, handle, &freed); !problem.empty()) {
+      return error(std::move(problem));
+    }
+    d.used -= freed;
+    ++s.counters.physical_releases;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::map(device, ptr, size, handle);
+  return s.call(device, SimOp::map, [&](State::Device&) {
+    if (std::string problem = s.vm.map(device, ptr, size, handle); !problem.empty()) {
+      return error(std::move(problem));
+    }
+    ++s.counters.maps;
+    s.charge(s.options.map_us);
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::unmap(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::unmap(device, ptr, size);
+  return s.call(device, SimOp::unmap, [&](State::Device& d) {
+    if (size == 0) return error("sim: unmap: size 0");
+    std::size_t freed = 0;
+    if (std::string problem = s.vm.unmap(device, ptr, size, &freed); !problem.empty()) {
+      return error(std::move(problem));
+    }
+    d.used -= freed;  // handles released earlier, now unmapped everywhere
+    ++s.counters.unmaps;
+    s.charge(s.options.unmap_us);
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::set_access(int device, void* ptr, std::size_t size, const int* devices,
+                                    int count) {
+  State& s = *state_;
+  if (!s.options.virtual_memory) return Backend::set_access(device, ptr, size, devices, count);
+  return s.call(device, SimOp::set_access, [&](State::Device&) {
+    if (size == 0) return error("sim: set_access: size 0");
+    std::string problem =
+        s.vm.set_access(device, ptr, size, devices, count, s.options.device_count);
+    return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
+  });
+}
+
+// ---- Peer access and clock -----------------------------------------------------------
+
+DeviceStatus SimBackend::can_access_peer(int device, int peer, bool* can) {
+  State& s = *state_;
+  if (!s.valid(peer)) return bad_device(peer, s.options.device_count);
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    if (can == nullptr) return error("sim: can_access_peer: null can");
+    *can = device != peer;
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::enable_peer_access(int device, int peer) {
+  State& s = *state_;
+  if (!s.valid(peer)) return bad_device(peer, s.options.device_count);
+  return s.call(device, std::nullopt, [&](State::Device& d) {
+    if (device == peer) {
+      return error("sim: enable_peer_access: device " + std::to_string(device) +
+                   " cannot be its own peer");
+    }
+    d.peers[static_cast<std::size_t>(peer)] = true;  // enabling twice is fine
+    return DeviceStatus::ok;
+  });
+}
+
+std::uint64_t SimBackend::now_us() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->clock_us + static_cast<std::uint64_t>(state_->device_time_us);
+}
+
+// ---- Test controls -------------------------------------------------------------------
+
+void SimBackend::set_current_device(int device) {
+  state_->device_or_throw(device);
+  t_current_device[state_->id] = device;
+}
+
+void SimBackend::advance(StreamHandle stream) {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  if (it != state_->streams.end()) it->second.completed = it->second.submitted;
+}
+
+void SimBackend::advance_all() {
+  std::lock_guard lock(state_->mutex);
+  state_->complete_all();
+}
+
+void SimBackend::set_eager(bool eager) {
+  std::lock_guard lock(state_->mutex);
+  state_->eager = eager;
+  if (eager) state_->complete_all();
+}
+
+std::size_t SimBackend::pending_events(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto st = state_->streams.find(stream);
+  if (st == state_->streams.end()) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(state_->events.begin(), state_->events.end(), [&](const auto& entry) {
+        const State::Event& e = entry.second;
+        return e.recorded && e.stream == stream && e.position > st->second.completed;
+      }));
+}
+
+void SimBackend::submit_work(StreamHandle stream) {
+  std::lock_guard lock(state_->mutex);
+  State::Stream& st = state_->streams[stream];
+  ++st.submitted;
+  if (state_->eager) st.completed = st.submitted;
+}
+
+void SimBackend::fail_allocation_number(std::uint64_t n) {
+  fail_operation_number(SimOp::allocate, n, DeviceStatus::out_of_memory);
+}
+
+void SimBackend::fail_allocations_above(std::size_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  state_->fail_above = bytes;
+}
+
+void SimBackend::fail_operation(SimOp op, DeviceStatus status) {
+  std::lock_guard lock(state_->mutex);
+  auto& slot = state_->persistent[static_cast<std::size_t>(op)];
+  if (status == DeviceStatus::ok) {
+    slot.reset();  // "fail with ok" means: stop failing
+  } else {
+    slot = status;
+  }
+}
+
+void SimBackend::fail_operation_number(SimOp op, std::uint64_t n, DeviceStatus status) {
+  if (n == 0 || status == DeviceStatus::ok) return;
+  std::lock_guard lock(state_->mutex);
+  const std::uint64_t call = state_->calls[static_cast<std::size_t>(op)] + n;
+  state_->numbered.push_back({op, call, status});
+}
+
+void SimBackend::clear_faults() {
+  std::lock_guard lock(state_->mutex);
+  state_->persistent = {};
+  state_->numbered.clear();
+  state_->fail_above.reset();
+}
+
+void SimBackend::set_allocate_hook(std::function<void()> hook) {
+  auto shared = std::make_shared<const std::function<void()>>(std::move(hook));
+  std::lock_guard lock(state_->mutex);
+  state_->hook = std::move(shared);
+}
+
+void SimBackend::set_capacity(int device, std::size_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  state_->device_or_throw(device).capacity = bytes;
+}
+
+std::size_t SimBackend::capacity(int device) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->device_or_throw(device).capacity;
+}
+
+std::size_t SimBackend::used(int device) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->device_or_throw(device).used;
+}
+
+std::size_t SimBackend::live_segments(int device) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->device_or_throw(device).live.size();
+}
+
+void SimBackend::set_clock_us(std::uint64_t us) {
+  std::lock_guard lock(state_->mutex);
+  state_->clock_us = us;
+}
+
+void SimBackend::advance_clock_us(std::uint64_t us) {
+  std::lock_guard lock(state_->mutex);
+  state_->clock_us += us;
+}
+
+SimCounters SimBackend::counters() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->counters;
+}
+
+void SimBackend::reset_counters() {
+  std::lock_guard lock(state_->mutex);
+  state_->counters = {};  // the clock keeps its device time: now_us() stays monotonic
+}
+
+}  // namespace reservoir

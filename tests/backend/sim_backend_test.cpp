@@ -1,0 +1,818 @@
+// SimBackend: the simulated device every CPU test of the engine runs on.
+#include "reservoir/sim_backend.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/sim_address_space.hpp"
+#include "reservoir/errors.hpp"
+
+namespace reservoir {
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+constexpr DeviceStatus kOk = DeviceStatus::ok;
+constexpr DeviceStatus kOom = DeviceStatus::out_of_memory;
+constexpr DeviceStatus kError = DeviceStatus::error;
+constexpr DeviceStatus kNotReady = DeviceStatus::not_ready;
+
+std::uintptr_t addr(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+void* at(void* p, std::size_t offset) {
+  return static_cast<char*>(p) + offset;
+}
+
+SimOptions small(std::size_t capacity = 64 * MiB) {
+  SimOptions o;
+  o.capacity = capacity;
+  return o;
+}
+
+void* alloc(SimBackend& sim, std::size_t size, int device = 0) {
+  void* p = nullptr;
+  EXPECT_EQ(sim.allocate(device, size, &p), kOk) << sim.last_error();
+  return p;
+}
+
+// ---- Address-space building blocks --------------------------------------------------
+
+TEST(SimRangeAllocator, FirstFitAlignsAndMergesNeighbours) {
+  sim::RangeAllocator r(0x10000, 0x10000);
+  EXPECT_EQ(r.take(0x100, 0x100), 0x10000u);
+  EXPECT_EQ(r.take(0x100, 0x1000), 0x11000u);  // the padding before it stays free
+  EXPECT_EQ(r.take(0x200, 0x100), 0x10100u);   // first fit: into the padding
+  EXPECT_EQ(r.take(0x20000, 0x100), 0u);       // too large
+  r.give_back(0x10000, 0x100);
+  r.give_back(0x10100, 0x200);
+  r.give_back(0x11000, 0x100);
+  EXPECT_EQ(r.free_ranges(), 1u);  // all merged back into one span
+  EXPECT_EQ(r.take(0x10000, 1), 0x10000u);
+}
+
+// ---- Devices ------------------------------------------------------------------------
+
+TEST(SimBackend, DescribesItself) {
+  SimBackend sim(small());
+  EXPECT_STREQ(sim.name(), "sim");
+  EXPECT_TRUE(sim.has(kVirtualMemory));
+  EXPECT_TRUE(sim.has(kPeerAccess));
+  EXPECT_FALSE(sim.has(kIpc));
+  int count = -1;
+  EXPECT_EQ(sim.device_count(&count), kOk);
+  EXPECT_EQ(count, 1);
+  MemoryInfo info;
+  EXPECT_EQ(sim.memory_info(0, &info), kOk);
+  EXPECT_EQ(info.total, 64 * MiB);
+  EXPECT_EQ(info.free, 64 * MiB);
+  alloc(sim, 3 * MiB);
+  EXPECT_EQ(sim.memory_info(0, &info), kOk);
+  EXPECT_EQ(info.free, 61 * MiB);
+}
+
+TEST(SimBackend, WithoutVirtualMemoryTheCallsAreUnsupported) {
+  SimOptions o = small();
+  o.virtual_memory = false;
+  SimBackend sim(o);
+  EXPECT_FALSE(sim.has(kVirtualMemory));
+  std::size_t g = 0;
+  EXPECT_EQ(sim.granularity(0, &g), DeviceStatus::unsupported);
+  void* p = nullptr;
+  EXPECT_EQ(sim.reserve_address_range(0, 2 * MiB, 0, &p), DeviceStatus::unsupported);
+}
+
+TEST(SimBackend, RejectsBadOptions) {
+  SimOptions o = small();
+  o.granularity = 3 * MiB;
+  EXPECT_THROW(SimBackend{o}, InvalidArgumentError);
+  o = small();
+  o.device_count = -1;
+  EXPECT_THROW(SimBackend{o}, InvalidArgumentError);
+}
+
+TEST(SimBackend, CurrentDeviceIsPerThread) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  int device = -1;
+  EXPECT_EQ(sim.current_device(&device), kOk);
+  EXPECT_EQ(device, 0);
+  sim.set_current_device(1);
+  EXPECT_EQ(sim.current_device(&device), kOk);
+  EXPECT_EQ(device, 1);
+  std::thread([&] {
+    int other = -1;
+    EXPECT_EQ(sim.current_device(&other), kOk);
+    EXPECT_EQ(other, 0);
+  }).join();
+  EXPECT_THROW(sim.set_current_device(2), InvalidArgumentError);
+  EXPECT_EQ(sim.current_device(&device), kOk);
+  EXPECT_EQ(device, 1);
+  SimBackend fresh(o);  // another backend has its own current device
+  EXPECT_EQ(fresh.current_device(&device), kOk);
+  EXPECT_EQ(device, 0);
+}
+
+TEST(SimBackend, InvalidDeviceIsAnErrorEverywhere) {
+  SimBackend sim(small());
+  const std::string message = "sim: device 3 does not exist (device_count 1)";
+  void* p = nullptr;
+  MemoryInfo info;
+  EventHandle e = 0;
+  std::size_t g = 0;
+  PhysicalHandle h = 0;
+  bool can = false;
+  int zero = 0;
+  const DeviceStatus answers[] = {
+      sim.memory_info(3, &info),
+      sim.allocate(3, 512, &p),
+      sim.deallocate(3, p, 512),
+      sim.create_event(3, &e),
+      sim.destroy_event(3, e),
+      sim.record_event(3, e, 0),
+      sim.query_event(3, e),
+      sim.synchronize_event(3, e),
+      sim.stream_wait_event(3, 0, e),
+      sim.synchronize_stream(3, 0),
+      sim.synchronize_device(3),
+      sim.granularity(3, &g),
+      sim.reserve_address_range(3, 2 * MiB, 0, &p),
+      sim.release_address_range(3, p, 2 * MiB),
+      sim.create_physical(3, 2 * MiB, &h),
+      sim.release_physical(3, h),
+      sim.map(3, p, 2 * MiB, h),
+      sim.unmap(3, p, 2 * MiB),
+      sim.set_access(3, p, 2 * MiB, &zero, 1),
+      sim.can_access_peer(3, 0, &can),
+      sim.enable_peer_access(0, 3),
+  };
+  for (DeviceStatus answer : answers) EXPECT_EQ(answer, kError);
+  EXPECT_EQ(sim.last_error(), message);
+  EXPECT_EQ(sim.allocate(-1, 512, &p), kError);
+  EXPECT_EQ(sim.last_error(), "sim: device -1 does not exist (device_count 1)");
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_THROW(sim.capacity(1), InvalidArgumentError);
+  EXPECT_THROW(sim.set_capacity(1, 0), InvalidArgumentError);
+  EXPECT_THROW(sim.used(-1), InvalidArgumentError);
+  EXPECT_THROW(sim.live_segments(5), InvalidArgumentError);
+}
+
+TEST(SimBackend, PeerAccessBetweenDistinctDevices) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  bool can = false;
+  EXPECT_EQ(sim.can_access_peer(0, 1, &can), kOk);
+  EXPECT_TRUE(can);
+  EXPECT_EQ(sim.can_access_peer(1, 1, &can), kOk);
+  EXPECT_FALSE(can);
+  EXPECT_EQ(sim.enable_peer_access(0, 1), kOk);
+  EXPECT_EQ(sim.enable_peer_access(0, 1), kOk);
+  EXPECT_EQ(sim.enable_peer_access(1, 1), kError);
+}
+
+// ---- Segments -----------------------------------------------------------------------
+
+TEST(SimBackend, Alignment512AndTwoMiBFromTwoMiB) {
+  SimBackend sim(small());
+  for (std::size_t size : {std::size_t{1}, std::size_t{513}, std::size_t{1000}, 2 * MiB - 1}) {
+    void* p = alloc(sim, size);
+    EXPECT_EQ(addr(p) % 512, 0u) << size;
+  }
+  for (std::size_t size : {2 * MiB, 2 * MiB + 1, 5 * MiB + 512}) {
+    void* p = alloc(sim, size);
+    EXPECT_EQ(addr(p) % (2 * MiB), 0u) << size;
+  }
+}
+
+TEST(SimBackend, FreedRangesAreReusedAndMerged) {
+  SimBackend sim(small());
+  void* a = alloc(sim, 4 * KiB);
+  void* b = alloc(sim, 4 * KiB);
+  void* c = alloc(sim, 4 * KiB);
+  EXPECT_EQ(addr(b), addr(a) + 4 * KiB);
+  EXPECT_EQ(addr(c), addr(b) + 4 * KiB);
+  EXPECT_EQ(sim.deallocate(0, a, 4 * KiB), kOk);
+  EXPECT_EQ(alloc(sim, 4 * KiB), a);  // same size: same place
+  EXPECT_EQ(sim.deallocate(0, a, 4 * KiB), kOk);
+  EXPECT_EQ(sim.deallocate(0, b, 4 * KiB), kOk);
+  EXPECT_EQ(alloc(sim, 8 * KiB), a);  // fits only because a and b merged
+  EXPECT_EQ(sim.live_segments(0), 2u);
+}
+
+TEST(SimBackend, RandomAllocationsNeverOverlap) {
+  SimBackend sim(small(256 * MiB));
+  std::mt19937_64 rng(20240611);
+  std::map<std::uintptr_t, std::size_t> live;
+  std::size_t used = 0, ooms = 0;
+  for (int step = 0; step < 4000; ++step) {
+    if (!live.empty() && rng() % 5 < 2) {
+      auto it = live.begin();
+      std::advance(it, static_cast<long>(rng() % live.size()));
+      ASSERT_EQ(sim.deallocate(0, reinterpret_cast<void*>(it->first), it->second), kOk);
+      used -= it->second;
+      live.erase(it);
+      continue;
+    }
+    const std::size_t size = rng() % 4 == 0 ? 1 + rng() % (12 * MiB) : 1 + rng() % (64 * KiB);
+    void* p = nullptr;
+    const DeviceStatus status = sim.allocate(0, size, &p);
+    if (used + size > 256 * MiB) {
+      ASSERT_EQ(status, kOom);
+      ++ooms;
+      continue;
+    }
+    ASSERT_EQ(status, kOk) << sim.last_error();
+    const std::uintptr_t start = addr(p);
+    ASSERT_EQ(start % (size >= 2 * MiB ? 2 * MiB : 512), 0u);
+    auto next = live.lower_bound(start);
+    if (next != live.end()) {
+      ASSERT_LE(start + size, next->first);
+    }
+    if (next != live.begin()) {
+      auto prev = std::prev(next);
+      ASSERT_LE(prev->first + prev->second, start);
+    }
+    live.emplace(start, size);
+    used += size;
+    ASSERT_EQ(sim.used(0), used);
+  }
+  EXPECT_GT(ooms, 0u);  // the capacity was reached along the way
+  EXPECT_EQ(sim.live_segments(0), live.size());
+}
+
+TEST(SimBackend, SegmentsOfDevicesDoNotOverlap) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  void* a = alloc(sim, 8 * MiB, 0);
+  void* b = alloc(sim, 8 * MiB, 1);
+  EXPECT_TRUE(addr(a) + 8 * MiB <= addr(b) || addr(b) + 8 * MiB <= addr(a));
+  EXPECT_EQ(sim.used(0), 8 * MiB);
+  EXPECT_EQ(sim.used(1), 8 * MiB);
+  EXPECT_EQ(sim.deallocate(1, a, 8 * MiB), kError);  // a belongs to device 0
+}
+
+TEST(SimBackend, CapacityExhaustionIsOutOfMemory) {
+  SimBackend sim(small(4 * MiB));
+  void* p = alloc(sim, 4 * MiB);
+  void* q = nullptr;
+  EXPECT_EQ(sim.allocate(0, 512, &q), kOom);
+  EXPECT_EQ(q, nullptr);
+  EXPECT_EQ(sim.counters().failed_allocs, 1u);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * MiB), kOk);
+  EXPECT_EQ(sim.allocate(0, 512, &q), kOk);
+}
+
+TEST(SimBackend, CapacityMayBeLoweredBelowUse) {
+  SimBackend sim(small(8 * MiB));
+  void* p = alloc(sim, 4 * MiB);
+  sim.set_capacity(0, 2 * MiB);
+  EXPECT_EQ(sim.capacity(0), 2 * MiB);
+  MemoryInfo info;
+  EXPECT_EQ(sim.memory_info(0, &info), kOk);
+  EXPECT_EQ(info.free, 0u);
+  EXPECT_EQ(info.total, 2 * MiB);
+  void* q = nullptr;
+  EXPECT_EQ(sim.allocate(0, 512, &q), kOom);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * MiB), kOk);
+  EXPECT_EQ(sim.allocate(0, 2 * MiB, &q), kOk);
+}
+
+TEST(SimBackend, BadDeallocationIsAnErrorNamingThePointer) {
+  SimBackend sim(small());
+  void* p = alloc(sim, 4 * KiB);
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(addr(p) + 512));
+  EXPECT_EQ(sim.deallocate(0, at(p, 512), 4 * KiB), kError);
+  EXPECT_NE(sim.last_error().find(text), std::string::npos) << sim.last_error();
+  EXPECT_EQ(sim.deallocate(0, p, 2 * KiB), kError);  // wrong size
+  EXPECT_NE(sim.last_error().find("4096 bytes"), std::string::npos) << sim.last_error();
+  EXPECT_EQ(sim.live_segments(0), 1u);
+  EXPECT_EQ(sim.used(0), 4 * KiB);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * KiB), kOk);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * KiB), kError);  // twice
+}
+
+TEST(SimBackend, HostBackedMemoryIsWritable) {
+  SimOptions o = small(64 * MiB);
+  o.host_backed = true;
+  SimBackend sim(o);
+  const std::size_t big_size = 3 * MiB + 100;
+  void* big = alloc(sim, big_size);
+  void* a = alloc(sim, 6000);  // shares its first page with big, its last with b
+  void* b = alloc(sim, 1000);
+  ASSERT_EQ(addr(a), addr(big) + 3 * MiB + 512);
+  std::memset(big, 0x5a, big_size);
+  std::memset(a, 0xaa, 6000);
+  std::memset(b, 0xbb, 1000);
+  const auto* bytes = static_cast<const unsigned char*>(big);
+  for (std::size_t i = 0; i < big_size; i += 4093) ASSERT_EQ(bytes[i], 0x5a);
+  EXPECT_EQ(sim.deallocate(0, a, 6000), kOk);
+  // Freeing a must not discard the pages it shares with its live neighbours.
+  for (std::size_t i = 3 * MiB; i < big_size; ++i) ASSERT_EQ(bytes[i], 0x5a) << i;
+  const auto* kept = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < 1000; ++i) ASSERT_EQ(kept[i], 0xbb) << i;
+  EXPECT_EQ(sim.deallocate(0, big, big_size), kOk);
+  void* again = alloc(sim, big_size);
+  EXPECT_EQ(again, big);
+  EXPECT_EQ(static_cast<const unsigned char*>(again)[0], 0);  // pages were discarded
+}
+
+// ---- Fault injection ----------------------------------------------------------------
+
+TEST(SimFaults, NthAllocationFailsOnce) {
+  SimBackend sim(small());
+  sim.fail_allocation_number(2);
+  void* p = nullptr;
+  EXPECT_EQ(sim.allocate(0, 512, &p), kOk);
+  EXPECT_EQ(sim.allocate(0, 512, &p), kOom);
+  EXPECT_EQ(sim.allocate(0, 512, &p), kOk);
+  EXPECT_EQ(sim.live_segments(0), 2u);
+  EXPECT_EQ(sim.used(0), 1024u);
+  EXPECT_EQ(sim.counters().failed_allocs, 1u);
+  EXPECT_EQ(sim.counters().allocs, 2u);
+}
+
+TEST(SimFaults, AllocationsAboveASizeFailUntilCleared) {
+  SimBackend sim(small());
+  sim.fail_allocations_above(MiB);
+  void* p = nullptr;
+  EXPECT_EQ(sim.allocate(0, MiB, &p), kOk);
+  EXPECT_EQ(sim.allocate(0, MiB + 1, &p), kOom);
+  EXPECT_EQ(sim.allocate(0, 4 * MiB, &p), kOom);
+  EXPECT_EQ(sim.counters().failed_allocs, 2u);
+  EXPECT_EQ(sim.used(0), MiB);
+  sim.clear_faults();
+  EXPECT_EQ(sim.allocate(0, 4 * MiB, &p), kOk);
+}
+
+TEST(SimFaults, PersistentQueryError) {
+  SimBackend sim(small());
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  sim.fail_operation(SimOp::query_event, kError);
+  EXPECT_EQ(sim.query_event(0, e), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in query_event");
+  EXPECT_EQ(sim.query_event(0, e), kError);
+  sim.clear_faults();
+  EXPECT_EQ(sim.query_event(0, e), kOk);
+}
+
+TEST(SimFaults, NumberedOperationFailsOnceAndChangesNothing) {
+  SimBackend sim(small());
+  void* p = alloc(sim, 4 * KiB);
+  sim.fail_operation_number(SimOp::deallocate, 1, kError);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * KiB), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in deallocate");
+  EXPECT_EQ(sim.live_segments(0), 1u);
+  EXPECT_EQ(sim.counters().frees, 0u);
+  EXPECT_EQ(sim.deallocate(0, p, 4 * KiB), kOk);
+
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  sim.fail_operation_number(SimOp::record_event, 2, kError);
+  EXPECT_EQ(sim.record_event(0, e, 1), kOk);
+  sim.advance(1);
+  EXPECT_EQ(sim.record_event(0, e, 1), kError);
+  EXPECT_EQ(sim.query_event(0, e), kOk);  // still the completed first recording
+  EXPECT_EQ(sim.pending_events(1), 0u);
+  EXPECT_EQ(sim.record_event(0, e, 1), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+}
+
+TEST(SimFaults, AnyOperationCanBeMadeToFail) {
+  SimBackend sim(small(8 * MiB));
+  sim.fail_operation(SimOp::allocate, kError);
+  void* p = nullptr;
+  EXPECT_EQ(sim.allocate(0, 512, &p), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in allocate");
+  EXPECT_EQ(sim.counters().failed_allocs, 0u);  // an error is not an out-of-memory
+  sim.fail_operation(SimOp::allocate, kOk);     // stops it
+  EXPECT_EQ(sim.allocate(0, 512, &p), kOk);
+  sim.fail_operation(SimOp::create_physical, kOom);
+  PhysicalHandle h = 0;
+  EXPECT_EQ(sim.create_physical(0, 2 * MiB, &h), kOom);
+  EXPECT_EQ(sim.counters().failed_allocs, 1u);
+  EXPECT_EQ(sim.used(0), 512u);
+  sim.fail_operation(SimOp::reserve_address_range, kError);
+  EXPECT_EQ(sim.reserve_address_range(0, 2 * MiB, 0, &p), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in reserve_address_range");
+  sim.clear_faults();
+  EXPECT_EQ(sim.create_physical(0, 2 * MiB, &h), kOk);
+}
+
+// ---- Events and streams -------------------------------------------------------------
+
+TEST(SimEvents, CompleteOnlyWhenTheStreamAdvances) {
+  SimBackend sim(small());
+  EventHandle a = 0, b = 0;
+  ASSERT_EQ(sim.create_event(0, &a), kOk);
+  ASSERT_EQ(sim.create_event(0, &b), kOk);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(sim.query_event(0, a), kOk);  // never recorded
+  EXPECT_EQ(sim.record_event(0, a, 1), kOk);
+  EXPECT_EQ(sim.record_event(0, b, 2), kOk);
+  EXPECT_EQ(sim.query_event(0, a), kNotReady);
+  EXPECT_EQ(sim.pending_events(1), 1u);
+  sim.advance(1);
+  EXPECT_EQ(sim.query_event(0, a), kOk);
+  EXPECT_EQ(sim.query_event(0, b), kNotReady);  // streams are independent
+  EXPECT_EQ(sim.pending_events(1), 0u);
+  EXPECT_EQ(sim.pending_events(2), 1u);
+  sim.advance_all();
+  EXPECT_EQ(sim.query_event(0, b), kOk);
+}
+
+TEST(SimEvents, SynchronizeEventCompletesUpToItsMarker) {
+  SimBackend sim(small());
+  EventHandle a = 0, b = 0;
+  ASSERT_EQ(sim.create_event(0, &a), kOk);
+  ASSERT_EQ(sim.create_event(0, &b), kOk);
+  EXPECT_EQ(sim.record_event(0, a, 0), kOk);
+  sim.submit_work(0);
+  EXPECT_EQ(sim.record_event(0, b, 0), kOk);
+  EXPECT_EQ(sim.pending_events(0), 2u);
+  EXPECT_EQ(sim.synchronize_event(0, a), kOk);
+  EXPECT_EQ(sim.query_event(0, a), kOk);
+  EXPECT_EQ(sim.query_event(0, b), kNotReady);  // recorded after a: not waited for
+  EXPECT_EQ(sim.synchronize_stream(0, 0), kOk);
+  EXPECT_EQ(sim.query_event(0, b), kOk);
+}
+
+TEST(SimEvents, RerecordingCapturesNewWork) {
+  SimBackend sim(small());
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  EXPECT_EQ(sim.record_event(0, e, 3), kOk);
+  sim.advance(3);
+  EXPECT_EQ(sim.query_event(0, e), kOk);
+  sim.submit_work(3);
+  EXPECT_EQ(sim.record_event(0, e, 3), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  EXPECT_EQ(sim.synchronize_device(0), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kOk);
+}
+
+TEST(SimEvents, EagerModeCompletesAtOnce) {
+  SimOptions o = small();
+  o.eager = true;
+  SimBackend eager(o);
+  EventHandle e = 0;
+  ASSERT_EQ(eager.create_event(0, &e), kOk);
+  eager.submit_work(0);
+  EXPECT_EQ(eager.record_event(0, e, 0), kOk);
+  EXPECT_EQ(eager.query_event(0, e), kOk);
+  EXPECT_EQ(eager.pending_events(0), 0u);
+
+  SimBackend sim(small());
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  EXPECT_EQ(sim.record_event(0, e, 5), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  sim.set_eager(true);  // switching on completes what is pending
+  EXPECT_EQ(sim.query_event(0, e), kOk);
+  sim.set_eager(false);
+  EXPECT_EQ(sim.record_event(0, e, 5), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+}
+
+TEST(SimEvents, PendingCountsOnlyLiveEvents) {
+  SimBackend sim(small());
+  EventHandle a = 0, b = 0;
+  ASSERT_EQ(sim.create_event(0, &a), kOk);
+  ASSERT_EQ(sim.create_event(0, &b), kOk);
+  EXPECT_EQ(sim.record_event(0, a, 9), kOk);
+  EXPECT_EQ(sim.record_event(0, b, 9), kOk);
+  EXPECT_EQ(sim.pending_events(9), 2u);
+  EXPECT_EQ(sim.destroy_event(0, a), kOk);
+  EXPECT_EQ(sim.pending_events(9), 1u);
+  EXPECT_EQ(sim.pending_events(10), 0u);  // a stream never used
+}
+
+TEST(SimEvents, UnknownOrForeignEventsAreErrors) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(1, &e), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kError);  // created on device 1
+  EXPECT_NE(sim.last_error().find("belongs to device 1"), std::string::npos);
+  EXPECT_EQ(sim.stream_wait_event(1, 4, e), kOk);
+  EXPECT_EQ(sim.destroy_event(1, e), kOk);
+  EXPECT_EQ(sim.query_event(1, e), kError);
+  EXPECT_EQ(sim.last_error(), "sim: query_event: unknown event " + std::to_string(e) +
+                                  " (destroyed or never created)");
+  EXPECT_EQ(sim.destroy_event(1, e), kError);
+  EXPECT_EQ(sim.record_event(1, e, 0), kError);
+  EXPECT_EQ(sim.synchronize_event(1, e), kError);
+  EXPECT_EQ(sim.stream_wait_event(1, 0, e), kError);
+}
+
+// ---- Virtual memory -----------------------------------------------------------------
+
+// A backend with a 2 MiB granularity and a reservation of `reserved` bytes at r.
+struct Vmm {
+  explicit Vmm(std::size_t capacity = 16 * MiB, bool host_backed = false)
+      : sim([&] {
+          SimOptions o = small(capacity);
+          o.host_backed = host_backed;
+          return o;
+        }()) {
+    EXPECT_EQ(sim.reserve_address_range(0, 8 * MiB, 0, &r), kOk) << sim.last_error();
+  }
+  PhysicalHandle create(std::size_t size) {
+    PhysicalHandle h = 0;
+    EXPECT_EQ(sim.create_physical(0, size, &h), kOk) << sim.last_error();
+    return h;
+  }
+  SimBackend sim;
+  void* r = nullptr;
+};
+
+TEST(SimVmm, ReservationsFollowGranularityAndAvoidSegments) {
+  Vmm v;
+  SimBackend& sim = v.sim;
+  std::size_t g = 0;
+  EXPECT_EQ(sim.granularity(0, &g), kOk);
+  EXPECT_EQ(g, 2 * MiB);
+  void* p = nullptr;
+  EXPECT_EQ(sim.reserve_address_range(0, 3 * MiB, 0, &p), kError);
+  EXPECT_EQ(sim.reserve_address_range(0, 2 * MiB, 3 * MiB, &p), kError);
+  EXPECT_EQ(sim.reserve_address_range(0, 0, 0, &p), kError);
+  void* aligned = nullptr;
+  EXPECT_EQ(sim.reserve_address_range(0, 2 * MiB, 64 * MiB, &aligned), kOk);
+  EXPECT_EQ(addr(aligned) % (64 * MiB), 0u);
+  void* seg = alloc(sim, 8 * MiB);
+  for (void* r : {v.r, aligned}) {
+    EXPECT_TRUE(addr(seg) + 8 * MiB <= addr(r) || addr(r) + 2 * MiB <= addr(seg));
+  }
+  EXPECT_EQ(sim.used(0), 8 * MiB);  // address space costs no memory
+  EXPECT_EQ(sim.release_address_range(0, aligned, 4 * MiB), kError);  // wrong size
+  EXPECT_EQ(sim.release_address_range(0, aligned, 2 * MiB), kOk);
+  EXPECT_EQ(sim.release_address_range(0, aligned, 2 * MiB), kError);  // twice
+  EXPECT_EQ(sim.counters().reservations, 2u);
+}
+
+TEST(SimVmm, PhysicalMemorySharesTheCapacity) {
+  Vmm v(8 * MiB);
+  SimBackend& sim = v.sim;
+  PhysicalHandle h = 0;
+  EXPECT_EQ(sim.create_physical(0, 3 * MiB, &h), kError);  // not a multiple of 2 MiB
+  h = v.create(6 * MiB);
+  EXPECT_EQ(sim.used(0), 6 * MiB);
+  void* p = nullptr;
+  EXPECT_EQ(sim.allocate(0, 4 * MiB, &p), kOom);
+  PhysicalHandle other = 0;
+  EXPECT_EQ(sim.create_physical(0, 4 * MiB, &other), kOom);
+  EXPECT_EQ(sim.counters().failed_allocs, 2u);
+  EXPECT_EQ(sim.release_physical(0, h), kOk);
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_EQ(sim.release_physical(0, h), kError);  // twice
+  EXPECT_EQ(sim.allocate(0, 4 * MiB, &p), kOk);
+}
+
+TEST(SimVmm, MapChecksItsArguments) {
+  Vmm v;
+  SimBackend& sim = v.sim;
+  const PhysicalHandle a = v.create(2 * MiB);
+  const PhysicalHandle b = v.create(4 * MiB);
+  EXPECT_EQ(sim.map(0, v.r, 4 * MiB, a), kError);               // size differs from handle
+  EXPECT_EQ(sim.map(0, at(v.r, 6 * MiB), 4 * MiB, b), kError);  // runs past the reservation
+  EXPECT_EQ(sim.map(0, at(v.r, 512), 2 * MiB, a), kError);      // not granularity aligned
+  void* seg = alloc(sim, 2 * MiB);
+  EXPECT_EQ(sim.map(0, seg, 2 * MiB, a), kError);  // a segment is no reservation
+  EXPECT_EQ(sim.map(0, v.r, 2 * MiB, 999), kError);
+  EXPECT_EQ(sim.map(0, at(v.r, 2 * MiB), 4 * MiB, b), kOk);
+  EXPECT_EQ(sim.map(0, v.r, 2 * MiB, a), kOk);               // adjacent: fine
+  EXPECT_EQ(sim.map(0, at(v.r, 6 * MiB), 2 * MiB, a), kOk);  // a handle may map twice
+  const PhysicalHandle c = v.create(2 * MiB);
+  EXPECT_EQ(sim.map(0, at(v.r, 4 * MiB), 2 * MiB, c), kError);  // inside b's mapping
+  EXPECT_NE(sim.last_error().find("overlaps"), std::string::npos) << sim.last_error();
+  EXPECT_EQ(sim.counters().maps, 3u);
+}
+
+TEST(SimVmm, UnmapMustCoverWholeMappings) {
+  Vmm v;
+  SimBackend& sim = v.sim;
+  const PhysicalHandle a = v.create(2 * MiB);
+  const PhysicalHandle b = v.create(4 * MiB);
+  ASSERT_EQ(sim.map(0, v.r, 2 * MiB, a), kOk);
+  ASSERT_EQ(sim.map(0, at(v.r, 2 * MiB), 4 * MiB, b), kOk);
+  EXPECT_EQ(sim.unmap(0, at(v.r, 2 * MiB), 2 * MiB), kError);     // half of b
+  EXPECT_EQ(sim.unmap(0, at(v.r, 4 * MiB), 2 * MiB), kError);     // the other half
+  EXPECT_EQ(sim.unmap(0, v.r, 8 * MiB), kError);                  // past the end of b
+  EXPECT_EQ(sim.unmap(0, at(v.r, 6 * MiB), 2 * MiB), kError);     // nothing there
+  EXPECT_EQ(sim.release_address_range(0, v.r, 8 * MiB), kError);  // still mapped
+  EXPECT_EQ(sim.counters().unmaps, 0u);
+  EXPECT_EQ(sim.unmap(0, v.r, 6 * MiB), kOk);  // both at once
+  EXPECT_EQ(sim.unmap(0, v.r, 2 * MiB), kError);
+  EXPECT_EQ(sim.map(0, at(v.r, 4 * MiB), 2 * MiB, a), kOk);  // free to map again
+  EXPECT_EQ(sim.unmap(0, at(v.r, 4 * MiB), 2 * MiB), kOk);
+  EXPECT_EQ(sim.release_address_range(0, v.r, 8 * MiB), kOk);
+}
+
+TEST(SimVmm, ReleasedHandleStaysCountedUntilUnmapped) {
+  Vmm v;
+  SimBackend& sim = v.sim;
+  const PhysicalHandle h = v.create(4 * MiB);
+  ASSERT_EQ(sim.map(0, v.r, 4 * MiB, h), kOk);
+  EXPECT_EQ(sim.release_physical(0, h), kOk);
+  EXPECT_EQ(sim.used(0), 4 * MiB);
+  EXPECT_EQ(sim.map(0, at(v.r, 4 * MiB), 4 * MiB, h), kError);  // released: no new maps
+  EXPECT_EQ(sim.unmap(0, v.r, 4 * MiB), kOk);
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_EQ(sim.counters().physical_releases, 1u);
+}
+
+TEST(SimVmm, SetAccessNeedsAMappedRangeAndValidDevices) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  void* r = nullptr;
+  ASSERT_EQ(sim.reserve_address_range(0, 8 * MiB, 0, &r), kOk);
+  PhysicalHandle h = 0;
+  ASSERT_EQ(sim.create_physical(0, 4 * MiB, &h), kOk);
+  const int both[] = {0, 1};
+  const int bad[] = {0, 2};
+  EXPECT_EQ(sim.set_access(0, r, 4 * MiB, both, 2), kError);  // nothing mapped yet
+  ASSERT_EQ(sim.map(0, r, 4 * MiB, h), kOk);
+  EXPECT_EQ(sim.set_access(0, r, 6 * MiB, both, 2), kError);  // runs past the mapping
+  EXPECT_EQ(sim.set_access(0, r, 4 * MiB, bad, 2), kError);
+  EXPECT_EQ(sim.last_error(), "sim: set_access: device 2 does not exist (device_count 2)");
+  EXPECT_EQ(sim.set_access(0, r, 4 * MiB, both, 0), kError);
+  EXPECT_EQ(sim.set_access(0, r, 4 * MiB, both, 2), kOk);
+  EXPECT_EQ(sim.set_access(0, at(r, 2 * MiB), 2 * MiB, both, 1), kOk);  // part of one
+  EXPECT_EQ(sim.set_access(1, r, 4 * MiB, both, 2), kError);            // the mapping is device 0's
+}
+
+TEST(SimVmm, VirtualSpaceRecordsAccess) {
+  std::vector<sim::RangeAllocator> regions;
+  regions.emplace_back(0x100000000, 0x100000000);
+  sim::VirtualSpace vs(false, 2 * MiB, std::move(regions));
+  void* r = nullptr;
+  ASSERT_EQ(vs.reserve(0, 4 * MiB, 0, &r), "");
+  const PhysicalHandle h = vs.create(0, 4 * MiB);
+  ASSERT_EQ(vs.map(0, r, 4 * MiB, h), "");
+  EXPECT_TRUE(vs.access(r).empty());
+  const int devices[] = {3, 1, 3};
+  ASSERT_EQ(vs.set_access(0, r, 4 * MiB, devices, 3, 4), "");
+  EXPECT_EQ(vs.access(r), (std::vector<int>{1, 3}));
+}
+
+TEST(SimVmm, HostBackedMappingsAreWritable) {
+  Vmm v(16 * MiB, true);
+  SimBackend& sim = v.sim;
+  const PhysicalHandle a = v.create(2 * MiB);
+  const PhysicalHandle b = v.create(2 * MiB);
+  ASSERT_EQ(sim.map(0, v.r, 2 * MiB, a), kOk);
+  ASSERT_EQ(sim.map(0, at(v.r, 2 * MiB), 2 * MiB, b), kOk);
+  std::memset(v.r, 0x3c, 4 * MiB);
+  const auto* bytes = static_cast<const unsigned char*>(v.r);
+  EXPECT_EQ(bytes[0], 0x3c);
+  EXPECT_EQ(bytes[4 * MiB - 1], 0x3c);
+  ASSERT_EQ(sim.unmap(0, v.r, 4 * MiB), kOk);
+  ASSERT_EQ(sim.map(0, at(v.r, 4 * MiB), 2 * MiB, a), kOk);
+  std::memset(at(v.r, 4 * MiB), 1, 2 * MiB);
+  ASSERT_EQ(sim.unmap(0, at(v.r, 4 * MiB), 2 * MiB), kOk);
+  EXPECT_EQ(sim.release_address_range(0, v.r, 8 * MiB), kOk);
+}
+
+// ---- Counters, cost model, clock -----------------------------------------------------
+
+TEST(SimCounters, CountCallsAndDeviceTime) {
+  SimOptions o = small();
+  o.alloc_us = 10;
+  o.free_us = 5;
+  o.map_us = 2;
+  o.unmap_us = 1.5;
+  SimBackend sim(o);
+  sim.set_clock_us(1000);
+  void* p = alloc(sim, 4 * KiB);
+  alloc(sim, 8 * KiB);
+  ASSERT_EQ(sim.deallocate(0, p, 4 * KiB), kOk);
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  ASSERT_EQ(sim.record_event(0, e, 1), kOk);
+  ASSERT_EQ(sim.query_event(0, e), kNotReady);
+  ASSERT_EQ(sim.stream_wait_event(0, 2, e), kOk);
+  ASSERT_EQ(sim.synchronize_event(0, e), kOk);
+  ASSERT_EQ(sim.synchronize_stream(0, 1), kOk);
+  ASSERT_EQ(sim.synchronize_device(0), kOk);
+  ASSERT_EQ(sim.destroy_event(0, e), kOk);
+  void* r = nullptr;
+  ASSERT_EQ(sim.reserve_address_range(0, 2 * MiB, 0, &r), kOk);
+  PhysicalHandle h = 0;
+  ASSERT_EQ(sim.create_physical(0, 2 * MiB, &h), kOk);
+  ASSERT_EQ(sim.map(0, r, 2 * MiB, h), kOk);
+  ASSERT_EQ(sim.unmap(0, r, 2 * MiB), kOk);
+  ASSERT_EQ(sim.release_physical(0, h), kOk);
+  void* q = nullptr;
+  ASSERT_EQ(sim.allocate(0, 1024 * MiB, &q), kOom);
+
+  const SimCounters c = sim.counters();
+  EXPECT_EQ(c.allocs, 2u);
+  EXPECT_EQ(c.frees, 1u);
+  EXPECT_EQ(c.alloc_bytes, 12 * KiB);
+  EXPECT_EQ(c.free_bytes, 4 * KiB);
+  EXPECT_EQ(c.failed_allocs, 1u);
+  EXPECT_EQ(c.events_created, 1u);
+  EXPECT_EQ(c.events_destroyed, 1u);
+  EXPECT_EQ(c.events_recorded, 1u);
+  EXPECT_EQ(c.event_queries, 1u);
+  EXPECT_EQ(c.event_syncs, 1u);
+  EXPECT_EQ(c.stream_waits, 1u);
+  EXPECT_EQ(c.stream_syncs, 1u);
+  EXPECT_EQ(c.device_syncs, 1u);
+  EXPECT_EQ(c.physical_creates, 1u);
+  EXPECT_EQ(c.physical_releases, 1u);
+  EXPECT_EQ(c.maps, 1u);
+  EXPECT_EQ(c.unmaps, 1u);
+  EXPECT_EQ(c.reservations, 1u);
+  EXPECT_DOUBLE_EQ(c.device_time_us, 10 + 10 + 5 + 2 + 1.5);
+  EXPECT_EQ(sim.now_us(), 1000u + 28u);
+  sim.advance_clock_us(7);
+  EXPECT_EQ(sim.now_us(), 1035u);
+
+  sim.reset_counters();
+  const SimCounters zero = sim.counters();
+  EXPECT_EQ(zero.allocs, 0u);
+  EXPECT_EQ(zero.failed_allocs, 0u);
+  EXPECT_EQ(zero.device_time_us, 0.0);
+  EXPECT_EQ(sim.now_us(), 1035u);  // the clock does not run backwards
+}
+
+// ---- Concurrency --------------------------------------------------------------------
+
+TEST(SimBackend, AllocateHookRunsOutsideTheLock) {
+  SimBackend sim(small());
+  std::mutex m;
+  std::condition_variable cv;
+  bool entered = false, release = false;
+  std::atomic<int> calls{0};
+  sim.set_allocate_hook([&] {
+    ++calls;
+    std::unique_lock lock(m);
+    entered = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  });
+  void* p = nullptr;
+  std::thread t([&] { EXPECT_EQ(sim.allocate(0, 512, &p), kOk); });
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return entered; });
+  }
+  // The allocation is blocked in its hook; the backend still answers.
+  EXPECT_EQ(sim.live_segments(0), 0u);
+  void* q = nullptr;
+  sim.set_allocate_hook(nullptr);
+  EXPECT_EQ(sim.allocate(0, 512, &q), kOk);
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  t.join();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(sim.live_segments(0), 2u);
+  EXPECT_NE(p, q);
+}
+
+TEST(SimBackend, ConcurrentAllocationsStayConsistent) {
+  SimBackend sim(small(1024 * MiB));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&sim, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < 500; ++i) {
+        const std::size_t size = 1 + rng() % (256 * KiB);
+        void* p = nullptr;
+        ASSERT_EQ(sim.allocate(0, size, &p), kOk);
+        mine.emplace_back(p, size);
+        if (i % 3 == 2) {
+          ASSERT_EQ(sim.deallocate(0, mine.front().first, mine.front().second), kOk);
+          mine.erase(mine.begin());
+        }
+      }
+      for (auto [p, size] : mine) ASSERT_EQ(sim.deallocate(0, p, size), kOk);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_EQ(sim.live_segments(0), 0u);
+  EXPECT_EQ(sim.counters().allocs, 2000u);
+}
+
+}  // namespace
+}  // namespace reservoir

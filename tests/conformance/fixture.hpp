@@ -1,0 +1,68 @@
+// The parameterized fixture of the conformance suite: one Allocator per test over
+// the harness's backend, with helpers to read statistics.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "conformance/harness.hpp"
+#include "reservoir/allocator.hpp"
+
+namespace reservoir::testing {
+
+constexpr std::size_t KiB = std::size_t{1} << 10;
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    for (auto& [name, factory] : harness_registry())
+      if (name == GetParam()) harness_ = factory();
+    ASSERT_TRUE(harness_) << "no harness " << GetParam();
+    std::string why = harness_->unavailable();
+    if (!why.empty()) GTEST_SKIP() << GetParam() << " backend unavailable: " << why;
+    backend_ = harness_->make_backend();
+    stream_ = harness_->new_stream();
+  }
+  void TearDown() override {
+    if (alloc_) {
+      alloc_->validate();
+      alloc_.reset();
+    }
+  }
+  // The allocator under test, made on first use with config.
+  Allocator& make(const std::string& config = "") {
+    alloc_ = std::make_unique<Allocator>(backend_, Config::parse(config));
+    return *alloc_;
+  }
+  Allocator& a() {
+    if (!alloc_) make();
+    return *alloc_;
+  }
+  DeviceStats stats() { return a().stats(0); }
+  std::int64_t allocated() { return stats().allocated_bytes.all().current; }
+  std::int64_t reserved() { return stats().reserved_bytes.all().current; }
+  void* alloc(std::size_t size) { return a().allocate(size, stream_, 0); }
+  void* alloc_on(std::size_t size, StreamHandle s) { return a().allocate(size, s, 0); }
+  void free(void* p) { a().deallocate(p); }
+  // Caps the allocator at about bytes of reserved memory via the memory fraction
+  // (works the same on every backend).
+  void cap(std::size_t bytes) {
+    MemoryInfo info;
+    ASSERT_EQ(backend_->memory_info(0, &info), DeviceStatus::ok);
+    a().set_memory_fraction(static_cast<double>(bytes) / static_cast<double>(info.total), 0);
+  }
+  SimBackend* sim() { return harness_->sim(); }
+
+  std::unique_ptr<Harness> harness_;
+  std::shared_ptr<Backend> backend_;
+  std::unique_ptr<Allocator> alloc_;
+  StreamHandle stream_ = 0;
+};
+
+std::vector<std::string> harness_names();
+
+}  // namespace reservoir::testing

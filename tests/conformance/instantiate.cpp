@@ -1,0 +1,15 @@
+// Instantiates the conformance suite once per registered backend harness.
+#include "conformance/fixture.hpp"
+
+namespace reservoir::testing {
+
+std::vector<std::string> harness_names() {
+  std::vector<std::string> names;
+  for (auto& entry : harness_registry()) names.push_back(entry.first);
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(harness_names()),
+                         [](const ::testing::TestParamInfo<std::string>& param) { return param.param; });
+
+}  // namespace reservoir::testing

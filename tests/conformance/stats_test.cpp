@@ -1,0 +1,112 @@
+// Statistics after each operation, peaks, resets, run-time configuration.
+#include "conformance/fixture.hpp"
+
+namespace reservoir::testing {
+namespace {
+
+struct Expect {
+  std::int64_t allocated, active, requested, reserved, segments, allocations, inactive_split,
+      inactive_split_bytes;
+};
+
+void check(const DeviceStats& s, const Expect& e, PoolKind pool, const char* step) {
+  int q = static_cast<int>(pool);
+  SCOPED_TRACE(step);
+  EXPECT_EQ(s.allocated_bytes.pool[q].current, e.allocated);
+  EXPECT_EQ(s.active_bytes.pool[q].current, e.active);
+  EXPECT_EQ(s.requested_bytes.pool[q].current, e.requested);
+  EXPECT_EQ(s.reserved_bytes.pool[q].current, e.reserved);
+  EXPECT_EQ(s.segment.pool[q].current, e.segments);
+  EXPECT_EQ(s.allocation.pool[q].current, e.allocations);
+  EXPECT_EQ(s.inactive_split.pool[q].current, e.inactive_split);
+  EXPECT_EQ(s.inactive_split_bytes.pool[q].current, e.inactive_split_bytes);
+}
+
+TEST_P(Conformance, StatisticsAfterEachOperation) {
+  const std::int64_t M = MiB;
+  void* s1 = alloc(1000);  // small: 1024 in a 2 MiB segment
+  check(stats(), {1024, 1024, 1000, 2 * M, 1, 1, 1, 2 * M - 1024}, PoolKind::small, "s1");
+  check(stats(), {0, 0, 0, 0, 0, 0, 0, 0}, PoolKind::large, "s1 large");
+  void* l1 = alloc(3 * M);  // large: 3 MiB in a 20 MiB segment
+  check(stats(), {3 * M, 3 * M, 3 * M, 20 * M, 1, 1, 1, 17 * M}, PoolKind::large, "l1");
+  check(stats(), {3 * M + 1024, 3 * M + 1024, 3 * M + 1000, 22 * M, 2, 2, 2, 19 * M - 1024},
+        PoolKind::all, "l1 all");
+  void* l2 = alloc(17 * M);  // takes the whole remainder (nothing left to split)
+  check(stats(), {20 * M, 20 * M, 20 * M, 20 * M, 1, 2, 0, 0}, PoolKind::large, "l2");
+  free(l1);
+  check(stats(), {17 * M, 17 * M, 17 * M, 20 * M, 1, 1, 1, 3 * M}, PoolKind::large, "free l1");
+  free(l2);
+  check(stats(), {0, 0, 0, 20 * M, 1, 0, 0, 0}, PoolKind::large, "free l2");
+  free(s1);
+  check(stats(), {0, 0, 0, 22 * M, 2, 0, 0, 0}, PoolKind::all, "free s1");
+  DeviceStats s = stats();
+  EXPECT_EQ(s.allocated_bytes.all().peak, 20 * M + 1024);
+  EXPECT_EQ(s.allocated_bytes.all().allocated, 20 * M + 1024);
+  EXPECT_EQ(s.allocated_bytes.all().freed, 20 * M + 1024);
+  EXPECT_EQ(s.requested_bytes.all().peak, 20 * M + 1000);
+  EXPECT_EQ(s.allocation.all().allocated, 3);
+  EXPECT_EQ(s.num_device_alloc, 2);
+  EXPECT_EQ(s.num_device_free, 0);
+  a().empty_cache();
+  s = stats();
+  EXPECT_EQ(s.reserved_bytes.all().current, 0);
+  EXPECT_EQ(s.reserved_bytes.all().peak, 22 * M);
+  EXPECT_EQ(s.num_device_free, 2);
+  EXPECT_EQ(s.segment.all().freed, 2);
+}
+
+TEST_P(Conformance, PeaksAndResets) {
+  void* p = alloc(12 * MiB);
+  void* q = alloc(12 * MiB);
+  free(p);
+  DeviceStats s = stats();
+  EXPECT_EQ(s.allocated_bytes.all().peak, static_cast<std::int64_t>(24 * MiB));
+  EXPECT_EQ(s.allocated_bytes.all().current, static_cast<std::int64_t>(12 * MiB));
+  a().reset_peak_stats(0);
+  s = stats();
+  EXPECT_EQ(s.allocated_bytes.all().peak, static_cast<std::int64_t>(12 * MiB));
+  EXPECT_EQ(s.allocated_bytes.all().allocated, static_cast<std::int64_t>(24 * MiB));
+  a().reset_accumulated_stats(0);
+  s = stats();
+  EXPECT_EQ(s.allocated_bytes.all().allocated, 0);
+  EXPECT_EQ(s.allocated_bytes.all().freed, 0);
+  EXPECT_EQ(s.num_device_alloc, 0);
+  EXPECT_EQ(s.allocated_bytes.all().current, static_cast<std::int64_t>(12 * MiB));
+  free(q);
+  EXPECT_EQ(stats().allocated_bytes.all().freed, static_cast<std::int64_t>(12 * MiB));
+}
+
+TEST_P(Conformance, PeakSeesConcurrentStreamsTogether) {
+  StreamHandle other = harness_->new_stream();
+  void* p = alloc(12 * MiB);
+  void* q = alloc_on(12 * MiB, other);  // the device-wide peak spans both streams
+  free(p);
+  free(q);
+  void* r = alloc_on(12 * MiB, other);
+  free(r);
+  EXPECT_EQ(stats().allocated_bytes.all().peak, static_cast<std::int64_t>(24 * MiB));
+}
+
+TEST_P(Conformance, ConfigurationChangesAtRunTime) {
+  void* p = alloc(5000);
+  EXPECT_EQ(a().block_size(p), 5120u);  // 512-byte rounding
+  a().update_config("roundup_power2_divisions:2");
+  void* q = alloc(5000);
+  EXPECT_EQ(a().block_size(q), 6144u);  // between 4096 and 8192 in 2 steps
+  EXPECT_THROW(a().update_config("roundup_power2_divisions:3"), ConfigError);
+  void* r = alloc(5000);
+  EXPECT_EQ(a().block_size(r), 6144u);  // unchanged by the rejected update
+  free(p), free(q), free(r);
+}
+
+TEST_P(Conformance, SummaryTableNamesTheRows) {
+  void* p = alloc(MiB);
+  std::string table = a().summary(0);
+  for (const char* row : {"Allocated memory", "Reserved memory", "Requested memory",
+                          "Non-releasable memory", "Allocations", "from large pool"})
+    EXPECT_NE(table.find(row), std::string::npos) << row;
+  free(p);
+}
+
+}  // namespace
+}  // namespace reservoir::testing

@@ -1,0 +1,107 @@
+#include "reservoir/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "reservoir/errors.hpp"
+
+namespace reservoir {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+TEST(Config, DefaultsMatchPyTorch) {
+  Config c;
+  EXPECT_EQ(c.max_split_size, ~std::size_t{0});
+  EXPECT_EQ(c.max_non_split_rounding_size, 20 * MiB);
+  EXPECT_FALSE(c.expandable_segments);
+  EXPECT_EQ(c.garbage_collection_threshold, 0.0);
+  EXPECT_EQ(c.divisions_for(5000), 0u);
+}
+
+TEST(Config, ParsesEveryKey) {
+  Config c = Config::parse(
+      " max_split_size_mb:256, max_non_split_rounding_mb:40,garbage_collection_threshold:0.6,"
+      "expandable_segments:True,release_lock_on_cudamalloc:True,"
+      "per_process_memory_fraction:0.5,roundup_power2_divisions:[256:1,512:2,>:8],"
+      "backend:native,device:sim,sim_capacity:8GiB,expandable_segments_reserve:64GiB,"
+      "pinned_use_cuda_host_register:True");
+  EXPECT_EQ(c.max_split_size, 256 * MiB);
+  EXPECT_EQ(c.max_non_split_rounding_size, 40 * MiB);
+  EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.6);
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_TRUE(c.release_lock_on_cudamalloc);
+  EXPECT_TRUE(c.per_process_memory_fraction_set);
+  EXPECT_DOUBLE_EQ(c.per_process_memory_fraction, 0.5);
+  EXPECT_EQ(c.divisions_for(100 * MiB), 1u);
+  EXPECT_EQ(c.divisions_for(300 * MiB), 2u);
+  EXPECT_EQ(c.divisions_for(600 * MiB), 8u);
+  EXPECT_EQ(c.divisions_for(std::size_t{64} << 30), 8u);
+  EXPECT_EQ(c.device, "sim");
+  EXPECT_EQ(c.sim_capacity, std::size_t{8} << 30);
+  EXPECT_EQ(c.expandable_segments_reserve, std::size_t{64} << 30);
+  EXPECT_EQ(Config::parse("expandable_segments_reserve:0.25").expandable_segments_reserve_fraction,
+            0.25);
+  EXPECT_EQ(Config::parse("roundup_power2_divisions:4").divisions_for(1), 4u);
+}
+
+// Each bad value names its key and says what is allowed.
+TEST(Config, BadValuesNameTheKey) {
+  const char* cases[][2] = {
+      {"max_split_size_mb:20", "max_split_size_mb"},
+      {"max_split_size_mb:abc", "max_split_size_mb"},
+      {"max_non_split_rounding_mb:-1", "max_non_split_rounding_mb"},
+      {"garbage_collection_threshold:1.0", "garbage_collection_threshold"},
+      {"garbage_collection_threshold:0", "garbage_collection_threshold"},
+      {"expandable_segments:yes", "expandable_segments"},
+      {"release_lock_on_cudamalloc:2", "release_lock_on_cudamalloc"},
+      {"per_process_memory_fraction:1.5", "per_process_memory_fraction"},
+      {"roundup_power2_divisions:3", "roundup_power2_divisions"},
+      {"roundup_power2_divisions:[100:2]", "roundup_power2_divisions"},
+      {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions"},
+      {"roundup_power2_divisions:[256:1", "roundup_power2_divisions"},
+      {"backend:cudaMallocAsync", "backend"},
+      {"backend:foo", "backend"},
+      {"device:gpu", "device"},
+      {"sim_capacity:lots", "sim_capacity"},
+      {"expandable_segments_reserve:-3", "expandable_segments_reserve"},
+      {"no_such_key:1", "no_such_key"},
+      {"max_split_size_mb", "key:value"},
+  };
+  for (auto& c : cases) {
+    try {
+      Config::parse(c[0]);
+      ADD_FAILURE() << c[0] << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(c[1]), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Config, ApplyIsAllOrNothing) {
+  Config c = Config::parse("max_split_size_mb:256");
+  EXPECT_THROW(c.apply("expandable_segments:True,max_split_size_mb:1"), ConfigError);
+  EXPECT_FALSE(c.expandable_segments);
+  EXPECT_EQ(c.max_split_size, 256 * MiB);
+}
+
+TEST(Config, EnvironmentPrefersReservoirVariable) {
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:300", 1);
+  unsetenv("RESERVOIR_ALLOC_CONF");
+  EXPECT_EQ(Config::from_environment().max_split_size, 300 * MiB);
+  setenv("RESERVOIR_ALLOC_CONF", "max_split_size_mb:400", 1);
+  EXPECT_EQ(Config::from_environment().max_split_size, 400 * MiB);
+  setenv("RESERVOIR_ALLOC_CONF", "bogus:1", 1);
+  try {
+    Config::from_environment();
+    ADD_FAILURE();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RESERVOIR_ALLOC_CONF"), std::string::npos);
+  }
+  unsetenv("RESERVOIR_ALLOC_CONF");
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+}
+
+}  // namespace
+}  // namespace reservoir

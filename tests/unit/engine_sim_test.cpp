@@ -1,0 +1,148 @@
+// Engine behaviours that need the simulated device's controls: injected device
+// failures, blocking device calls, uncached mode, device counters.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+struct SimAllocator {
+  explicit SimAllocator(const std::string& config = "", SimOptions options = {})
+      : sim(std::make_shared<SimBackend>(options)), a(sim, Config::parse(config)) {}
+  std::shared_ptr<SimBackend> sim;
+  Allocator a;
+};
+
+TEST(EngineOnSim, DeviceOutOfMemoryWalksTheLadderThenThrows) {
+  SimOptions o;
+  o.capacity = 64 * MiB;
+  SimAllocator s("", o);
+  void* p = s.a.allocate(40 * MiB, 1, 0);
+  EXPECT_THROW(s.a.allocate(40 * MiB, 1, 0), OutOfMemoryError);
+  DeviceStats st = s.a.stats(0);
+  EXPECT_EQ(st.num_ooms, 1);
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_sync_all_streams, 1);
+  EXPECT_EQ(s.sim->counters().failed_allocs, 2u);  // first try, then the retry
+  s.a.validate();
+  s.a.deallocate(p);
+  EXPECT_NO_THROW(s.a.deallocate(s.a.allocate(40 * MiB, 1, 0)));
+}
+
+TEST(EngineOnSim, InjectedAllocationFailureIsRetriedAfterReleasingCache) {
+  SimAllocator s;
+  void* cached = s.a.allocate(30 * MiB, 2, 0);
+  s.a.deallocate(cached);
+  s.sim->fail_allocation_number(1);  // the next device allocation fails once
+  void* p = s.a.allocate(12 * MiB, 1, 0);
+  EXPECT_NE(p, nullptr);
+  DeviceStats st = s.a.stats(0);
+  EXPECT_EQ(st.num_alloc_retries, 1);
+  EXPECT_EQ(st.num_device_free, 1);  // the other stream's cache was released
+  s.a.deallocate(p);
+  s.a.validate();
+}
+
+TEST(EngineOnSim, NonMemoryDeviceErrorsSurfaceNamingTheCall) {
+  SimAllocator s;
+  s.sim->fail_operation(SimOp::allocate, DeviceStatus::error);
+  try {
+    s.a.allocate(MiB, 1, 0);
+    FAIL();
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("allocating a segment"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos) << e.what();
+  }
+  s.sim->clear_faults();
+  s.a.validate();
+  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, 0);
+
+  void* p = s.a.allocate(MiB, 1, 0);
+  s.a.record_stream(p, 7);
+  s.a.deallocate(p);  // pending on stream 7
+  s.sim->fail_operation(SimOp::query_event, DeviceStatus::error);
+  EXPECT_THROW(s.a.allocate(MiB, 1, 0), DeviceError);  // processing events queries
+  s.sim->clear_faults();
+  s.a.validate();
+  s.sim->advance(7);
+  s.a.deallocate(s.a.allocate(MiB, 1, 0));
+  EXPECT_EQ(s.a.stats(0).active.all().current, 0);
+}
+
+TEST(EngineOnSim, EventsArePooledNotCreatedPerFree) {
+  SimAllocator s;
+  for (int i = 0; i < 50; ++i) {
+    void* p = s.a.allocate(MiB, 1, 0);
+    s.a.record_stream(p, 2);
+    s.a.deallocate(p);
+    s.sim->advance(2);
+  }
+  s.a.deallocate(s.a.allocate(MiB, 1, 0));
+  EXPECT_LE(s.sim->counters().events_created, 2u);
+  EXPECT_EQ(s.sim->counters().events_recorded, 50u);
+}
+
+TEST(EngineOnSim, ReleaseLockOnCudaMallocLetsTheStreamGoOn) {
+  SimAllocator s("release_lock_on_cudamalloc:True");
+  void* warm = s.a.allocate(4096, 1, 0);  // a cached small segment on stream 1
+  std::promise<void> entered;
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> first{true};
+  s.sim->set_allocate_hook([&] {
+    if (first.exchange(false)) {
+      entered.set_value();
+      go_f.wait();
+    }
+  });
+  std::thread slow([&] { s.a.deallocate(s.a.allocate(64 * MiB, 1, 0)); });
+  entered.get_future().wait();  // the device allocation is in progress
+  void* quick = s.a.allocate(8192, 1, 0);  // same stream, from cache: must not wait
+  s.a.deallocate(quick);
+  go.set_value();
+  slow.join();
+  s.a.deallocate(warm);
+  s.a.validate();
+}
+
+TEST(EngineOnSim, UncachedModeCallsTheDeviceEveryTime) {
+  setenv("RESERVOIR_NO_CACHING", "1", 1);
+  SimAllocator s;
+  unsetenv("RESERVOIR_NO_CACHING");
+  EXPECT_FALSE(s.a.caching());
+  for (int i = 0; i < 10; ++i) s.a.deallocate(s.a.allocate(1000, 1, 0));
+  EXPECT_EQ(s.sim->counters().allocs, 10u);
+  EXPECT_EQ(s.sim->counters().frees, 10u);
+  EXPECT_EQ(s.a.stats(0).allocated_bytes.all().peak, 1000);
+  int x;
+  EXPECT_THROW(s.a.deallocate(&x), InvalidPointerError);
+}
+
+TEST(EngineOnSim, SeveralDevicesHaveSeparateEngines) {
+  SimOptions o;
+  o.device_count = 2;
+  o.capacity = 100 * MiB;
+  SimAllocator s("", o);
+  void* p0 = s.a.allocate(60 * MiB, 1, 0);
+  void* p1 = s.a.allocate(60 * MiB, 1, 1);  // device 1 has its own capacity
+  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(60 * MiB));
+  EXPECT_EQ(s.a.stats(1).reserved_bytes.all().current, static_cast<std::int64_t>(60 * MiB));
+  s.a.deallocate(p1);  // found through the segment map, whatever the device
+  s.a.deallocate(p0);
+  s.sim->set_current_device(1);
+  void* q = s.a.allocate(MiB, 1);  // device -1: the current device
+  EXPECT_EQ(s.a.stats(1).allocation.all().current, 1);
+  s.a.deallocate(q);
+}
+
+}  // namespace
+}  // namespace reservoir

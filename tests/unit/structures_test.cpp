@@ -1,0 +1,112 @@
+// The engine's data structures on their own: AddressMap, SegmentMap, StatLedger, Lock.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/block.hpp"
+#include "engine/segment_map.hpp"
+#include "engine/stat_ledger.hpp"
+#include "util/address_map.hpp"
+#include "util/lock.hpp"
+
+namespace reservoir::detail {
+namespace {
+
+TEST(AddressMap, MatchesAReferenceMapUnderRandomOperations) {
+  AddressMap<int> map;
+  std::unordered_map<std::uintptr_t, int*> ref;
+  std::vector<int> values(4096);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    std::uintptr_t key = (1 + rng() % 5000) * 512;
+    if (rng() % 2) {
+      if (!ref.count(key)) {
+        int* v = &values[key / 512 % values.size()];
+        map.insert(key, v);
+        ref[key] = v;
+      }
+    } else {
+      int* got = map.erase(key);
+      auto it = ref.find(key);
+      ASSERT_EQ(got, it == ref.end() ? nullptr : it->second);
+      if (it != ref.end()) ref.erase(it);
+    }
+    ASSERT_EQ(map.size(), ref.size());
+  }
+  for (auto& [k, v] : ref) ASSERT_EQ(map.find(k), v);
+}
+
+TEST(SegmentMap, FindsSegmentsIncludingUnalignedNeighbours) {
+  SegmentMap map;
+  Segment a, b, c;
+  a.base = 0x7f0000000000;
+  a.size = 20 << 20;
+  b.base = a.base + a.size + 4096;  // shares a 2 MiB page with a's end
+  b.size = 3 << 20;
+  c.base = std::uintptr_t{1} << 50;
+  c.size = 2 << 20;
+  map.insert(&a);
+  map.insert(&b);
+  map.insert(&c);
+  EXPECT_EQ(map.find(a.base), &a);
+  EXPECT_EQ(map.find(a.base + a.size - 1), &a);
+  EXPECT_EQ(map.find(a.base + a.size), nullptr);  // the 4 KiB gap
+  EXPECT_EQ(map.find(b.base), &b);
+  EXPECT_EQ(map.find(b.base + b.size - 1), &b);
+  EXPECT_EQ(map.find(c.base + 100), &c);
+  EXPECT_EQ(map.find(0x1000), nullptr);
+  map.erase(&a);
+  EXPECT_EQ(map.find(a.base), nullptr);
+  EXPECT_EQ(map.find(b.base), &b);
+}
+
+TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
+  StatLedger ledger;
+  ShardCounters s1, s2;
+  ledger.attach(&s1);
+  ledger.attach(&s2);
+  auto op = [&](ShardCounters& s, std::int64_t delta) {
+    s.add(kAllocatedBytes, 1, delta);
+    if (s.over) ledger.rebalance(&s);
+  };
+  std::mt19937_64 rng(3);
+  std::int64_t a = 0, b = 0, peak = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::int64_t d = static_cast<std::int64_t>(rng() % 1000);
+    if (rng() % 2) {
+      if (rng() % 2 && a >= d) d = -d;
+      a += d;
+      op(s1, d);
+    } else {
+      if (rng() % 2 && b >= d) d = -d;
+      b += d;
+      op(s2, d);
+    }
+    peak = std::max(peak, a + b);
+  }
+  DeviceStats out;
+  ledger.read(&out);
+  EXPECT_EQ(out.allocated_bytes.all().current, a + b);
+  EXPECT_EQ(out.allocated_bytes.all().peak, peak);
+}
+
+TEST(Lock, ExcludesConcurrentThreads) {
+  Lock lock;
+  long counter = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100000; ++i) {
+        lock.lock();
+        ++counter;
+        lock.unlock();
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(counter, 400000);
+}
+
+}  // namespace
+}  // namespace reservoir::detail
