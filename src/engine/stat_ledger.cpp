@@ -8,8 +8,8 @@ ShardCounters::ShardCounters() {
   for (int k = 0; k < kStatKinds; ++k) {
     for (int p = 0; p < 2; ++p) {
       current[k][p].store(0, std::memory_order_relaxed);
-      added[k][p].store(0, std::memory_order_relaxed);
       removed[k][p].store(0, std::memory_order_relaxed);
+      base[k][p].store(0, std::memory_order_relaxed);
     }
     for (int q = 0; q < 3; ++q) {
       limit[k][q].store(0, std::memory_order_relaxed);
@@ -91,7 +91,8 @@ void StatLedger::reset_peaks() {
 void StatLedger::reset_accumulated(ShardCounters* shard) {
   for (int k = 0; k < kStatKinds; ++k)
     for (int p = 0; p < 2; ++p) {
-      shard->added[k][p].store(0, std::memory_order_relaxed);
+      shard->base[k][p].store(shard->current[k][p].load(std::memory_order_relaxed),
+                              std::memory_order_relaxed);
       shard->removed[k][p].store(0, std::memory_order_relaxed);
     }
 }
@@ -109,8 +110,10 @@ void StatLedger::read(DeviceStats* out) {
         stat[q].current += current_of(s, k, q);
         int p0 = q == 0 ? 0 : q - 1, p1 = q == 0 ? 1 : q - 1;
         for (int p = p0; p <= p1; ++p) {
-          stat[q].allocated += s->added[k][p].load(std::memory_order_relaxed);
-          stat[q].freed += s->removed[k][p].load(std::memory_order_relaxed);
+          std::int64_t removed = s->removed[k][p].load(std::memory_order_relaxed);
+          stat[q].allocated += s->current[k][p].load(std::memory_order_relaxed) -
+                               s->base[k][p].load(std::memory_order_relaxed) + removed;
+          stat[q].freed += removed;
         }
       }
       stat[q].peak = std::max(peak_[k][q], stat[q].current);

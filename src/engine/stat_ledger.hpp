@@ -43,9 +43,12 @@ enum StatKind : int {
 
 struct alignas(64) ShardCounters {
   // [kind][0 = small, 1 = large]; written by the owning shard under its lock.
+  // The total added since the last reset_accumulated is derived, not counted:
+  //   added == current - base + removed   (base: current at that reset)
+  // so an increase costs one counter update and a decrease two.
   std::atomic<std::int64_t> current[kStatKinds][2];
-  std::atomic<std::int64_t> added[kStatKinds][2];
   std::atomic<std::int64_t> removed[kStatKinds][2];
+  std::atomic<std::int64_t> base[kStatKinds][2];
   // [kind][0 = all, 1 = small, 2 = large]; written by the ledger, read by the shard.
   std::atomic<std::int64_t> limit[kStatKinds][3];
   // Own high-water marks, as last observed by the ledger.
@@ -61,8 +64,6 @@ struct alignas(64) ShardCounters {
     std::int64_t v = c.load(std::memory_order_relaxed) + delta;
     c.store(v, std::memory_order_relaxed);
     if (delta > 0) {
-      added[kind][pool].store(added[kind][pool].load(std::memory_order_relaxed) + delta,
-                              std::memory_order_relaxed);
       std::int64_t all = v + current[kind][pool ^ 1].load(std::memory_order_relaxed);
       if (v > limit[kind][1 + pool].load(std::memory_order_relaxed) ||
           all > limit[kind][0].load(std::memory_order_relaxed))

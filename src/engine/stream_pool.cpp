@@ -70,13 +70,14 @@ void StreamPool::index_erase(Block* b) { free_set(b).erase(b->free_at); }
 // holds (the common case of splitting or merging the same block), else re-insert.
 void StreamPool::index_reposition(Block* b) {
   FreeSet& set = free_set(b);
+  b->gc_stamp = engine_.gc_now();
+  if (set.size() == 1) return;  // a lone block is always in order
   BySizeThenAddress less;
   auto it = b->free_at;
   bool ordered = true;
   if (it != set.begin() && !less(*std::prev(it), b)) ordered = false;
   auto after = std::next(it);
   if (ordered && after != set.end() && !less(b, *after)) ordered = false;
-  b->gc_stamp = engine_.gc_now();
   if (ordered) return;
   set.erase(it);
   b->free_at = set.insert(b).first;

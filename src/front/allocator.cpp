@@ -177,7 +177,10 @@ detail::DeviceEngine& Allocator::engine(int device) {
 void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   if (size == 0) return nullptr;
   Impl& im = *impl_;
-  const int d = im.resolve(device);
+  // Fast path: an explicit, valid device and an existing engine.
+  const int d = static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count)
+                    ? device
+                    : im.resolve(device);
   if (size >= kOneEiB)
     throw OutOfMemoryError("Reservoir: out of memory on device " + std::to_string(d) +
                            ": tried to allocate " + format_size(size) +
@@ -205,7 +208,8 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
     s.num_device_alloc += 1;
     return ptr;
   }
-  DeviceEngine& e = im.engine(d);
+  DeviceEngine* engine = im.engines[d].load(std::memory_order_acquire);
+  DeviceEngine& e = engine ? *engine : im.engine(d);
   if (!im.recording.load(std::memory_order_relaxed))
     return reinterpret_cast<void*>(e.pool(stream).allocate(size));
   std::lock_guard<std::mutex> guard(im.recorder_mutex);

@@ -1,0 +1,79 @@
+// Host cost of the engine on the simulated device (Google Benchmark). The same
+// patterns as the GPU anchors (shared/tools/anchor_bench.cpp): alloc+free pairs at
+// 512 B / 1 MiB / 64 MiB, log-uniform 256 B-64 MiB with 512 live blocks, and 1 MiB
+// pairs with 2 and 8 threads each on its own stream (time per pair = total time /
+// all pairs, as the anchors count it). Run with --benchmark_min_time=0.01 as a smoke
+// test in CI.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace {
+
+using reservoir::Allocator;
+
+Allocator& shared_allocator() {
+  static auto* a = [] {
+    reservoir::SimOptions o;
+    o.capacity = std::size_t{141} << 30;
+    return new Allocator(std::make_shared<reservoir::SimBackend>(o), reservoir::Config{});
+  }();
+  return *a;
+}
+
+void BM_Pair(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(size, 1, 0));
+  for (auto _ : state) {
+    void* p = a.allocate(size, 1, 0);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_Pair)->Arg(512)->Arg(1 << 20)->Arg(64 << 20);
+
+void BM_LogUniform512Live(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  std::mt19937_64 rng(42);
+  std::uniform_int_distribution<int> pick(0, 511);
+  std::uniform_real_distribution<double> lg(8.0, 26.0);
+  std::vector<std::size_t> sizes(1 << 16);
+  for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
+  std::vector<void*> live(512);
+  for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], 2, 0);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    int k = pick(rng);
+    a.deallocate(live[k]);
+    live[k] = a.allocate(sizes[i++ & (sizes.size() - 1)], 2, 0);
+  }
+  for (void* p : live) a.deallocate(p);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LogUniform512Live);
+
+void BM_PairThreadsOwnStreams(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const reservoir::StreamHandle stream = 100 + static_cast<reservoir::StreamHandle>(state.thread_index());
+  for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(1 << 20, stream, 0));
+  for (auto _ : state) {
+    void* p = a.allocate(1 << 20, stream, 0);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+// Real time: the anchors divide wall time by all pairs of all threads.
+BENCHMARK(BM_PairThreadsOwnStreams)->Threads(1)->Threads(2)->Threads(8)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,502 @@
+// reservoir_gpu_bench: host cost of device allocation on a real GPU, Reservoir next to
+// its peers in ONE run, on the patterns of /work/shared/tools/anchor_bench.cpp and the
+// trace replay of peer_replay.cpp:
+//   - Reservoir: reservoir::Allocator over CudaBackend (device index given explicitly);
+//   - c10: PyTorch's native caching allocator (only when built with TORCH_DIR);
+//   - cudaMallocAsync/cudaFreeAsync on the default pool, release threshold UINT64_MAX;
+//   - cudaMalloc/cudaFree.
+// Prints a side-by-side table; --markdown PATH also writes it as a markdown file.
+//
+//   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]
+#include <cuda_runtime_api.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/cuda_backend.hpp"
+
+#if defined(RESERVOIR_BENCH_WITH_C10)
+#include "c10_api.hpp"
+#endif
+
+#ifndef RESERVOIR_TRACE_DIR
+#define RESERVOIR_TRACE_DIR "traces"
+#endif
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+// ---- The allocators, behind one shape of call (as in anchor_bench.cpp) ----------
+
+struct Api {
+  const char* name;
+  void* (*alloc)(std::size_t, cudaStream_t);
+  void (*free)(void*, cudaStream_t);
+  bool slow;                         // cudaMalloc: fewer iterations, as anchor_bench does
+  void (*reset)();                   // cold start: return cached memory, reset peaks
+  std::uint64_t (*peak_reserved)();  // 0 when the allocator cannot say
+};
+
+reservoir::Allocator* g_reservoir = nullptr;
+cudaMemPool_t g_pool = nullptr;
+
+void* reservoir_alloc(std::size_t n, cudaStream_t s) {
+  return g_reservoir->allocate(n, reinterpret_cast<reservoir::StreamHandle>(s), 0);
+}
+void reservoir_free(void* p, cudaStream_t) {
+  g_reservoir->deallocate(p);
+}
+void reservoir_reset() {
+  CK(cudaDeviceSynchronize());
+  g_reservoir->empty_cache();
+  g_reservoir->reset_peak_stats(0);
+}
+std::uint64_t reservoir_peak() {
+  return static_cast<std::uint64_t>(g_reservoir->stats(0).reserved_bytes.all().peak);
+}
+
+void* async_alloc(std::size_t n, cudaStream_t s) {
+  void* p = nullptr;
+  CK(cudaMallocAsync(&p, n, s));
+  return p;
+}
+void async_free(void* p, cudaStream_t s) {
+  CK(cudaFreeAsync(p, s));
+}
+void async_reset() {
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemPoolTrimTo(g_pool, 0));
+  std::uint64_t zero = 0;
+  CK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReservedMemHigh, &zero));
+}
+std::uint64_t async_peak() {
+  CK(cudaDeviceSynchronize());
+  std::uint64_t high = 0;
+  CK(cudaMemPoolGetAttribute(g_pool, cudaMemPoolAttrReservedMemHigh, &high));
+  return high;
+}
+
+void* plain_alloc(std::size_t n, cudaStream_t) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, n));
+  return p;
+}
+void plain_free(void* p, cudaStream_t) {
+  CK(cudaFree(p));
+}
+void plain_reset() {
+  CK(cudaDeviceSynchronize());
+}
+std::uint64_t plain_peak() {
+  return 0;
+}
+
+#if defined(RESERVOIR_BENCH_WITH_C10)
+void c10_reset() {
+  CK(cudaDeviceSynchronize());
+  reservoir_bench::c10_api::reset();
+}
+#endif
+
+// ---- Patterns (anchor_bench.cpp) ---------------------------------------------------
+
+// Same-size alloc+free pairs: the steady-state cache-hit path.
+double bench_pair(const Api& a, std::size_t size, int iters, cudaStream_t s) {
+  for (int i = 0; i < 100; ++i) a.free(a.alloc(size, s), s);
+  auto t0 = clk::now();
+  for (int i = 0; i < iters; ++i) a.free(a.alloc(size, s), s);
+  auto t1 = clk::now();
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / iters;
+}
+
+// Random sizes with a live set (log-uniform 256 B .. 64 MiB).
+double bench_mixed(const Api& a, int iters, int live, cudaStream_t s, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(0, live - 1);
+  std::uniform_real_distribution<double> lg(8.0, 26.0);
+  std::vector<void*> slot(live, nullptr);
+  std::vector<std::size_t> sizes(iters);
+  for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
+  for (int i = 0; i < live; ++i) slot[i] = a.alloc(sizes[i % iters], s);
+  auto t0 = clk::now();
+  for (int i = 0; i < iters; ++i) {
+    int k = pick(rng);
+    a.free(slot[k], s);
+    slot[k] = a.alloc(sizes[i], s);
+  }
+  auto t1 = clk::now();
+  for (auto p : slot) a.free(p, s);
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / iters;
+}
+
+// Several threads, each with its own stream, same-size pairs; total time / all pairs.
+double bench_threads(const Api& a, int threads, std::size_t size, int iters) {
+  std::vector<cudaStream_t> ss(threads);
+  for (auto& s : ss) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<std::thread> th;
+  auto t0 = clk::now();
+  for (int t = 0; t < threads; ++t)
+    th.emplace_back([&, t] {
+      CK(cudaSetDevice(0));
+      for (int i = 0; i < iters; ++i) a.free(a.alloc(size, ss[t]), ss[t]);
+    });
+  for (auto& x : th) x.join();
+  auto t1 = clk::now();
+  for (auto& s : ss) CK(cudaStreamSynchronize(s));
+  for (auto& s : ss) CK(cudaStreamDestroy(s));
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() /
+         (static_cast<double>(iters) * threads);
+}
+
+// ---- Trace replay (peer_replay.cpp) -------------------------------------------------
+
+struct Event {
+  bool alloc;
+  std::uint32_t id;
+  std::uint64_t size;
+  std::uint32_t stream;
+};
+
+struct Trace {
+  std::string name;
+  std::vector<Event> events;
+  std::uint32_t streams = 1;
+  std::uint32_t ids = 0;
+};
+
+// Lines "a,ID,SIZE,STREAM" and "f,ID"; '#' comments. Other record kinds (u, s) are
+// skipped: the bundled traces have none, and the peers could not replay them.
+bool load_trace(const std::string& path, std::size_t max_events, Trace* out) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  char line[256];
+  while (out->events.size() < max_events && gzgets(f, line, sizeof line) != nullptr) {
+    unsigned long long id = 0, size = 0;
+    unsigned stream = 0;
+    if (line[0] == 'a' && std::sscanf(line, "a,%llu,%llu,%u", &id, &size, &stream) == 3) {
+      out->events.push_back({true, static_cast<std::uint32_t>(id), size, stream});
+      out->streams = std::max(out->streams, stream + 1);
+      out->ids = std::max(out->ids, static_cast<std::uint32_t>(id + 1));
+    } else if (line[0] == 'f' && std::sscanf(line, "f,%llu", &id) == 1) {
+      out->events.push_back({false, static_cast<std::uint32_t>(id), 0, 0});
+    }
+  }
+  gzclose(f);
+  return true;
+}
+
+struct ReplayResult {
+  double ns_per_event = 0;
+  std::uint64_t peak_reserved = 0;
+  std::uint64_t peak_requested = 0;
+};
+
+// One pass over the trace, from a cold cache. Frees go to stream 0 for
+// cudaFreeAsync, as peer_replay.cpp does.
+ReplayResult replay_once(const Api& a, const Trace& t, const std::vector<cudaStream_t>& ss) {
+  std::vector<void*> ptr(t.ids, nullptr);
+  std::vector<std::uint64_t> size(t.ids, 0);
+  std::uint64_t live = 0, peak_live = 0;
+  a.reset();
+  auto t0 = clk::now();
+  for (const Event& e : t.events) {
+    if (e.alloc) {
+      ptr[e.id] = a.alloc(e.size, ss[e.stream]);
+      size[e.id] = e.size;
+      live += e.size;
+      peak_live = std::max(peak_live, live);
+    } else if (ptr[e.id] != nullptr) {
+      a.free(ptr[e.id], ss[0]);
+      ptr[e.id] = nullptr;
+      live -= size[e.id];
+    }
+  }
+  auto t1 = clk::now();
+  ReplayResult r;
+  r.ns_per_event = std::chrono::duration<double, std::nano>(t1 - t0).count() /
+                   static_cast<double>(std::max<std::size_t>(t.events.size(), 1));
+  r.peak_reserved = a.peak_reserved();
+  r.peak_requested = peak_live;
+  for (std::uint32_t i = 0; i < t.ids; ++i)
+    if (ptr[i] != nullptr) a.free(ptr[i], ss[0]);
+  CK(cudaDeviceSynchronize());
+  return r;
+}
+
+// A warm-up pass, then the measured pass (each from a cold cache), as peer_replay.cpp.
+// cudaMalloc keeps no cache, so its warm-up pass would only double a long run.
+ReplayResult replay(const Api& a, const Trace& t, const std::vector<cudaStream_t>& ss) {
+  if (!a.slow) replay_once(a, t, ss);
+  return replay_once(a, t, ss);
+}
+
+// ---- Report ------------------------------------------------------------------------
+
+constexpr int kApis = 4;  // columns: reservoir, c10, cudaMallocAsync, cudaMalloc
+const char* const kColumn[kApis] = {"Reservoir", "PyTorch c10", "cudaMallocAsync", "cudaMalloc"};
+
+struct Row {
+  std::string pattern;
+  double value[kApis];  // < 0: not measured
+  bool ratio = false;   // value is a ratio, not ns
+};
+
+std::string format_value(double v, bool ratio) {
+  char buf[64];
+  if (v < 0) return "n/a";
+  if (ratio) {
+    std::snprintf(buf, sizeof buf, "%.3f", v);
+    return buf;
+  }
+  if (v < 1000) {
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+    return buf;
+  }
+  // Thousands separators, as in the anchors' tables.
+  std::string digits = std::to_string(static_cast<long long>(std::llround(v)));
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+void print_table(const std::vector<Row>& rows) {
+  std::size_t w0 = 7;
+  for (const Row& r : rows) w0 = std::max(w0, r.pattern.size());
+  std::printf("%-*s", static_cast<int>(w0), "pattern");
+  for (const char* c : kColumn) std::printf(" | %15s", c);
+  std::printf("\n%s\n", std::string(w0 + kApis * 18, '-').c_str());
+  for (const Row& r : rows) {
+    std::printf("%-*s", static_cast<int>(w0), r.pattern.c_str());
+    for (double v : r.value) std::printf(" | %15s", format_value(v, r.ratio).c_str());
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+void write_markdown(const std::string& path, const std::vector<Row>& rows,
+                    const std::string& device, const std::string& setup) {
+  std::ofstream out(path);
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::exit(1);
+  }
+  char date[64];
+  std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  out << "# Reservoir GPU benchmark\n\n"
+      << "Measured " << date << " on " << device << " in one run of reservoir_gpu_bench.\n"
+      << setup << "\n\n"
+      << "Host ns per alloc+free pair (threads: total time / all pairs); replay: host ns per "
+         "trace event from a cold cache; ratio: peak reserved / peak requested.\n\n"
+      << "| pattern |";
+  for (const char* c : kColumn) out << ' ' << c << " |";
+  out << "\n|---|";
+  for (int i = 0; i < kApis; ++i) out << "---:|";
+  out << '\n';
+  for (const Row& r : rows) {
+    out << "| " << r.pattern << " |";
+    for (double v : r.value) out << ' ' << format_value(v, r.ratio) << " |";
+    out << '\n';
+  }
+  std::printf("wrote %s\n", path.c_str());
+}
+
+[[noreturn]] void usage(int code) {
+  std::printf(
+      "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]\n"
+      "  --markdown PATH  also write the table as markdown (with date and device)\n"
+      "  --traces DIR     *.trace.gz to replay (default %s)\n"
+      "  --smoke          1/100 of the iterations and 2000 events per trace (a quick check)\n",
+      RESERVOIR_TRACE_DIR);
+  std::exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string markdown, trace_dir = RESERVOIR_TRACE_DIR;
+  bool smoke = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--markdown" && i + 1 < argc) {
+      markdown = argv[++i];
+    } else if (arg == "--traces" && i + 1 < argc) {
+      trace_dir = argv[++i];
+    } else if (arg == "--smoke") {
+      smoke = true;
+    } else if (arg == "--help" || arg == "-h") {
+      usage(0);
+    } else {
+      std::fprintf(stderr, "unknown argument: %s\n", arg.c_str());
+      usage(2);
+    }
+  }
+  if (!reservoir::CudaBackend::available()) {
+    std::fprintf(stderr, "no CUDA device: %s\n",
+                 reservoir::CudaBackend::unavailable_reason().c_str());
+    return 1;
+  }
+
+  try {
+    CK(cudaSetDevice(0));
+    cudaDeviceProp prop{};
+    CK(cudaGetDeviceProperties(&prop, 0));
+    int driver = 0, runtime = 0;
+    CK(cudaDriverGetVersion(&driver));
+    CK(cudaRuntimeGetVersion(&runtime));
+
+    reservoir::Allocator reservoir_allocator(std::make_shared<reservoir::CudaBackend>(),
+                                             reservoir::Config::from_environment());
+    g_reservoir = &reservoir_allocator;
+#if defined(RESERVOIR_BENCH_WITH_C10)
+    reservoir_bench::c10_api::init();
+#endif
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaDeviceGetDefaultMemPool(&g_pool, 0));
+    std::uint64_t threshold = UINT64_MAX;
+    CK(cudaMemPoolSetAttribute(g_pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+
+    // Columns in kColumn order; a missing allocator leaves its column n/a.
+    std::unique_ptr<Api> apis[kApis];
+    apis[0] = std::make_unique<Api>(
+        Api{"reservoir", reservoir_alloc, reservoir_free, false, reservoir_reset, reservoir_peak});
+#if defined(RESERVOIR_BENCH_WITH_C10)
+    apis[1] = std::make_unique<Api>(Api{"c10", reservoir_bench::c10_api::alloc,
+                                        reservoir_bench::c10_api::free, false, c10_reset,
+                                        reservoir_bench::c10_api::peak_reserved});
+#endif
+    apis[2] = std::make_unique<Api>(
+        Api{"cudaMallocAsync", async_alloc, async_free, false, async_reset, async_peak});
+    apis[3] = std::make_unique<Api>(
+        Api{"cudaMalloc", plain_alloc, plain_free, true, plain_reset, plain_peak});
+
+    const std::string conf = reservoir_allocator.config().to_string();
+    char setup[512];
+    std::snprintf(setup, sizeof setup,
+                  "Driver %d, runtime %d; Reservoir config: %s%s; c10 %s; cudaMallocAsync: "
+                  "default pool, release threshold UINT64_MAX%s.",
+                  driver, runtime, conf.empty() ? "defaults" : conf.c_str(),
+                  reservoir_allocator.caching() ? "" : " (RESERVOIR_NO_CACHING: uncached)",
+#if defined(RESERVOIR_BENCH_WITH_C10)
+                  "built in",
+#else
+                  "not built (configure with -DTORCH_DIR=...)",
+#endif
+                  smoke ? "; SMOKE RUN (reduced iterations: not for comparison)" : "");
+    std::printf("reservoir_gpu_bench on %s\n%s\n\n", prop.name, setup);
+
+    // Traces, sorted by name.
+    std::vector<Trace> traces;
+    std::error_code ec;
+    std::vector<std::filesystem::path> files;
+    for (const auto& entry : std::filesystem::directory_iterator(trace_dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() > 9 && name.compare(name.size() - 9, 9, ".trace.gz") == 0)
+        files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) std::printf("note: no *.trace.gz under %s\n", trace_dir.c_str());
+    for (const auto& f : files) {
+      Trace t;
+      t.name = f.filename().string();
+      t.name.resize(t.name.size() - 9);
+      if (!load_trace(f.string(), smoke ? 2000 : SIZE_MAX, &t)) {
+        std::fprintf(stderr, "cannot read %s\n", f.string().c_str());
+        return 1;
+      }
+      traces.push_back(std::move(t));
+    }
+
+    const int div = smoke ? 100 : 1;
+    std::vector<Row> rows;
+    auto row = [&](const std::string& pattern, bool ratio = false) -> Row& {
+      for (Row& r : rows)
+        if (r.pattern == pattern) return r;
+      Row r{pattern, {-1, -1, -1, -1}, ratio};
+      rows.push_back(r);
+      return rows.back();
+    };
+    // Fix the row order before measuring.
+    for (const char* p :
+         {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread", "pair 64 MiB, 1 thread",
+          "log-uniform 256 B-64 MiB, 512 live, 1 thread", "pair 1 MiB, 2 threads, own streams",
+          "pair 1 MiB, 8 threads, own streams"})
+      row(p);
+    for (const Trace& t : traces) row("replay " + t.name + " (ns/event)");
+    for (const Trace& t : traces) row("ratio " + t.name, true);
+
+    for (int c = 0; c < kApis; ++c) {
+      if (!apis[c]) continue;
+      const Api& a = *apis[c];
+      std::printf("measuring %s ...\n", a.name);
+      std::fflush(stdout);
+      const int it = (a.slow ? 2000 : 200000) / div;
+      const std::size_t sizes[] = {512, std::size_t{1} << 20, std::size_t{64} << 20};
+      const char* names[] = {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread",
+                             "pair 64 MiB, 1 thread"};
+      for (int k = 0; k < 3; ++k) row(names[k]).value[c] = bench_pair(a, sizes[k], it, s);
+      row("log-uniform 256 B-64 MiB, 512 live, 1 thread").value[c] =
+          bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42);
+      for (int threads : {2, 8}) {
+        row("pair 1 MiB, " + std::to_string(threads) + " threads, own streams").value[c] =
+            bench_threads(a, threads, std::size_t{1} << 20, (a.slow ? 500 : 100000) / div);
+      }
+      CK(cudaDeviceSynchronize());
+      for (const Trace& t : traces) {
+        std::vector<cudaStream_t> ss(t.streams);
+        for (auto& x : ss) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+        ReplayResult r = replay(a, t, ss);
+        for (auto& x : ss) CK(cudaStreamDestroy(x));
+        row("replay " + t.name + " (ns/event)").value[c] = r.ns_per_event;
+        if (r.peak_reserved > 0 && r.peak_requested > 0) {
+          row("ratio " + t.name, true).value[c] =
+              static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_requested);
+        }
+      }
+      // Give the memory back so the next allocator starts from an empty device.
+      a.reset();
+    }
+    CK(cudaStreamDestroy(s));
+
+    std::printf("\n");
+    print_table(rows);
+    if (!markdown.empty()) {
+      write_markdown(markdown, rows, prop.name, setup);
+    }
+    g_reservoir = nullptr;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "reservoir_gpu_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""Training on PyTorch's caching allocator versus Reservoir, side by side.
+
+Runs GPT-2 small (transformers GPT2LMHeadModel(GPT2Config()), random init, batch 4,
+sequence length drawn per step in [128, 512] from a seeded RNG, AdamW, bf16
+autocast) and torchvision's resnet50() (batch 16, 224x224, SGD with momentum),
+each once on PyTorch's allocator and once on Reservoir, every run in a fresh
+subprocess (Reservoir must be installed before CUDA is initialized), and prints
+the median step time after warm-up and the peak reserved memory:
+
+    python3 bench/python/train_bench.py                  # both models
+    python3 bench/python/train_bench.py --models gpt2 --json results.json
+
+PyTorch's peak reserved is torch.cuda.max_memory_reserved(); Reservoir's is
+reservoir.memory_stats()["reserved_bytes.all.peak"]. Both runs use the same seed
+and data, so their losses are comparable.
+
+The same file is the worker the GPU tests (tests/python/gpu) run:
+    train_bench.py --worker --model gpt2 --allocator reservoir --out result.json
+"""
+
+import argparse
+import gc
+import importlib.util
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MiB = 1 << 20
+
+DEFAULT_STEPS = {"gpt2": 20, "resnet50": 10}
+DEFAULT_WARMUP = {"gpt2": 5, "resnet50": 3}
+ALLOCATORS = ("pytorch", "reservoir")
+# Sizes probed at the end of a run: odd sizes, both pools, one oversize-ish block.
+PROBE_SIZES = (1, 511, 512, 4097, MiB - 1, MiB + 1, 3 * MiB + 5, 50 * MiB + 3)
+
+
+# ---------------------------------------------------------------------------
+# Worker: one training run in this process.
+# ---------------------------------------------------------------------------
+
+
+def _stats_function(torch, allocator):
+    if allocator == "reservoir":
+        import reservoir.torch as rt
+
+        return rt.memory_stats
+    return torch.cuda.memory_stats
+
+
+def _gpt2(torch, args, device):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    kwargs = {} if args.attn == "default" else {"attn_implementation": args.attn}
+    config = GPT2Config(**kwargs)
+    model = GPT2LMHeadModel(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    lengths = random.Random(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def step():
+        length = lengths.randint(128, 512)
+        ids = torch.randint(0, config.vocab_size, (args.batch or 4, length), generator=generator)
+        ids = ids.to(device, non_blocking=False)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    info = {"attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    return model, optimizer, step, info
+
+
+def _global_mean_pool(torch):
+    """AdaptiveAvgPool2d((1, 1)) as a mean over H and W: the same result, but its
+    CUDA backward is deterministic (adaptive_avg_pool2d's is not, and raises under
+    torch.use_deterministic_algorithms(True))."""
+
+    class GlobalMeanPool(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(dim=(2, 3), keepdim=True)
+
+    return GlobalMeanPool()
+
+
+def _resnet50(torch, args, device):
+    import torchvision
+
+    model = torchvision.models.resnet50()
+    if args.deterministic:
+        model.avgpool = _global_mean_pool(torch)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    generator = torch.Generator().manual_seed(args.seed)
+    batch = args.batch or 16
+
+    def step():
+        images = torch.randn(batch, 3, 224, 224, generator=generator).to(device)
+        labels = torch.randint(0, 1000, (batch,), generator=generator).to(device)
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return model, optimizer, step, {"avgpool": type(model.avgpool).__name__}
+
+
+def _live_state_bytes(torch, model, optimizer):
+    """Bytes of the distinct CUDA storages of parameters, gradients and optimizer state."""
+    storages = {}
+
+    def add(tensor):
+        if torch.is_tensor(tensor) and tensor.is_cuda:
+            storage = tensor.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+
+    for parameter in model.parameters():
+        add(parameter)
+        add(parameter.grad)
+    for state in optimizer.state.values():
+        for value in state.values():
+            add(value)
+    return sum(storages.values())
+
+
+def run_worker(args):
+    if args.deterministic:
+        # Read when cuBLAS creates its handle, so before any CUDA work.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.allocator == "reservoir":
+        import reservoir.torch as rt
+
+        rt.install(args.config)
+    import torch
+
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False  # cudnn's benchmark needs cacheInfo (see docs)
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda")
+    build = {"gpt2": _gpt2, "resnet50": _resnet50}[args.model]
+    model, optimizer, step, info = build(torch, args, device)
+    model.train()
+    stats = _stats_function(torch, args.allocator)
+
+    losses, times = [], []
+    torch.cuda.synchronize()
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        loss = step()
+        losses.append(loss.item())  # waits for the step
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        del loss
+    torch.cuda.synchronize()
+    gc.collect()
+
+    end_stats = stats()
+    live_bytes = _live_state_bytes(torch, model, optimizer)
+
+    # Probe: tensors of known sizes must move the counters by exactly their bytes.
+    before = stats()
+    probe = [torch.empty(n, dtype=torch.uint8, device=device) for n in PROBE_SIZES]
+    probe += [p.detach().clone() for p in model.parameters()]
+    torch.cuda.synchronize()
+    probe_bytes = sum(t.untyped_storage().nbytes() for t in probe)
+    during = stats()
+    probe_count = len(probe)
+    del probe
+    torch.cuda.synchronize()
+    after = stats()
+
+    def delta(key, a=before, b=during):
+        return b[key] - a[key]
+
+    if args.allocator == "reservoir":
+        peak_reserved = end_stats["reserved_bytes.all.peak"]
+    else:
+        peak_reserved = torch.cuda.max_memory_reserved()
+    result = {
+        "model": args.model,
+        "allocator": args.allocator,
+        "steps": args.steps,
+        "seed": args.seed,
+        "deterministic": args.deterministic,
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "info": info,
+        "losses": losses,
+        "step_times": times,
+        "peak_reserved": peak_reserved,
+        "peak_allocated": end_stats["allocated_bytes.all.peak"],
+        "peak_requested": end_stats["requested_bytes.all.peak"],
+        "end_stats": {
+            key: end_stats[key]
+            for key in (
+                "allocated_bytes.all.current",
+                "requested_bytes.all.current",
+                "reserved_bytes.all.current",
+                "allocation.all.current",
+                "segment.all.peak",
+                "num_alloc_retries",
+                "num_ooms",
+                "num_device_alloc",
+                "num_device_free",
+            )
+        },
+        "checkpoint": {
+            "live_state_bytes": live_bytes,
+            "probe_bytes": probe_bytes,
+            "probe_count": probe_count,
+            "requested_delta": delta("requested_bytes.all.current"),
+            "allocated_delta": delta("allocated_bytes.all.current"),
+            "allocation_delta": delta("allocation.all.current"),
+            "requested_after_free_delta": delta("requested_bytes.all.current", before, after),
+            "allocation_after_free_delta": delta("allocation.all.current", before, after),
+        },
+    }
+    if args.allocator == "reservoir":
+        import reservoir.torch as rt
+
+        result["installed_hooks"] = rt.installed_hooks()
+        import reservoir
+
+        result["summary"] = reservoir.memory_summary(torch.cuda.current_device())
+    with open(args.out, "w") as handle:
+        json.dump(result, handle)
+
+
+# ---------------------------------------------------------------------------
+# Driver: run the workers and compare.
+# ---------------------------------------------------------------------------
+
+
+def child_environment():
+    """The environment for a worker: the reservoir package importable."""
+    env = dict(os.environ)
+    spec = importlib.util.find_spec("reservoir")
+    if spec is not None and spec.origin:
+        package_parent = os.path.dirname(os.path.dirname(spec.origin))
+    else:
+        package_parent = os.path.join(REPO, "python")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+    # The simulated device cannot back CUDA tensors.
+    conf = env.get("RESERVOIR_ALLOC_CONF", "")
+    if "device:sim" in conf:
+        kept = [part for part in conf.split(",") if part.strip() != "device:sim"]
+        env["RESERVOIR_ALLOC_CONF"] = ",".join(kept)
+    return env
+
+
+def run_training(model, allocator, steps=None, seed=1234, deterministic=False, attn="default",
+                 config=None, batch=None, timeout=1200, extra_env=None):
+    """Runs one training in a fresh interpreter; returns the worker's result dict.
+    Raises RuntimeError with the worker's output when it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        command = [
+            sys.executable, os.path.abspath(__file__), "--worker",
+            "--model", model, "--allocator", allocator,
+            "--steps", str(steps or DEFAULT_STEPS[model]),
+            "--seed", str(seed), "--attn", attn, "--out", out,
+        ]
+        if deterministic:
+            command.append("--deterministic")
+        if config:
+            command += ["--config", config]
+        if batch:
+            command += ["--batch", str(batch)]
+        env = child_environment()
+        if deterministic:
+            env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        env.update(extra_env or {})
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(
+                "%s on %s failed (exit %d):\n%s\n%s"
+                % (model, allocator, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:])
+            )
+        with open(out) as handle:
+            return json.load(handle)
+
+
+def _mib(value):
+    return "%.1f MiB" % (value / MiB)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="gpt2,resnet50")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default per model)")
+    parser.add_argument("--warmup", type=int, default=None, help="steps left out of the median")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--attn", default="default",
+                        help="GPT-2 attention: default (transformers' choice), eager, sdpa")
+    parser.add_argument("--config", default=None, help="Reservoir settings (key:value,...)")
+    parser.add_argument("--deterministic", action="store_true")
+    parser.add_argument("--json", default=None, help="write all results to this file")
+    # Worker mode.
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--allocator", choices=ALLOCATORS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        if args.steps is None:
+            args.steps = DEFAULT_STEPS[args.model]
+        run_worker(args)
+        return 0
+
+    results = []
+    rows = []
+    for model in [m.strip() for m in args.models.split(",") if m.strip()]:
+        steps = args.steps or DEFAULT_STEPS[model]
+        warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[model]
+        warmup = min(warmup, steps - 1)
+        per_allocator = {}
+        for allocator in ALLOCATORS:
+            print("running %s on %s (%d steps)..." % (model, allocator, steps), flush=True)
+            result = run_training(model, allocator, steps=steps, seed=args.seed,
+                                  deterministic=args.deterministic, attn=args.attn,
+                                  config=args.config if allocator == "reservoir" else None)
+            result["median_step_s"] = statistics.median(result["step_times"][warmup:])
+            per_allocator[allocator] = result
+            results.append(result)
+        base = per_allocator["pytorch"]
+        for allocator in ALLOCATORS:
+            r = per_allocator[allocator]
+            rows.append((
+                model, allocator,
+                "%.2f ms" % (r["median_step_s"] * 1e3),
+                "%.3fx" % (r["median_step_s"] / base["median_step_s"]),
+                _mib(r["peak_reserved"]),
+                "%.3fx" % (r["peak_reserved"] / base["peak_reserved"]),
+                _mib(r["peak_allocated"]),
+                str(r["end_stats"]["num_device_alloc"]),
+                "%.4f" % r["losses"][-1] if math.isfinite(r["losses"][-1]) else "nan",
+            ))
+        same = per_allocator["pytorch"]["losses"] == per_allocator["reservoir"]["losses"]
+        rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", ""))
+
+    header = ("model", "allocator", "median step", "vs torch", "peak reserved", "vs torch",
+              "peak allocated", "device allocs", "final loss")
+    widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+    if results:
+        print("\n%s, torch %s; median over steps after warm-up; peak reserved: "
+              "torch.cuda.max_memory_reserved() vs reservoir reserved_bytes.all.peak"
+              % (results[0]["device"], results[0]["torch"]))
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
