@@ -54,10 +54,21 @@ RESERVOIR_C_API reservoir_status reservoir_reset_accumulated_stats(int device);
 /* Applies "key:value,..." (PYTORCH_CUDA_ALLOC_CONF syntax) at run time. */
 RESERVOIR_C_API reservoir_status reservoir_update_config(const char* text);
 RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
+/* Name of the device backend in use ("cuda", "sim"); creates the allocator. The
+ * string is static. */
+RESERVOIR_C_API reservoir_status reservoir_backend_name(const char** name);
+/* The calling thread's current device (what device -1 means elsewhere). */
+RESERVOIR_C_API reservoir_status reservoir_current_device(int* device);
+/* The configuration in force as "key:value,..." (non-default settings only), with
+ * the buffer convention of reservoir_stats_text. */
+RESERVOIR_C_API reservoir_status reservoir_config_text(char* buffer, size_t capacity,
+                                                       size_t* needed);
 
 /* Statistics as "name value\n" lines with PyTorch's memory_stats() keys
  * ("allocated_bytes.all.current 1024\n..."). Writes at most capacity bytes
- * including the terminating NUL; *needed gets the full length + 1. */
+ * including the terminating NUL; *needed gets the full length + 1. A buffer that
+ * is too small (or NULL with capacity 0) gets the truncated text and RESERVOIR_OK:
+ * compare *needed with capacity. */
 RESERVOIR_C_API reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity,
                                                       size_t* needed);
 /* The memory summary table, same buffer convention. */

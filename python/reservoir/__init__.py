@@ -1,0 +1,390 @@
+"""Reservoir, a caching allocator for CUDA device memory, from Python.
+
+Pure Python over the C API of libreservoir.so (ctypes). The statistics use the
+names and meaning of ``torch.cuda.memory_stats()``::
+
+    import reservoir.torch
+    reservoir.torch.install()          # first thing, before any CUDA tensor
+    ...
+    import reservoir
+    print(reservoir.memory_stats()["allocated_bytes.all.peak"])
+    print(reservoir.memory_summary())
+
+The library is found through RESERVOIR_LIBRARY, else next to this package, else in
+the build folders of the repository, else on the loader's search path.
+"""
+
+import ctypes
+
+from . import _lib
+from ._lib import (
+    ReservoirConfigError,
+    ReservoirDeviceError,
+    ReservoirError,
+    ReservoirInternalError,
+    ReservoirInvalidArgumentError,
+    ReservoirInvalidPointerError,
+    ReservoirLibraryNotFoundError,
+    ReservoirOutOfMemoryError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ReservoirConfigError",
+    "ReservoirDeviceError",
+    "ReservoirError",
+    "ReservoirInternalError",
+    "ReservoirInvalidArgumentError",
+    "ReservoirInvalidPointerError",
+    "ReservoirLibraryNotFoundError",
+    "ReservoirOutOfMemoryError",
+    "backend_name",
+    "base_allocation",
+    "config_string",
+    "current_device",
+    "device_count",
+    "empty_cache",
+    "engine_summary",
+    "get_memory_fraction",
+    "largest_cached_block",
+    "library_path",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "raw_alloc",
+    "raw_free",
+    "record_stream",
+    "reset_accumulated_memory_stats",
+    "reset_peak_memory_stats",
+    "set_memory_fraction",
+    "start_trace_recording",
+    "stop_trace_recording",
+    "update_config",
+    "validate",
+]
+
+
+def _device_index(device):
+    """-1 (the current device) for None; an index for int, "cuda:N", torch.device
+    or cupy.cuda.Device."""
+    if device is None:
+        return -1
+    if isinstance(device, bool):
+        raise TypeError("device must be an int, a 'cuda:N' string or a device object, not bool")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "cuda" or (index and not index.isdigit()):
+            raise ValueError("device string must be 'cuda' or 'cuda:N', not %r" % device)
+        return int(index) if index else -1
+    index = getattr(device, "index", None)
+    if index is not None or getattr(device, "type", None) == "cuda":
+        return -1 if index is None else int(index)
+    if hasattr(device, "id"):  # cupy.cuda.Device
+        return int(device.id)
+    raise TypeError("unsupported device %r" % (device,))
+
+
+def library_path():
+    """Path of the libreservoir.so in use (loads it; raises
+    ReservoirLibraryNotFoundError with the places tried)."""
+    return _lib.path()
+
+
+def backend_name():
+    """The device backend in use: "cuda" or "sim" (the simulated device)."""
+    name = ctypes.c_char_p()
+    _lib.check(_lib.load().reservoir_backend_name(ctypes.byref(name)))
+    return name.value.decode()
+
+
+def device_count():
+    count = ctypes.c_int(0)
+    _lib.check(_lib.load().reservoir_device_count(ctypes.byref(count)))
+    return count.value
+
+
+def current_device():
+    device = ctypes.c_int(0)
+    _lib.check(_lib.load().reservoir_current_device(ctypes.byref(device)))
+    return device.value
+
+
+def _config_text(config):
+    if isinstance(config, str):
+        return config
+    if isinstance(config, dict):
+        parts = []
+        for key, value in config.items():
+            if isinstance(value, bool):
+                value = "True" if value else "False"
+            parts.append("%s:%s" % (key, value))
+        return ",".join(parts)
+    raise TypeError("config must be a 'key:value,...' string or a dict, not %r" % type(config))
+
+
+def update_config(config):
+    """Applies settings at run time, in PYTORCH_CUDA_ALLOC_CONF syntax
+    ("max_split_size_mb:256,garbage_collection_threshold:0.8") or as a dict
+    ({"max_split_size_mb": 256}). Raises ReservoirConfigError (a ValueError) naming
+    the key and what is allowed; the configuration is then left unchanged."""
+    text = _config_text(config)
+    _lib.check(_lib.load().reservoir_update_config(text.encode()))
+
+
+def config_string():
+    """The settings in force that differ from the defaults, as "key:value,..."."""
+    lib = _lib.load()
+    return _lib.read_text(lib.reservoir_config_text)
+
+
+def memory_stats(device=None):
+    """Statistics of a device as a dict with the flat keys of
+    torch.cuda.memory_stats() ("allocated_bytes.all.current", ...), sorted."""
+    lib = _lib.load()
+    text = _lib.read_text(lib.reservoir_stats_text, _device_index(device))
+    stats = {}
+    for line in text.splitlines():
+        if line:
+            key, _, value = line.rpartition(" ")
+            stats[key] = int(value)
+    return dict(sorted(stats.items()))
+
+
+def memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """Sets every peak to its current value."""
+    _lib.check(_lib.load().reservoir_reset_peak_stats(_device_index(device)))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Sets the allocated/freed totals and the event counters to zero."""
+    _lib.check(_lib.load().reservoir_reset_accumulated_stats(_device_index(device)))
+
+
+def empty_cache():
+    """Returns every unused cached segment to the device (all devices)."""
+    _lib.check(_lib.load().reservoir_empty_cache())
+
+
+def set_memory_fraction(fraction, device=None):
+    """Caps the memory Reservoir reserves on a device at fraction * its total memory.
+    fraction must be in [0, 1]; raises ReservoirInvalidArgumentError (a ValueError)
+    otherwise or for an unknown device."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise TypeError("fraction must be a float in [0, 1], not %r" % (fraction,))
+    _lib.check(_lib.load().reservoir_set_memory_fraction(float(fraction), _device_index(device)))
+
+
+def get_memory_fraction(device=None):
+    fraction = ctypes.c_double(0.0)
+    _lib.check(
+        _lib.load().reservoir_get_memory_fraction(_device_index(device), ctypes.byref(fraction))
+    )
+    return fraction.value
+
+
+def largest_cached_block(device=None):
+    """Size in bytes of the largest cached (free) block."""
+    size = ctypes.c_size_t(0)
+    _lib.check(
+        _lib.load().reservoir_largest_cached_block(_device_index(device), ctypes.byref(size))
+    )
+    return size.value
+
+
+def raw_alloc(size, device=None, stream=0):
+    """Allocates size bytes on a device for a stream (a cudaStream_t as int; 0 is
+    the default stream) and returns the address as int (0 for size 0). The block
+    is reused only on that stream; see record_stream()."""
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError("size must be an int, not %r" % (size,))
+    if size >= 1 << 63:
+        raise ReservoirOutOfMemoryError(
+            1, "cannot allocate %d bytes: requests of 1 EiB or more exceed any device's memory" % size
+        )
+    ptr = ctypes.c_void_p()
+    lib = _lib.load()
+    _lib.check(lib.reservoir_allocate(ctypes.byref(ptr), size, _device_index(device), int(stream)))
+    return ptr.value or 0
+
+
+def raw_free(ptr):
+    """Frees an address from raw_alloc (0 is ignored). Raises
+    ReservoirInvalidPointerError for an address Reservoir does not hold."""
+    _lib.check(_lib.load().reservoir_free(ptr or None))
+
+
+def record_stream(ptr, stream):
+    """Marks the block at ptr as used on another stream too: it is not reused until
+    the work queued there by the time it is freed has completed."""
+    _lib.check(_lib.load().reservoir_record_stream(ptr or None, int(stream)))
+
+
+def base_allocation(ptr):
+    """(base, size) of the device segment holding the address ptr."""
+    base = ctypes.c_void_p()
+    size = ctypes.c_size_t(0)
+    lib = _lib.load()
+    _lib.check(lib.reservoir_base_allocation(ptr or None, ctypes.byref(base), ctypes.byref(size)))
+    return (base.value or 0, size.value)
+
+
+def validate():
+    """Runs the allocator's consistency checks; raises ReservoirInternalError on a
+    violation."""
+    _lib.check(_lib.load().reservoir_validate())
+
+
+def start_trace_recording(path):
+    """Writes every allocator request to path (docs/trace_format.md), for
+    reservoir-replay; ".gz" compresses."""
+    _lib.check(_lib.load().reservoir_start_trace_recording(str(path).encode()))
+
+
+def stop_trace_recording():
+    _lib.check(_lib.load().reservoir_stop_trace_recording())
+
+
+def engine_summary(device=None):
+    """The C++ allocator's own summary table (Allocator::summary())."""
+    lib = _lib.load()
+    return _lib.read_text(lib.reservoir_summary, _device_index(device))
+
+
+# ---- memory_summary: the layout of torch.cuda.memory_summary() ----
+
+_WIDTH = 75  # characters between the outer bars
+
+
+def _format_bytes(value):
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    if value < 1024:
+        return "%s%d B" % (sign, value)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        value /= 1024.0
+        if value < 1024 or unit == "EiB":
+            break
+    digits = 2 if value < 100 else 1
+    return "%s%.*f %s" % (sign, digits, value, unit)
+
+
+def _format_count(value):
+    return str(value)
+
+
+def _line(char="-"):
+    return "|" + char * _WIDTH + "|"
+
+
+def _centered(text):
+    return "|" + text.center(_WIDTH) + "|"
+
+
+def _row(name, values):
+    cells = "".join(" %10s |" % v for v in values)
+    return "| %-21s |%s" % (name, cells)
+
+
+def _two_cells(left, right):
+    half = (_WIDTH - 1) // 2
+    return "|" + (" " + left).ljust(half) + "|" + (" " + right).ljust(_WIDTH - 1 - half) + "|"
+
+
+_BYTE_ROWS = (
+    ("allocated_bytes", "Allocated memory"),
+    ("active_bytes", "Active memory"),
+    ("requested_bytes", "Requested memory"),
+    ("reserved_bytes", "Reserved memory"),
+    ("inactive_split_bytes", "Non-releasable memory"),
+)
+_COUNT_ROWS = (
+    ("allocation", "Allocations"),
+    ("active", "Active allocs"),
+    ("segment", "Reserved segments"),
+    ("inactive_split", "Non-releasable allocs"),
+)
+_OVERSIZE_ROWS = (
+    ("oversize_allocations", "Oversize allocations"),
+    ("oversize_segments", "Oversize segments"),
+)
+_METRICS = ("current", "peak", "allocated", "freed")
+_HEADERS = ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")
+
+
+def memory_summary(device=None, abbreviated=False):
+    """A readable table of memory_stats(), laid out like torch.cuda.memory_summary():
+    one row per statistic (with its large/small pool split unless abbreviated) and
+    the columns current, peak, total allocated and total freed."""
+    stats = memory_stats(device)
+    index = _device_index(device)
+    if index < 0:
+        index = current_device()
+    title = "Reservoir memory summary, device ID %d (%s)" % (index, backend_name())
+    lines = [
+        _line("="),
+        _centered(title),
+        _line("-"),
+        _two_cells(
+            "Out-of-memory errors: %d" % stats["num_ooms"],
+            "Device allocation retries: %d" % stats["num_alloc_retries"],
+        ),
+        _line("="),
+        "| %-21s |%s" % ("Metric", "".join(" %-10s |" % h for h in _HEADERS)),
+    ]
+
+    def section(rows, fmt, pools):
+        for key, label in rows:
+            lines.append(_line("-"))
+            prefix = key + ".all." if pools else key + "."
+            lines.append(_row(label, [fmt(stats[prefix + m]) for m in _METRICS]))
+            if pools and not abbreviated:
+                for pool, pool_label in (("large_pool", "large"), ("small_pool", "small")):
+                    prefix = "%s.%s." % (key, pool)
+                    lines.append(
+                        _row("      from %s pool" % pool_label,
+                             [fmt(stats[prefix + m]) for m in _METRICS])
+                    )
+
+    section(_BYTE_ROWS, _format_bytes, True)
+    section(_COUNT_ROWS, _format_count, True)
+    section(_OVERSIZE_ROWS, _format_count, False)
+    lines.append(_line("="))
+    split = stats["max_split_size"]
+    split_text = "unlimited" if split <= 0 or split >= (1 << 62) else _format_bytes(split)
+    lines.append(
+        _two_cells(
+            "Device allocs: %d" % stats["num_device_alloc"],
+            "Device frees: %d" % stats["num_device_free"],
+        )
+    )
+    lines.append(
+        _two_cells(
+            "Synchronizations: %d" % stats["num_sync_all_streams"],
+            "Max split size: %s" % split_text,
+        )
+    )
+    lines.append(_line("="))
+    return "\n".join(lines) + "\n"
+

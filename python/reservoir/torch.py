@@ -1,0 +1,161 @@
+"""Reservoir as PyTorch's CUDA allocator.
+
+    import reservoir.torch
+    reservoir.torch.install()            # before any CUDA tensor is created
+    model = MyModel().cuda()             # every CUDA tensor now comes from Reservoir
+
+install() swaps PyTorch's caching allocator for Reservoir through
+torch.cuda.memory.CUDAPluggableAllocator and wires every optional hook the
+installed PyTorch has (init, empty_cache, memory fraction, base allocation,
+record_stream, memory pools). PyTorch can swap its allocator only before CUDA is
+initialized, so install() must run at program start.
+
+Under a pluggable allocator torch.cuda.memory_stats() and its relatives raise
+(PyTorch does not forward them); use reservoir.memory_stats(), which has the same
+keys, or the functions of this module.
+"""
+
+import ctypes
+
+from . import _lib
+import reservoir as _reservoir
+
+# (setter on torch's _CUDAPluggableAllocator, exported symbol). A setter missing
+# from the installed PyTorch is skipped; the two *_stream_to_pool setters are the
+# names older PyTorch releases used.
+HOOKS = (
+    ("set_init_fn", "reservoir_torch_init"),
+    ("set_reset_fn", "reservoir_torch_empty_cache"),
+    ("set_memory_fraction_fn", "reservoir_torch_set_memory_fraction"),
+    ("set_base_alloc_fn", "reservoir_torch_base_alloc"),
+    ("set_record_stream_fn", "reservoir_torch_record_stream"),
+    ("set_begin_allocate_to_pool", "reservoir_torch_begin_allocate_to_pool"),
+    ("set_end_allocate_to_pool_fn", "reservoir_torch_end_allocate_to_pool"),
+    ("set_release_pool", "reservoir_torch_release_pool"),
+    ("set_begin_allocate_stream_to_pool", "reservoir_torch_begin_allocate_stream_to_pool"),
+    ("set_end_allocate_stream_to_pool_fn", "reservoir_torch_end_allocate_stream_to_pool"),
+)
+MALLOC_SYMBOL = "reservoir_torch_malloc"
+FREE_SYMBOL = "reservoir_torch_free"
+
+_TOO_LATE = (
+    "reservoir.torch.install() was called too late: {why}. PyTorch can swap its CUDA "
+    "allocator only before CUDA is initialized, so call reservoir.torch.install() at "
+    "program start, before any CUDA tensor is created (and before anything that "
+    "initializes CUDA, such as torch.cuda.set_device or model.cuda())."
+)
+
+_allocator = None
+_wired = {}
+
+
+def _import_torch():
+    try:
+        import torch
+    except ImportError as error:
+        raise ImportError("reservoir.torch needs PyTorch (import torch failed: %s)" % error) from error
+    return torch
+
+
+def is_installed():
+    """True once install() has swapped PyTorch's allocator in this process."""
+    return _allocator is not None
+
+
+def installed_hooks():
+    """{torch setter name: Reservoir symbol} for the hooks install() wired."""
+    return dict(_wired)
+
+
+def install(config=None):
+    """Makes Reservoir PyTorch's CUDA allocator for this process.
+
+    config: settings applied first, as "key:value,..." (PYTORCH_CUDA_ALLOC_CONF
+    syntax) or a dict; RESERVOIR_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF) is read
+    before that. Raises ReservoirConfigError (a ValueError) for a bad setting, and
+    RuntimeError when called after CUDA was initialized, when there is no CUDA device,
+    or when Reservoir is set to the simulated device. Calling it again is harmless
+    (the config, if any, is applied). Returns the torch allocator object.
+    """
+    global _allocator
+    torch = _import_torch()
+    if _allocator is not None:
+        if config is not None:
+            _reservoir.update_config(config)
+        return _allocator
+    if torch.cuda.is_initialized():
+        raise RuntimeError(_TOO_LATE.format(why="CUDA is already initialized in this process"))
+    if not torch.cuda.is_available():
+        raise RuntimeError("reservoir.torch.install(): PyTorch sees no CUDA device")
+
+    lib = _lib.load()
+    if config is not None:
+        _reservoir.update_config(config)
+    backend = _reservoir.backend_name()
+    if backend != "cuda":
+        raise RuntimeError(
+            "reservoir.torch.install(): Reservoir is using the %r device backend, not CUDA; "
+            "remove device:%s from RESERVOIR_ALLOC_CONF (PyTorch needs real device memory)"
+            % (backend, backend)
+        )
+
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator(_lib.path(), MALLOC_SYMBOL, FREE_SYMBOL)
+    raw = pluggable.allocator()
+    wired = {}
+    for setter_name, symbol in HOOKS:
+        setter = getattr(raw, setter_name, None)
+        if setter is None:
+            continue
+        setter(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+        wired[setter_name] = symbol
+    try:
+        torch.cuda.memory.change_current_allocator(pluggable)
+    except RuntimeError as error:
+        raise RuntimeError(
+            _TOO_LATE.format(
+                why="PyTorch refused to swap its allocator (%s); either CUDA is already "
+                "initialized or another allocator was installed first" % error
+            )
+        ) from error
+    _allocator = pluggable
+    _wired.clear()
+    _wired.update(wired)
+    return pluggable
+
+
+def _torch_device(device):
+    """Device index for Reservoir: PyTorch's current device when None."""
+    if device is None:
+        torch = _import_torch()
+        return torch.cuda.current_device()
+    return device
+
+
+def memory_stats(device=None):
+    """reservoir.memory_stats() for PyTorch's current device (same keys as
+    torch.cuda.memory_stats())."""
+    return _reservoir.memory_stats(_torch_device(device))
+
+
+def memory_summary(device=None, abbreviated=False):
+    return _reservoir.memory_summary(_torch_device(device), abbreviated)
+
+
+def memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    _reservoir.reset_peak_memory_stats(_torch_device(device))

@@ -1,0 +1,328 @@
+// The C API (include/reservoir/reservoir.h) over Allocator::instance().
+//
+// Every entry point runs its body inside guarded(): exceptions never cross the C
+// boundary; each is mapped to a status code and its message kept per thread for
+// reservoir_last_error().
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/errors.hpp"
+#include "reservoir/reservoir.h"
+#include "reservoir/stats.hpp"
+
+namespace {
+
+using reservoir::Allocator;
+
+// Sizes from 1 EiB up cannot exist on any device; they are refused before any
+// device call (a wrapped negative size from a caller lands here too).
+constexpr std::uint64_t kOneEiB = std::uint64_t{1} << 60;
+
+thread_local std::string t_last_error;
+
+// Records "prefix: what" (or just what) as this thread's last error. Building the
+// text can itself run out of host memory: then the status is kept, the text lost.
+reservoir_status fail(reservoir_status status, const char* prefix, const char* what) noexcept {
+  try {
+    t_last_error = prefix != nullptr ? std::string(prefix) + ": " + what : std::string(what);
+  } catch (...) {
+    t_last_error.clear();
+  }
+  return status;
+}
+
+// Runs body (returning void) and maps every exception to a status code. Order
+// matters: the specific reservoir errors derive from std::invalid_argument and
+// std::bad_alloc, which are caught after them.
+template <class Body>
+reservoir_status guarded(const char* function, Body&& body) noexcept {
+  t_last_error.clear();
+  try {
+    body();
+    return RESERVOIR_OK;
+  } catch (const reservoir::OutOfMemoryError& e) {
+    return fail(RESERVOIR_ERROR_OUT_OF_MEMORY, nullptr, e.what());
+  } catch (const reservoir::InvalidPointerError& e) {
+    return fail(RESERVOIR_ERROR_INVALID_POINTER, nullptr, e.what());
+  } catch (const reservoir::ConfigError& e) {
+    return fail(RESERVOIR_ERROR_CONFIG, nullptr, e.what());
+  } catch (const reservoir::InvalidArgumentError& e) {
+    return fail(RESERVOIR_ERROR_INVALID_ARGUMENT, nullptr, e.what());
+  } catch (const reservoir::DeviceError& e) {
+    return fail(RESERVOIR_ERROR_DEVICE, nullptr, e.what());
+  } catch (const reservoir::InvariantError& e) {
+    return fail(RESERVOIR_ERROR_INTERNAL, "invariant violated", e.what());
+  } catch (const std::bad_alloc&) {
+    // Host memory ran out inside the allocator's own books, not the device.
+    return fail(RESERVOIR_ERROR_INTERNAL, function, "out of host memory");
+  } catch (const std::exception& e) {
+    return fail(RESERVOIR_ERROR_INTERNAL, function, e.what());
+  } catch (...) {
+    return fail(RESERVOIR_ERROR_INTERNAL, function, "unknown exception");
+  }
+}
+
+// Argument checks run inside guarded() bodies, so they report by throwing.
+void require(const void* pointer, const char* function, const char* name) {
+  if (pointer == nullptr) {
+    throw reservoir::InvalidArgumentError(std::string(function) + ": " + name +
+                                          " must not be NULL");
+  }
+}
+
+// The buffer convention of reservoir_stats_text / reservoir_summary: copies as
+// much as fits (always NUL-terminated when capacity > 0), reports the full need.
+void copy_out(const std::string& text, char* buffer, std::size_t capacity, std::size_t* needed) {
+  if (needed != nullptr) *needed = text.size() + 1;
+  if (buffer == nullptr || capacity == 0) return;
+  const std::size_t n = text.size() < capacity - 1 ? text.size() : capacity - 1;
+  std::memcpy(buffer, text.data(), n);
+  buffer[n] = '\0';
+}
+
+// PyTorch's memory_stats() names: families x {all, small_pool, large_pool} x
+// {current, peak, allocated, freed}. Kept here (not taken from the engine) so the
+// C API's key set is fixed by this file alone.
+struct ArrayEntry {
+  const char* name;
+  reservoir::StatArray reservoir::DeviceStats::*member;
+};
+constexpr ArrayEntry kArrays[] = {
+    {"allocation", &reservoir::DeviceStats::allocation},
+    {"segment", &reservoir::DeviceStats::segment},
+    {"active", &reservoir::DeviceStats::active},
+    {"inactive_split", &reservoir::DeviceStats::inactive_split},
+    {"allocated_bytes", &reservoir::DeviceStats::allocated_bytes},
+    {"reserved_bytes", &reservoir::DeviceStats::reserved_bytes},
+    {"active_bytes", &reservoir::DeviceStats::active_bytes},
+    {"inactive_split_bytes", &reservoir::DeviceStats::inactive_split_bytes},
+    {"requested_bytes", &reservoir::DeviceStats::requested_bytes},
+};
+constexpr const char* kPoolNames[reservoir::kPoolKinds] = {"all", "small_pool", "large_pool"};
+
+void write_stat(std::ostringstream& out, const std::string& prefix, const reservoir::Stat& s) {
+  out << prefix << ".current " << s.current << '\n';
+  out << prefix << ".peak " << s.peak << '\n';
+  out << prefix << ".allocated " << s.allocated << '\n';
+  out << prefix << ".freed " << s.freed << '\n';
+}
+
+std::string stats_text(const reservoir::DeviceStats& stats) {
+  std::ostringstream out;
+  for (const ArrayEntry& entry : kArrays) {
+    const reservoir::StatArray& array = stats.*(entry.member);
+    for (int pool = 0; pool < reservoir::kPoolKinds; ++pool) {
+      write_stat(out, std::string(entry.name) + "." + kPoolNames[pool], array.pool[pool]);
+    }
+  }
+  write_stat(out, "oversize_allocations", stats.oversize_allocations);
+  write_stat(out, "oversize_segments", stats.oversize_segments);
+  out << "num_alloc_retries " << stats.num_alloc_retries << '\n';
+  out << "num_ooms " << stats.num_ooms << '\n';
+  out << "num_sync_all_streams " << stats.num_sync_all_streams << '\n';
+  out << "num_device_alloc " << stats.num_device_alloc << '\n';
+  out << "num_device_free " << stats.num_device_free << '\n';
+  out << "max_split_size " << stats.max_split_size << '\n';
+  return out.str();
+}
+
+std::string pointer_text(const void* ptr) {
+  std::ostringstream out;
+  out << ptr;
+  return out.str();
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* reservoir_last_error(void) {
+  return t_last_error.c_str();
+}
+
+const char* reservoir_status_name(reservoir_status status) {
+  switch (status) {
+    case RESERVOIR_OK:
+      return "ok";
+    case RESERVOIR_ERROR_OUT_OF_MEMORY:
+      return "out_of_memory";
+    case RESERVOIR_ERROR_INVALID_POINTER:
+      return "invalid_pointer";
+    case RESERVOIR_ERROR_INVALID_ARGUMENT:
+      return "invalid_argument";
+    case RESERVOIR_ERROR_CONFIG:
+      return "config";
+    case RESERVOIR_ERROR_DEVICE:
+      return "device";
+    case RESERVOIR_ERROR_INTERNAL:
+      return "internal";
+  }
+  return "unknown";
+}
+
+reservoir_status reservoir_allocate(void** ptr, int64_t size, int device, uintptr_t stream) {
+  constexpr const char* kFn = "reservoir_allocate";
+  return guarded(kFn, [&] {
+    require(ptr, kFn, "ptr");
+    *ptr = nullptr;
+    if (size < 0) {
+      throw reservoir::InvalidArgumentError(std::string(kFn) + ": size " + std::to_string(size) +
+                                            " is negative");
+    }
+    if (static_cast<std::uint64_t>(size) >= kOneEiB) {
+      throw reservoir::OutOfMemoryError(
+          std::string(kFn) + ": cannot allocate " + std::to_string(size) +
+          " bytes: requests of 1 EiB or more exceed any device's memory");
+    }
+    *ptr = Allocator::instance().allocate(static_cast<std::size_t>(size), stream, device);
+  });
+}
+
+reservoir_status reservoir_free(void* ptr) {
+  return guarded("reservoir_free", [&] {
+    if (ptr != nullptr) Allocator::instance().deallocate(ptr);
+  });
+}
+
+reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream) {
+  constexpr const char* kFn = "reservoir_record_stream";
+  return guarded(kFn, [&] {
+    if (ptr == nullptr) throw reservoir::InvalidPointerError(std::string(kFn) + ": ptr is NULL");
+    Allocator::instance().record_stream(ptr, stream);
+  });
+}
+
+reservoir_status reservoir_empty_cache(void) {
+  return guarded("reservoir_empty_cache", [] { Allocator::instance().empty_cache(); });
+}
+
+reservoir_status reservoir_set_memory_fraction(double fraction, int device) {
+  constexpr const char* kFn = "reservoir_set_memory_fraction";
+  return guarded(kFn, [&] {
+    // Checked here too so that NaN (which fails every comparison) is named clearly.
+    if (!(fraction >= 0.0 && fraction <= 1.0)) {
+      std::ostringstream msg;
+      msg << kFn << ": fraction " << fraction << " is outside [0, 1]";
+      throw reservoir::InvalidArgumentError(msg.str());
+    }
+    Allocator::instance().set_memory_fraction(fraction, device);
+  });
+}
+
+reservoir_status reservoir_get_memory_fraction(int device, double* fraction) {
+  constexpr const char* kFn = "reservoir_get_memory_fraction";
+  return guarded(kFn, [&] {
+    require(fraction, kFn, "fraction");
+    *fraction = Allocator::instance().memory_fraction(device);
+  });
+}
+
+reservoir_status reservoir_largest_cached_block(int device, size_t* bytes) {
+  constexpr const char* kFn = "reservoir_largest_cached_block";
+  return guarded(kFn, [&] {
+    require(bytes, kFn, "bytes");
+    *bytes = Allocator::instance().largest_cached_block(device);
+  });
+}
+
+reservoir_status reservoir_base_allocation(void* ptr, void** base, size_t* size) {
+  constexpr const char* kFn = "reservoir_base_allocation";
+  return guarded(kFn, [&] {
+    if (ptr == nullptr) throw reservoir::InvalidPointerError(std::string(kFn) + ": ptr is NULL");
+    const reservoir::BaseAllocation found = Allocator::instance().base_allocation(ptr);
+    if (found.base == nullptr) {
+      throw reservoir::InvalidPointerError(std::string(kFn) + ": " + pointer_text(ptr) +
+                                           " is not inside any Reservoir segment");
+    }
+    if (base != nullptr) *base = found.base;
+    if (size != nullptr) *size = found.size;
+  });
+}
+
+reservoir_status reservoir_reset_peak_stats(int device) {
+  return guarded("reservoir_reset_peak_stats",
+                 [&] { Allocator::instance().reset_peak_stats(device); });
+}
+
+reservoir_status reservoir_reset_accumulated_stats(int device) {
+  return guarded("reservoir_reset_accumulated_stats",
+                 [&] { Allocator::instance().reset_accumulated_stats(device); });
+}
+
+reservoir_status reservoir_update_config(const char* text) {
+  constexpr const char* kFn = "reservoir_update_config";
+  return guarded(kFn, [&] {
+    require(text, kFn, "text");
+    Allocator::instance().update_config(std::string_view(text));
+  });
+}
+
+reservoir_status reservoir_device_count(int* count) {
+  constexpr const char* kFn = "reservoir_device_count";
+  return guarded(kFn, [&] {
+    require(count, kFn, "count");
+    *count = Allocator::instance().device_count();
+  });
+}
+
+reservoir_status reservoir_backend_name(const char** name) {
+  constexpr const char* kFn = "reservoir_backend_name";
+  return guarded(kFn, [&] {
+    require(name, kFn, "name");
+    *name = Allocator::instance().backend().name();
+  });
+}
+
+reservoir_status reservoir_current_device(int* device) {
+  constexpr const char* kFn = "reservoir_current_device";
+  return guarded(kFn, [&] {
+    require(device, kFn, "device");
+    reservoir::Backend& backend = Allocator::instance().backend();
+    if (backend.current_device(device) != reservoir::DeviceStatus::ok) {
+      throw reservoir::DeviceError(std::string(kFn) + ": " + backend.last_error());
+    }
+  });
+}
+
+reservoir_status reservoir_config_text(char* buffer, size_t capacity, size_t* needed) {
+  return guarded("reservoir_config_text", [&] {
+    copy_out(Allocator::instance().config().to_string(), buffer, capacity, needed);
+  });
+}
+
+reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity, size_t* needed) {
+  return guarded("reservoir_stats_text", [&] {
+    copy_out(stats_text(Allocator::instance().stats(device)), buffer, capacity, needed);
+  });
+}
+
+reservoir_status reservoir_summary(int device, char* buffer, size_t capacity, size_t* needed) {
+  return guarded("reservoir_summary", [&] {
+    copy_out(Allocator::instance().summary(device), buffer, capacity, needed);
+  });
+}
+
+reservoir_status reservoir_start_trace_recording(const char* path) {
+  constexpr const char* kFn = "reservoir_start_trace_recording";
+  return guarded(kFn, [&] {
+    require(path, kFn, "path");
+    Allocator::instance().start_trace_recording(path);
+  });
+}
+
+reservoir_status reservoir_stop_trace_recording(void) {
+  return guarded("reservoir_stop_trace_recording",
+                 [] { Allocator::instance().stop_trace_recording(); });
+}
+
+reservoir_status reservoir_validate(void) {
+  return guarded("reservoir_validate", [] { Allocator::instance().validate(); });
+}
+
+}  // extern "C"

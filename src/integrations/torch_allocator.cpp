@@ -1,0 +1,168 @@
+// PyTorch's pluggable-allocator symbols (torch.cuda.memory.CUDAPluggableAllocator).
+//
+// PyTorch loads libreservoir.so with ctypes, takes the addresses of these symbols and
+// calls them through std::function with the exact C++ signatures declared in
+// torch/csrc/cuda/CUDAPluggableAllocator.h (the setters are listed in
+// docs/python.md). No CUDA or PyTorch header is needed: cudaStream_t is only a
+// pointer to an opaque struct, and MempoolId_t is a pair of unsigned long long.
+//
+// Errors: PyTorch calls the allocation and query hooks from C++ that translates any
+// std::exception into a Python RuntimeError, so those hooks throw (an out-of-memory
+// message starts with "CUDA out of memory." as PyTorch's does, which libraries match
+// on). The free hook runs from tensor destructors, where an exception would
+// terminate the process: it never throws, and reports the first failure on stderr.
+#include <atomic>
+#include <cstddef>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/errors.hpp"
+#include "reservoir/reservoir.h"
+
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+// c10::cuda::MempoolId_t (c10/cuda/CUDAGraphsC10Utils.h).
+using MempoolId = std::pair<unsigned long long, unsigned long long>;
+
+namespace {
+
+using reservoir::Allocator;
+using reservoir::StreamHandle;
+
+StreamHandle handle(cudaStream_t stream) {
+  return reinterpret_cast<StreamHandle>(stream);
+}
+
+std::string one_line(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+std::atomic<bool> g_free_error_reported{false};
+
+// The first failed free is printed (one line); later ones would flood a training
+// log from every tensor destructor, so they are dropped.
+void report_free_error(const void* ptr, const char* what) noexcept {
+  if (g_free_error_reported.exchange(true)) return;
+  try {
+    std::fprintf(stderr,
+                 "reservoir: freeing %p for PyTorch failed, memory left as is: %s "
+                 "(further free errors are not printed)\n",
+                 ptr, one_line(what).c_str());
+  } catch (...) {
+    std::fprintf(stderr, "reservoir: freeing %p for PyTorch failed\n", ptr);
+  }
+}
+
+[[noreturn]] void throw_pool_unsupported(const char* hook) {
+  throw std::runtime_error(
+      std::string("Reservoir does not support PyTorch private memory pools (") + hook +
+      "): CUDA graphs (torch.cuda.graph, torch.compile mode=\"reduce-overhead\") and "
+      "torch.cuda.MemPool need PyTorch's own caching allocator; run without "
+      "reservoir.torch.install() for those programs");
+}
+
+}  // namespace
+
+extern "C" {
+
+// alloc_fn of CUDAPluggableAllocator: void*(size_t, int, cudaStream_t).
+RESERVOIR_C_API void* reservoir_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  try {
+    return Allocator::instance().allocate(size, handle(stream), device);
+  } catch (const reservoir::OutOfMemoryError& e) {
+    const std::string what = e.what();
+    if (what.rfind("CUDA out of memory", 0) == 0) throw std::runtime_error(what);
+    throw std::runtime_error("CUDA out of memory. " + what);
+  }
+}
+
+// free_fn: void(void*, size_t, int, cudaStream_t). The engine knows the block's
+// size, device and stream; PyTorch's copies are not needed.
+RESERVOIR_C_API void reservoir_torch_free(void* ptr, size_t size, int device,
+                                          cudaStream_t stream) noexcept {
+  try {
+    Allocator::instance().deallocate(ptr);
+  } catch (const std::exception& e) {
+    report_free_error(ptr, e.what());
+  } catch (...) {
+    report_free_error(ptr, "unknown exception");
+  }
+}
+
+// set_init_fn: void(int). Called at PyTorch's lazy CUDA initialization; creates the
+// allocator now so a bad RESERVOIR_ALLOC_CONF fails there, and refuses the
+// simulated device, whose addresses a kernel cannot use.
+RESERVOIR_C_API void reservoir_torch_init(int device_count) {
+  Allocator& allocator = Allocator::instance();
+  const std::string backend = allocator.backend().name();
+  if (backend != "cuda") {
+    throw std::runtime_error("Reservoir is using the '" + backend +
+                             "' device backend, not CUDA, so PyTorch cannot use its memory; "
+                             "remove device:" +
+                             backend + " from RESERVOIR_ALLOC_CONF or check the CUDA driver");
+  }
+}
+
+// set_reset_fn: void(). torch.cuda.empty_cache().
+RESERVOIR_C_API void reservoir_torch_empty_cache(void) {
+  Allocator::instance().empty_cache();
+}
+
+// set_memory_fraction_fn: void(double, int). torch.cuda.set_per_process_memory_fraction.
+RESERVOIR_C_API void reservoir_torch_set_memory_fraction(double fraction, int device) {
+  Allocator::instance().set_memory_fraction(fraction, device);
+}
+
+// set_base_alloc_fn: void*(void*, size_t*). The segment holding ptr and its size.
+RESERVOIR_C_API void* reservoir_torch_base_alloc(void* ptr, size_t* size) {
+  const reservoir::BaseAllocation base = Allocator::instance().base_allocation(ptr);
+  if (size != nullptr) *size = base.size;
+  return base.base;
+}
+
+// set_record_stream_fn: void(void*, cudaStream_t). Like PyTorch's own allocator, a
+// pointer this allocator did not hand out (e.g. from torch.from_blob) is skipped.
+RESERVOIR_C_API void reservoir_torch_record_stream(void* ptr, cudaStream_t stream) {
+  if (ptr == nullptr) return;
+  try {
+    Allocator::instance().record_stream(ptr, handle(stream));
+  } catch (const reservoir::InvalidPointerError&) {
+  }
+}
+
+// set_begin_allocate_to_pool: void(int, MempoolId_t, std::function<bool(cudaStream_t)>).
+// Private pools would need the engine to keep a graph's blocks apart from the
+// general cache; refusing is safer than letting a replayed graph write into
+// memory handed to someone else.
+RESERVOIR_C_API void reservoir_torch_begin_allocate_to_pool(
+    int device, MempoolId mempool_id, std::function<bool(cudaStream_t)> filter) {
+  throw_pool_unsupported("beginAllocateToPool");
+}
+
+// set_end_allocate_to_pool_fn: void(int, MempoolId_t). Nothing to end: no pool was
+// ever begun. Also called on cleanup paths, so it must not throw.
+RESERVOIR_C_API void reservoir_torch_end_allocate_to_pool(int device,
+                                                          MempoolId mempool_id) noexcept {}
+
+// set_release_pool: void(int, MempoolId_t). Called from CUDAGraph destructors too.
+RESERVOIR_C_API void reservoir_torch_release_pool(int device, MempoolId mempool_id) noexcept {}
+
+// Older PyTorch (before the filter-based hooks): set_begin_allocate_stream_to_pool,
+// void(int, cudaStream_t, MempoolId_t).
+RESERVOIR_C_API void reservoir_torch_begin_allocate_stream_to_pool(int device, cudaStream_t stream,
+                                                                   MempoolId mempool_id) {
+  throw_pool_unsupported("beginAllocateStreamToPool");
+}
+
+// Older PyTorch: set_end_allocate_stream_to_pool_fn, void(int, cudaStream_t).
+RESERVOIR_C_API void reservoir_torch_end_allocate_stream_to_pool(int device,
+                                                                 cudaStream_t stream) noexcept {}
+
+}  // extern "C"
