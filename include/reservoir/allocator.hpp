@@ -22,6 +22,7 @@
 #include "reservoir/config.hpp"
 #include "reservoir/errors.hpp"
 #include "reservoir/export.hpp"
+#include "reservoir/history.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -111,6 +112,25 @@ class RESERVOIR_API Allocator {
   // Starts writing every request to path (replaces a running recording).
   void start_trace_recording(const std::string& path);
   void stop_trace_recording();
+
+  // ---- History, snapshots, metrics (docs/observability.md) ----
+  // Keeps the last max_entries trace entries per device (enabled=false clears them).
+  // recorder supplies context (e.g. a stack) at the points level asks for.
+  void record_history(bool enabled, std::size_t max_entries = 100000,
+                      ContextLevel level = ContextLevel::none, ContextRecorder recorder = {});
+  // Called with every trace entry, under the allocator's locks: must not call back.
+  void attach_trace_tracker(TraceTracker tracker);
+  // A timestamped user annotation (kept while history is on).
+  void record_annotation(std::string name, std::string value, int device = -1);
+  std::vector<TraceEntry> history(int device = -1);
+  // Every segment and block of every device, the history and the settings.
+  Snapshot snapshot();
+  // Writes snapshot() as a pickle in PyTorch's format (torch.cuda.memory._snapshot()),
+  // which PyTorch's memory viewer opens. Throws std::runtime_error on I/O errors.
+  void dump_snapshot(const std::string& path);
+  // The statistics as Prometheus text exposition, and as JSON.
+  std::string metrics_prometheus();
+  std::string metrics_json();
 
   // ---- Introspection ----
   Backend& backend();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "reservoir/backend.hpp"
+#include "reservoir/history.hpp"
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
@@ -56,6 +57,7 @@ struct Block {
   std::uint32_t event_count = 0;        // outstanding events while pending
   std::vector<StreamHandle> uses;       // other streams that used it (record_stream)
   std::uint64_t gc_stamp = 0;           // garbage-collection clock when it became free
+  Context context;                      // where it was allocated (history on)
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   bool mapped() const noexcept { return state != BlockState::unmapped; }
@@ -81,6 +83,7 @@ struct Segment {
   Segment* prev_in_pool = nullptr;  // the owner's list of segments
   Segment* next_in_pool = nullptr;
   std::uint64_t serial = 0;      // creation order, for snapshots
+  Context context;               // where the device allocation was made (history on)
 };
 
 }  // namespace reservoir::detail

@@ -218,6 +218,7 @@ void DeviceEngine::raise_out_of_memory(StreamPool& pool, std::size_t requested,
   m << "; replay a trace of this workload with reservoir-replay --fit to see how much memory "
        "it needs.";
 
+  trace(TraceAction::oom, info.free, alloc_size, pool.stream(), nullptr);
   std::vector<OomObserver> observers;
   {
     std::lock_guard<std::mutex> guard(hooks_.mutex);
@@ -229,6 +230,12 @@ void DeviceEngine::raise_out_of_memory(StreamPool& pool, std::size_t requested,
 }
 
 // ---------------------------------------------------------------- queries
+
+void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
+  std::size_t active = 0;
+  for (StreamPool* p : pools_snapshot()) active += p->snapshot(out);
+  trace(TraceAction::snapshot, 0, active, 0, nullptr);
+}
 
 std::size_t DeviceEngine::largest_cached_block() {
   std::size_t largest = 0;

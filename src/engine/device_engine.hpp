@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/event_pool.hpp"
+#include "engine/history.hpp"
 #include "engine/size_policy.hpp"
 #include "engine/stat_ledger.hpp"
 #include "reservoir/allocator.hpp"
@@ -67,6 +68,15 @@ class DeviceEngine {
   void reset_accumulated_stats();
   // Installs a new configuration with every pool locked.
   void update_config(const Config& config);
+  // Segments of every pool with their blocks (adds a snapshot history entry).
+  void snapshot(std::vector<SegmentInfo>* out);
+  History& history() noexcept { return history_; }
+  // Records a history entry when history or a tracker is on.
+  void trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamHandle stream,
+             const Context& context) {
+    if (history_.active())
+      history_.record(TraceEntry{action, device_, address, size, stream, backend_.now_us(), context});
+  }
   // Walks every pool. quiescent: also reconcile device-wide totals (no operation may
   // be in flight). Throws InvariantError.
   void validate(bool quiescent);
@@ -126,6 +136,7 @@ class DeviceEngine {
   SizePolicy policy_;
   EventPool events_;
   StatLedger ledger_;
+  History history_;
 
   std::atomic<std::size_t> reserved_{0};
   std::atomic<std::size_t> allowed_{~std::size_t{0}};

@@ -118,20 +118,24 @@ Block* StreamPool::find_free(bool small, std::size_t size) {
 }
 
 std::uintptr_t StreamPool::allocate(std::size_t requested) {
+  // The user's context recorder may be slow or take its own locks: call it first.
+  Context context;
+  if (__builtin_expect(engine_.history().active(), 0))
+    context = engine_.history().gather(ContextLevel::state);
   Guard guard(lock_);
   if (pending_blocks_ != 0) process_events();
   const std::size_t size = engine_.policy().round(requested);
   const bool small = SizePolicy::is_small(size);
   Block* b = find_free(small, size);
-  if (!b) b = allocate_slow(guard, requested, size, small);
-  Block* out = take(b, size, requested, small);
+  if (!b) b = allocate_slow(guard, requested, size, small, context);
+  Block* out = take(b, size, requested, small, std::move(context));
   std::uintptr_t address = out->address;
   finish_operation();
   return address;
 }
 
 Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_t size,
-                                 bool small) {
+                                 bool small, const Context& context) {
   // Rung 1: the program's free-memory callbacks (outside the lock: they may free
   // memory through this allocator).
   if (engine_.has_free_memory_callbacks()) {
@@ -148,10 +152,10 @@ Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_
     guard.lock();
   }
   // Rung 3: a new segment.
-  if (Block* b = allocate_segment(guard, size, small, false)) return b;
+  if (Block* b = allocate_segment(guard, size, small, false, context)) return b;
   // Rung 4: release cached oversize blocks of this pool, retry.
   if (release_oversize(size, small))
-    if (Block* b = allocate_segment(guard, size, small, false)) return b;
+    if (Block* b = allocate_segment(guard, size, small, false, context)) return b;
   // Rung 5: wait for pending frees and release every unsplit cached segment of every
   // stream, retry. Frees completed meanwhile may already satisfy the request.
   guard.unlock();
@@ -159,13 +163,14 @@ Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_
   guard.lock();
   if (pending_blocks_ != 0) process_events();
   if (Block* b = find_free(small, size)) return b;
-  if (Block* b = allocate_segment(guard, size, small, true)) return b;
+  if (Block* b = allocate_segment(guard, size, small, true, context)) return b;
   // Rung 6: out of memory.
   guard.unlock();
   engine_.raise_out_of_memory(*this, requested, SizePolicy::segment_size(size));
 }
 
-Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, bool retry) {
+Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
+                                    const Context& context) {
   if (retry) engine_.count_retry();
   const std::size_t alloc_size = SizePolicy::segment_size(size);
   if (!engine_.reserve(alloc_size)) return nullptr;  // over the memory fraction
@@ -208,12 +213,15 @@ Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, 
   counters_.add(kReservedBytes, pool, static_cast<std::int64_t>(alloc_size));
   if (alloc_size >= engine_.policy().max_split_size()) counters_.add(kOversizeSegments, pool, 1);
   engine_.count_device_alloc();
+  seg->context = context;
+  engine_.trace(TraceAction::segment_alloc, seg->base, alloc_size, stream_, context);
   return b;
 }
 
 // Serves size bytes from the free block b, splitting off the remainder when the
 // policy says so; returns the allocated block.
-Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool small) {
+Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool small,
+                        Context context) {
   const SizePolicy& policy = engine_.policy();
   const int pool = pool_of(b);
   const bool expandable = b->segment->expandable;
@@ -261,15 +269,26 @@ Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool 
   counters_.add(kActiveBytes, pool, bytes);
   counters_.add(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
   if (out->size >= policy.max_split_size()) counters_.add(kOversizeAllocations, pool, 1);
+  if (__builtin_expect(engine_.history().active(), 0)) {
+    engine_.trace(TraceAction::alloc, out->address, requested, stream_,
+                  engine_.history().level() >= ContextLevel::alloc ? context : nullptr);
+    out->context = std::move(context);
+  }
   return out;
 }
 
 // ---------------------------------------------------------------- free
 
 bool StreamPool::free(std::uintptr_t address) {
+  Context context;
+  if (__builtin_expect(engine_.history().active(), 0))
+    context = engine_.history().gather(ContextLevel::all);
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
+  if (__builtin_expect(engine_.history().active(), 0))
+    engine_.trace(TraceAction::free_requested, b->address, b->requested, stream_,
+                  context ? context : b->context);
   const int pool = pool_of(b);
   counters_.add(kAllocation, pool, -1);
   counters_.add(kAllocatedBytes, pool, -static_cast<std::int64_t>(b->size));
@@ -287,6 +306,9 @@ bool StreamPool::free(std::uintptr_t address) {
 // and put the result in the free set.
 void StreamPool::free_block(Block* b) {
   const int pool = pool_of(b);
+  if (__builtin_expect(engine_.history().active(), 0))
+    engine_.trace(TraceAction::free_completed, b->address, b->requested, stream_, b->context);
+  b->context.reset();
   const bool expandable = b->segment->expandable;
   counters_.add(kActive, pool, -1);
   counters_.add(kActiveBytes, pool, -static_cast<std::int64_t>(b->size));
@@ -443,6 +465,7 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
+  engine_.trace(TraceAction::segment_free, seg->base, seg->size, stream_, seg->context);
   if (engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
                                    seg->size) != DeviceStatus::ok)
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) +
@@ -551,6 +574,51 @@ bool StreamPool::segment_of(std::uintptr_t address, BaseAllocation* out) {
     }
   }
   return false;
+}
+
+std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
+  Guard guard(lock_);
+  std::size_t active_total = 0;
+  const int device = engine_.device();
+  for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
+    SegmentInfo* info = nullptr;
+    for (Block* b = seg->head; b; b = b->next) {
+      if (!b->mapped()) {  // expandable: each mapped run is reported as a segment
+        info = nullptr;
+        continue;
+      }
+      if (!info) {
+        out->emplace_back();
+        info = &out->back();
+        info->device = device;
+        info->address = b->address;
+        info->stream = stream_;
+        info->is_large = !seg->small;
+        info->is_expandable = seg->expandable;
+        info->context = seg->context;
+      }
+      BlockInfo block;
+      block.address = b->address;
+      block.size = b->size;
+      block.context = b->context;
+      if (b->state == BlockState::allocated) {
+        block.state = BlockStateInfo::active_allocated;
+        block.requested_size = b->requested;
+        info->allocated_size += b->size;
+      } else if (b->state == BlockState::pending) {
+        block.state = BlockStateInfo::active_pending_free;
+        block.requested_size = b->requested;
+      }
+      if (block.state != BlockStateInfo::inactive) {
+        info->active_size += b->size;
+        info->requested_size += b->requested;
+        active_total += b->size;
+      }
+      info->total_size += b->size;
+      info->blocks.push_back(std::move(block));
+    }
+  }
+  return active_total;
 }
 
 std::string StreamPool::explain_not_allocated(std::uintptr_t address) {

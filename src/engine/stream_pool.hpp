@@ -30,6 +30,7 @@
 #include "engine/block.hpp"
 #include "engine/stat_ledger.hpp"
 #include "reservoir/allocator.hpp"
+#include "reservoir/history.hpp"
 #include "util/address_map.hpp"
 #include "util/lock.hpp"
 #include "util/node_pool.hpp"
@@ -78,6 +79,8 @@ class StreamPool {
   std::string explain_not_allocated(std::uintptr_t address);
   // The segment holding address (any block state); false if none.
   bool segment_of(std::uintptr_t address, BaseAllocation* out);
+  // Appends this pool's segments and blocks; returns the active bytes.
+  std::size_t snapshot(std::vector<SegmentInfo>* out);
 
   // ---- Cache control (called by DeviceEngine; each takes the lock) ----
   // Completes pending frees whose events have completed.
@@ -105,10 +108,13 @@ class StreamPool {
   };
 
   Block* find_free(bool small, std::size_t size);
-  Block* allocate_slow(Guard& guard, std::size_t requested, std::size_t size, bool small);
-  Block* allocate_segment(Guard& guard, std::size_t size, bool small, bool retry);
+  Block* allocate_slow(Guard& guard, std::size_t requested, std::size_t size, bool small,
+                       const Context& context);
+  Block* allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
+                          const Context& context);
   bool release_oversize(std::size_t size, bool small);
-  Block* take(Block* block, std::size_t size, std::size_t requested, bool small);
+  Block* take(Block* block, std::size_t size, std::size_t requested, bool small,
+              Context context);
   void free_block(Block* block);
   void defer_free(Block* block);
   void process_events();

@@ -3,6 +3,7 @@
 // trace recorder.
 #include "reservoir/allocator.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -62,6 +63,15 @@ struct Allocator::Impl {
   std::atomic<bool> recording{false};
   std::unique_ptr<detail::TraceRecorder> recorder;
 
+  // History settings, applied to engines made later too.
+  std::mutex history_mutex;
+  bool history_enabled = false;
+  std::size_t history_entries = 1;
+  ContextLevel history_level = ContextLevel::none;
+  ContextRecorder history_recorder;
+  std::vector<TraceTracker> trackers;
+  std::vector<Annotation> annotations;
+
   int resolve(int device) {
     if (device < 0) {
       int current = 0;
@@ -91,6 +101,11 @@ struct Allocator::Impl {
     owned_engines.push_back(
         std::make_unique<DeviceEngine>(*backend, device, snapshot, segments, hooks));
     e = owned_engines.back().get();
+    {
+      std::lock_guard<std::mutex> hg(history_mutex);
+      e->history().configure(history_enabled, history_entries, history_level, history_recorder);
+      for (auto& t : trackers) e->history().add_tracker(t);
+    }
     engines[device].store(e, std::memory_order_release);
     return *e;
   }
@@ -392,6 +407,75 @@ void Allocator::update_config(std::string_view text) {
     else
       im.start_recording(next.record_trace);
   }
+}
+
+void Allocator::record_history(bool enabled, std::size_t max_entries, ContextLevel level,
+                               ContextRecorder recorder) {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> guard(im.engines_mutex);
+  std::lock_guard<std::mutex> hg(im.history_mutex);
+  im.history_enabled = enabled;
+  im.history_entries = max_entries;
+  im.history_level = level;
+  im.history_recorder = recorder;
+  if (!enabled) im.annotations.clear();
+  for (auto& e : im.owned_engines) e->history().configure(enabled, max_entries, level, recorder);
+}
+
+void Allocator::attach_trace_tracker(TraceTracker tracker) {
+  Impl& im = *impl_;
+  std::lock_guard<std::mutex> guard(im.engines_mutex);
+  std::lock_guard<std::mutex> hg(im.history_mutex);
+  im.trackers.push_back(tracker);
+  for (auto& e : im.owned_engines) e->history().add_tracker(tracker);
+}
+
+void Allocator::record_annotation(std::string name, std::string value, int device) {
+  Impl& im = *impl_;
+  int d = im.resolve(device);
+  std::lock_guard<std::mutex> hg(im.history_mutex);
+  if (!im.history_enabled) return;
+  if (im.annotations.size() >= im.history_entries) im.annotations.erase(im.annotations.begin());
+  im.annotations.push_back(Annotation{d, im.backend->now_us(), std::move(name), std::move(value)});
+}
+
+std::vector<TraceEntry> Allocator::history(int device) {
+  return impl_->engine(impl_->resolve(device)).history().entries();
+}
+
+Snapshot Allocator::snapshot() {
+  Impl& im = *impl_;
+  Snapshot out;
+  std::vector<DeviceEngine*> engines;
+  {
+    std::lock_guard<std::mutex> guard(im.engines_mutex);
+    for (int d = 0; d < im.device_count; ++d) engines.push_back(im.engines[d].load());
+  }
+  out.device_traces.resize(engines.size());
+  for (std::size_t d = 0; d < engines.size(); ++d) {
+    if (!engines[d]) continue;
+    engines[d]->snapshot(&out.segments);
+    out.device_traces[d] = engines[d]->history().entries();
+  }
+  std::sort(out.segments.begin(), out.segments.end(),
+            [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
+  {
+    std::lock_guard<std::mutex> hg(im.history_mutex);
+    out.annotations = im.annotations;
+  }
+  Config c;
+  {
+    std::lock_guard<std::mutex> cg(im.config_mutex);
+    c = im.config;
+  }
+  out.settings = c.to_string();
+  out.expandable_segments = c.expandable_segments;
+  out.max_split_size = c.max_split_size;
+  out.garbage_collection_threshold = c.garbage_collection_threshold;
+  out.release_lock_on_cudamalloc = c.release_lock_on_cudamalloc;
+  out.roundup_power2_divisions.assign(c.roundup_power2_divisions.begin(),
+                                      c.roundup_power2_divisions.end());
+  return out;
 }
 
 void Allocator::start_trace_recording(const std::string& path) { impl_->start_recording(path); }

@@ -1,0 +1,42 @@
+// History: a bounded ring buffer of TraceEntry per device, plus the trace
+// trackers. Zero cost when off: the engine tests one relaxed atomic (active())
+// before building an entry.
+// Invariant: entries_.size() <= max_entries_; when full, next_ is the oldest entry.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "reservoir/history.hpp"
+
+namespace reservoir::detail {
+
+class History {
+ public:
+  // True when entries are kept or a tracker listens.
+  bool active() const noexcept { return active_.load(std::memory_order_relaxed); }
+  ContextLevel level() const noexcept { return level_.load(std::memory_order_relaxed); }
+
+  void configure(bool enabled, std::size_t max_entries, ContextLevel level,
+                 ContextRecorder recorder);
+  void add_tracker(TraceTracker tracker);
+  // The user's context, when the level asks for it at this point (outside locks).
+  Context gather(ContextLevel needed) const;
+  void record(TraceEntry entry);
+  std::vector<TraceEntry> entries() const;
+
+ private:
+  void update_active();
+  mutable std::mutex mutex_;
+  std::atomic<bool> active_{false};
+  std::atomic<ContextLevel> level_{ContextLevel::none};
+  bool enabled_ = false;
+  std::size_t max_entries_ = 1;
+  std::size_t next_ = 0;
+  std::vector<TraceEntry> entries_;
+  ContextRecorder recorder_;
+  std::vector<TraceTracker> trackers_;
+};
+
+}  // namespace reservoir::detail
