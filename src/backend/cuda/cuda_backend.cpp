@@ -1,0 +1,623 @@
+// CudaBackend: the device seam over the CUDA driver API (loaded by driver_api.cpp).
+#include "reservoir/cuda_backend.hpp"
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/driver_api.hpp"
+#include "reservoir/errors.hpp"
+
+namespace reservoir {
+
+namespace {
+
+using detail::cuda::DriverApi;
+
+constexpr std::uintptr_t kSegmentAlignment = 512;
+constexpr std::uintptr_t kLargeAlignment = std::uintptr_t{2} << 20;
+
+static_assert(sizeof(CUipcMemHandle) == sizeof(IpcHandle::bytes), "IPC handle size");
+static_assert(sizeof(CUmemGenericAllocationHandle) <= sizeof(PhysicalHandle), "handle size");
+
+CUdeviceptr to_dptr(const void* p) {
+  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+}
+void* to_ptr(CUdeviceptr d) {
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(d));
+}
+CUstream to_stream(StreamHandle s) {
+  return reinterpret_cast<CUstream>(s);
+}
+CUevent to_event(EventHandle e) {
+  return reinterpret_cast<CUevent>(e);
+}
+
+std::string hex(const void* p) {
+  char buf[2 + 2 * sizeof(void*) + 1];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// Makes a context current for the scope's lifetime and puts the caller's back after.
+// When the thread had no context, the new one stays current (the runtime does the
+// same on first use), which saves two calls on every later operation of that thread.
+class ContextScope {
+ public:
+  explicit ContextScope(const DriverApi& api) : api_(api) {}
+  ~ContextScope() {
+    if (restore_) api_.CtxSetCurrent(previous_);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+  CUresult enter(CUcontext ctx) {
+    CUcontext current = nullptr;
+    CUresult r = api_.CtxGetCurrent(&current);
+    if (r != CUDA_SUCCESS || current == ctx) return r;
+    r = api_.CtxSetCurrent(ctx);
+    if (r == CUDA_SUCCESS && current != nullptr) {
+      previous_ = current;
+      restore_ = true;
+    }
+    return r;
+  }
+
+ private:
+  const DriverApi& api_;
+  CUcontext previous_ = nullptr;
+  bool restore_ = false;
+};
+
+// What available() answers, computed once per process.
+struct Availability {
+  bool available = false;
+  std::string reason;
+};
+
+const Availability& availability() {
+  static const Availability answer = [] {
+    Availability a;
+    try {
+      std::string why;
+      const DriverApi* api = detail::cuda::driver(&why);
+      if (api == nullptr) {
+        a.reason = why;
+      } else if (!api->has_device) {
+        a.reason = "the CUDA driver reports no device (" + api->init_error + ")";
+      } else {
+        int count = 0;
+        CUresult r = api->DeviceGetCount(&count);
+        if (r != CUDA_SUCCESS) {
+          a.reason = "cuDeviceGetCount: " + detail::cuda::describe(*api, r);
+        } else if (count <= 0) {
+          a.reason = "the CUDA driver reports no device (cuDeviceGetCount: 0)";
+        } else {
+          a.available = true;
+        }
+      }
+    } catch (const std::exception& e) {
+      a.reason = std::string("CUDA driver check failed: ") + e.what();
+    }
+    return a;
+  }();
+  return answer;
+}
+
+}  // namespace
+
+struct CudaBackend::State {
+  const DriverApi* api = nullptr;
+  int count = 0;
+  std::vector<CUdevice> devices;  // by ordinal
+  std::vector<char> vmm;          // virtual memory management supported
+  std::vector<char> posix_fd;     // cuMemCreate can request POSIX fd handles
+  std::uint32_t caps = 0;
+  // Primary contexts, retained on first use. Read without the lock on every call.
+  std::unique_ptr<std::atomic<CUcontext>[]> contexts;
+  std::mutex retain_mutex;
+
+  // "<call> on device N: CUDA_ERROR_X: text", recorded for last_error().
+  DeviceStatus error(CUresult r, const std::string& call, int device) const {
+    return CudaBackend::fail(DeviceStatus::error, call + " on device " + std::to_string(device) +
+                                                      ": " + detail::cuda::describe(*api, r));
+  }
+
+  DeviceStatus check_device(int device, const char* call) const {
+    if (device >= 0 && device < count) return DeviceStatus::ok;
+    return CudaBackend::fail(DeviceStatus::error, std::string(call) + ": invalid device " +
+                                                      std::to_string(device) + " (" +
+                                                      std::to_string(count) + " CUDA devices)");
+  }
+
+  DeviceStatus primary_context(int device, CUcontext* ctx) {
+    CUcontext c = contexts[device].load(std::memory_order_acquire);
+    if (c == nullptr) {
+      std::lock_guard<std::mutex> lock(retain_mutex);
+      c = contexts[device].load(std::memory_order_relaxed);
+      if (c == nullptr) {
+        CUresult r = api->DevicePrimaryCtxRetain(&c, devices[device]);
+        if (r != CUDA_SUCCESS) return error(r, "cuDevicePrimaryCtxRetain", device);
+        contexts[device].store(c, std::memory_order_release);
+      }
+    }
+    *ctx = c;
+    return DeviceStatus::ok;
+  }
+
+  // Validates device and makes its primary context current within scope.
+  DeviceStatus enter(int device, ContextScope& scope, const char* call) {
+    if (DeviceStatus st = check_device(device, call); st != DeviceStatus::ok) return st;
+    CUcontext ctx = nullptr;
+    if (DeviceStatus st = primary_context(device, &ctx); st != DeviceStatus::ok) return st;
+    CUresult r = scope.enter(ctx);
+    if (r != CUDA_SUCCESS)
+      return error(r, std::string("cuCtxSetCurrent (for ") + call + ")", device);
+    return DeviceStatus::ok;
+  }
+
+  DeviceStatus no_vmm(int device, const char* call) const {
+    return CudaBackend::fail(DeviceStatus::unsupported,
+                             std::string(call) + ": device " + std::to_string(device) +
+                                 " does not support CUDA virtual memory management");
+  }
+
+  CUmemAllocationProp physical_properties(int device) const {
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = devices[device];
+    // Exportable as a file descriptor so that IPC of expandable segments can follow;
+    // only where the device supports it, else cuMemCreate would refuse.
+    prop.requestedHandleTypes =
+        posix_fd[device] ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    return prop;
+  }
+};
+
+bool CudaBackend::available() noexcept {
+  return availability().available;
+}
+
+std::string CudaBackend::unavailable_reason() {
+  return availability().reason;
+}
+
+CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  std::string why;
+  s.api = detail::cuda::driver(&why);
+  if (s.api == nullptr) throw DeviceError("CUDA backend unavailable: " + why);
+  const DriverApi& api = *s.api;
+  if (api.has_device) {
+    CUresult r = api.DeviceGetCount(&s.count);
+    if (r != CUDA_SUCCESS)
+      throw DeviceError("CUDA backend unavailable: cuDeviceGetCount: " +
+                        detail::cuda::describe(api, r));
+  }
+  s.devices.resize(s.count);
+  s.vmm.resize(s.count);
+  s.posix_fd.resize(s.count);
+  s.contexts = std::make_unique<std::atomic<CUcontext>[]>(s.count > 0 ? s.count : 1);
+  bool all_vmm = s.count > 0;
+  for (int i = 0; i < s.count; ++i) {
+    CUresult r = api.DeviceGet(&s.devices[i], i);
+    if (r != CUDA_SUCCESS)
+      throw DeviceError("CUDA backend unavailable: cuDeviceGet(" + std::to_string(i) +
+                        "): " + detail::cuda::describe(api, r));
+    int value = 0;
+    s.vmm[i] =
+        api.DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                               s.devices[i]) == CUDA_SUCCESS &&
+        value != 0;
+    value = 0;
+    s.posix_fd[i] = api.DeviceGetAttribute(
+                        &value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                        s.devices[i]) == CUDA_SUCCESS &&
+                    value != 0;
+    all_vmm = all_vmm && s.vmm[i];
+  }
+  s.caps = kIpc | kPeerAccess | (all_vmm ? kVirtualMemory : 0u);
+}
+
+CudaBackend::~CudaBackend() {
+  State& s = *state_;
+  // Balances the retains; errors are ignored (at process exit the driver may
+  // already be shut down).
+  for (int i = 0; i < s.count; ++i) {
+    if (s.contexts[i].load(std::memory_order_acquire) != nullptr)
+      s.api->DevicePrimaryCtxRelease(s.devices[i]);
+  }
+}
+
+std::uint32_t CudaBackend::capabilities() const noexcept {
+  return state_->caps;
+}
+
+// ---- Devices ------------------------------------------------------------------
+
+DeviceStatus CudaBackend::device_count(int* count) {
+  *count = state_->count;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::current_device(int* device) {
+  State& s = *state_;
+  if (s.count == 0) return fail(DeviceStatus::error, "current_device: no CUDA device");
+  CUcontext ctx = nullptr;
+  CUresult r = s.api->CtxGetCurrent(&ctx);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuCtxGetCurrent", 0);
+  if (ctx == nullptr) {  // no context yet: the runtime would pick device 0 too
+    *device = 0;
+    return DeviceStatus::ok;
+  }
+  CUdevice dev = 0;
+  r = s.api->CtxGetDevice(&dev);
+  if (r != CUDA_SUCCESS) {
+    return fail(DeviceStatus::error,
+                "cuCtxGetDevice (current context): " + detail::cuda::describe(*s.api, r));
+  }
+  for (int i = 0; i < s.count; ++i) {
+    if (s.devices[i] == dev) {
+      *device = i;
+      return DeviceStatus::ok;
+    }
+  }
+  return fail(DeviceStatus::error, "cuCtxGetDevice: the current context's device " +
+                                       std::to_string(dev) + " is not a known ordinal");
+}
+
+DeviceStatus CudaBackend::memory_info(int device, MemoryInfo* info) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuMemGetInfo"); st != DeviceStatus::ok) return st;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CUresult r = s.api->MemGetInfo(&free_bytes, &total_bytes);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuMemGetInfo", device);
+  info->free = free_bytes;
+  info->total = total_bytes;
+  return DeviceStatus::ok;
+}
+
+// ---- Segments -----------------------------------------------------------------
+
+DeviceStatus CudaBackend::allocate(int device, std::size_t size, void** ptr) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuMemAlloc"); st != DeviceStatus::ok) return st;
+  CUdeviceptr d = 0;
+  CUresult r = s.api->MemAlloc(&d, size);
+  // The driver API keeps no sticky "last error" (unlike cudaGetLastError), so an
+  // out-of-memory answer leaves nothing behind to clear.
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return DeviceStatus::out_of_memory;
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuMemAlloc(" + std::to_string(size) + " bytes)", device);
+  // The engine relies on this alignment (the driver gives it; check, never assume).
+  const std::uintptr_t need = size >= kLargeAlignment ? kLargeAlignment : kSegmentAlignment;
+  if (static_cast<std::uintptr_t>(d) % need != 0) {
+    s.api->MemFree(d);
+    return fail(DeviceStatus::error, "cuMemAlloc(" + std::to_string(size) + " bytes) on device " +
+                                         std::to_string(device) + " returned " + hex(to_ptr(d)) +
+                                         ", not aligned to " + std::to_string(need) + " bytes");
+  }
+  *ptr = to_ptr(d);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::deallocate(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuMemFree"); st != DeviceStatus::ok) return st;
+  // cuMemFree only "may" synchronize; the contract says work using the range completes
+  // first, so wait for the device explicitly (cudaFree's behaviour).
+  CUresult r = s.api->CtxSynchronize();
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuCtxSynchronize (before cuMemFree(" + hex(ptr) + "))", device);
+  r = s.api->MemFree(to_dptr(ptr));
+  if (r != CUDA_SUCCESS) {
+    return s.error(r, "cuMemFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
+  }
+  return DeviceStatus::ok;
+}
+
+// ---- Events -------------------------------------------------------------------
+
+DeviceStatus CudaBackend::create_event(int device, EventHandle* event) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuEventCreate"); st != DeviceStatus::ok) return st;
+  CUevent ev = nullptr;
+  CUresult r = s.api->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuEventCreate", device);
+  *event = reinterpret_cast<EventHandle>(ev);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::destroy_event(int device, EventHandle event) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuEventDestroy"); st != DeviceStatus::ok) return st;
+  CUresult r = s.api->EventDestroy(to_event(event));
+  if (r != CUDA_SUCCESS) return s.error(r, "cuEventDestroy", device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::record_event(int device, EventHandle event, StreamHandle stream) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuEventRecord"); st != DeviceStatus::ok) return st;
+  CUresult r = s.api->EventRecord(to_event(event), to_stream(stream));
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuEventRecord(stream " + hex(to_stream(stream)) + ")", device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::query_event(int device, EventHandle event) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuEventQuery"); st != DeviceStatus::ok) return st;
+  CUresult r = s.api->EventQuery(to_event(event));
+  if (r == CUDA_SUCCESS) return DeviceStatus::ok;
+  if (r == CUDA_ERROR_NOT_READY) return DeviceStatus::not_ready;
+  return s.error(r, "cuEventQuery", device);
+}
+
+DeviceStatus CudaBackend::synchronize_event(int device, EventHandle event) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuEventSynchronize"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->EventSynchronize(to_event(event));
+  if (r != CUDA_SUCCESS) return s.error(r, "cuEventSynchronize", device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuStreamWaitEvent"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->StreamWaitEvent(to_stream(stream), to_event(event), 0);
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuStreamWaitEvent(stream " + hex(to_stream(stream)) + ")", device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::synchronize_stream(int device, StreamHandle stream) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuStreamSynchronize"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->StreamSynchronize(to_stream(stream));
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuStreamSynchronize(stream " + hex(to_stream(stream)) + ")", device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::synchronize_device(int device) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuCtxSynchronize"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->CtxSynchronize();
+  if (r != CUDA_SUCCESS) return s.error(r, "cuCtxSynchronize", device);
+  return DeviceStatus::ok;
+}
+
+// ---- Virtual memory -------------------------------------------------------------
+
+DeviceStatus CudaBackend::granularity(int device, std::size_t* bytes) {
+  State& s = *state_;
+  const char* call = "cuMemGetAllocationGranularity";
+  if (DeviceStatus st = s.check_device(device, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUmemAllocationProp prop = s.physical_properties(device);
+  std::size_t g = 0;
+  CUresult r = s.api->MemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  if (r != CUDA_SUCCESS) return s.error(r, call, device);
+  *bytes = g;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::reserve_address_range(int device, std::size_t size, std::size_t alignment,
+                                                void** ptr) {
+  State& s = *state_;
+  const char* call = "cuMemAddressReserve";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUdeviceptr d = 0;
+  CUresult r = s.api->MemAddressReserve(&d, size, alignment, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    return s.error(r,
+                   "cuMemAddressReserve(" + std::to_string(size) + " bytes, alignment " +
+                       std::to_string(alignment) + ")",
+                   device);
+  }
+  *ptr = to_ptr(d);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::release_address_range(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  const char* call = "cuMemAddressFree";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUresult r = s.api->MemAddressFree(to_dptr(ptr), size);
+  if (r != CUDA_SUCCESS) {
+    return s.error(r, "cuMemAddressFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)",
+                   device);
+  }
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::create_physical(int device, std::size_t size, PhysicalHandle* handle) {
+  State& s = *state_;
+  const char* call = "cuMemCreate";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUmemAllocationProp prop = s.physical_properties(device);
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = s.api->MemCreate(&h, size, &prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY) return DeviceStatus::out_of_memory;
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuMemCreate(" + std::to_string(size) + " bytes)", device);
+  *handle = static_cast<PhysicalHandle>(h);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::release_physical(int device, PhysicalHandle handle) {
+  State& s = *state_;
+  const char* call = "cuMemRelease";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUresult r = s.api->MemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
+  if (r != CUDA_SUCCESS) return s.error(r, call, device);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
+  State& s = *state_;
+  const char* call = "cuMemMap";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUresult r =
+      s.api->MemMap(to_dptr(ptr), size, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
+  if (r != CUDA_SUCCESS) {
+    return s.error(r, "cuMemMap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
+  }
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::unmap(int device, void* ptr, std::size_t size) {
+  State& s = *state_;
+  const char* call = "cuMemUnmap";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  CUresult r = s.api->MemUnmap(to_dptr(ptr), size);
+  if (r != CUDA_SUCCESS) {
+    return s.error(r, "cuMemUnmap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
+  }
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, const int* devices,
+                                     int count) {
+  State& s = *state_;
+  const char* call = "cuMemSetAccess";
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  if (!s.vmm[device]) return s.no_vmm(device, call);
+  if (count < 0 || (count > 0 && devices == nullptr))
+    return fail(DeviceStatus::error, "cuMemSetAccess: bad device list");
+  if (count == 0) return DeviceStatus::ok;
+  std::vector<CUmemAccessDesc> desc(static_cast<std::size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    if (DeviceStatus st = s.check_device(devices[i], call); st != DeviceStatus::ok) return st;
+    desc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[i].location.id = s.devices[devices[i]];
+    desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CUresult r = s.api->MemSetAccess(to_dptr(ptr), size, desc.data(), desc.size());
+  if (r != CUDA_SUCCESS) {
+    return s.error(r,
+                   "cuMemSetAccess(" + hex(ptr) + ", " + std::to_string(size) + " bytes, " +
+                       std::to_string(count) + " devices)",
+                   device);
+  }
+  return DeviceStatus::ok;
+}
+
+// ---- IPC ------------------------------------------------------------------------
+
+DeviceStatus CudaBackend::export_ipc(int device, void* base, IpcHandle* handle) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuIpcGetMemHandle"); st != DeviceStatus::ok)
+    return st;
+  CUipcMemHandle h;
+  CUresult r = s.api->IpcGetMemHandle(&h, to_dptr(base));
+  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcGetMemHandle(" + hex(base) + ")", device);
+  std::memcpy(handle->bytes, &h, sizeof h);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::open_ipc(int device, const IpcHandle& handle, void** ptr) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuIpcOpenMemHandle"); st != DeviceStatus::ok)
+    return st;
+  CUipcMemHandle h;
+  std::memcpy(&h, handle.bytes, sizeof h);
+  CUdeviceptr d = 0;
+  CUresult r = s.api->IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcOpenMemHandle", device);
+  *ptr = to_ptr(d);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::close_ipc(int device, void* ptr) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuIpcCloseMemHandle"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->IpcCloseMemHandle(to_dptr(ptr));
+  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcCloseMemHandle(" + hex(ptr) + ")", device);
+  return DeviceStatus::ok;
+}
+
+// ---- Peer access ----------------------------------------------------------------
+
+DeviceStatus CudaBackend::can_access_peer(int device, int peer, bool* can) {
+  State& s = *state_;
+  *can = false;
+  const char* call = "cuDeviceCanAccessPeer";
+  if (DeviceStatus st = s.check_device(device, call); st != DeviceStatus::ok) return st;
+  if (DeviceStatus st = s.check_device(peer, call); st != DeviceStatus::ok) return st;
+  if (device == peer) {  // a device always reaches its own memory
+    *can = true;
+    return DeviceStatus::ok;
+  }
+  int value = 0;
+  CUresult r = s.api->DeviceCanAccessPeer(&value, s.devices[device], s.devices[peer]);
+  if (r != CUDA_SUCCESS)
+    return s.error(r, "cuDeviceCanAccessPeer(peer " + std::to_string(peer) + ")", device);
+  *can = value != 0;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::enable_peer_access(int device, int peer) {
+  State& s = *state_;
+  const char* call = "cuCtxEnablePeerAccess";
+  if (DeviceStatus st = s.check_device(peer, call); st != DeviceStatus::ok) return st;
+  if (device == peer) return s.check_device(device, call);
+  CUcontext peer_ctx = nullptr;
+  if (DeviceStatus st = s.primary_context(peer, &peer_ctx); st != DeviceStatus::ok) return st;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
+  CUresult r = s.api->CtxEnablePeerAccess(peer_ctx, 0);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+    return s.error(r, "cuCtxEnablePeerAccess(peer " + std::to_string(peer) + ")", device);
+  return DeviceStatus::ok;
+}
+
+std::string CudaBackend::device_name(int device) {
+  State& s = *state_;
+  if (device < 0 || device >= s.count) return "";
+  char name[256] = {};
+  if (s.api->DeviceGetName(name, static_cast<int>(sizeof name) - 1, s.devices[device]) !=
+      CUDA_SUCCESS)
+    return "";
+  return name;
+}
+
+}  // namespace reservoir
