@@ -1,0 +1,169 @@
+// reservoir-replay: how much memory a recorded workload needs under each allocator
+// setting, learned on a simulated device before running it (docs/replay.md).
+//
+// Exit codes: 0 success (OOMs are results, not errors); 2 a usage error, missing or
+// malformed trace, bad config or unwritable plot; 1 anything unexpected.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "plot_svg.hpp"
+#include "replay.hpp"
+#include "report.hpp"
+#include "reservoir/config.hpp"
+#include "reservoir/errors.hpp"
+#include "trace_reader.hpp"
+
+namespace {
+
+using namespace reservoir::replay;
+using Clock = std::chrono::steady_clock;
+
+// A one-line progress bar on stderr, shown only on a terminal and only once the
+// work has taken more than a second (short runs stay quiet).
+class ProgressBar {
+ public:
+  ProgressBar() : enabled_(isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
+  ~ProgressBar() { clear(); }
+
+  void set_label(std::string label) { label_ = std::move(label); }
+
+  void update(std::size_t done, std::size_t total) {
+    if (!enabled_ || total == 0) return;
+    const auto now = Clock::now();
+    if (now - start_ < std::chrono::seconds(1)) return;
+    if (shown_ && now - last_ < std::chrono::milliseconds(100) && done < total) return;
+    last_ = now;
+    constexpr int kWidth = 30;
+    const int filled =
+        static_cast<int>(static_cast<double>(done) / static_cast<double>(total) * kWidth);
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\r\033[K%s [%s] %3d%%", label_.c_str(), bar.c_str(),
+                 static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total)));
+    std::fflush(stderr);
+    shown_ = true;
+  }
+
+  void clear() {
+    if (!shown_) return;
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+    shown_ = false;
+  }
+
+ private:
+  bool enabled_;
+  bool shown_ = false;
+  Clock::time_point start_, last_;
+  std::string label_;
+};
+
+int fail(const std::string& message, bool show_usage = false) {
+  std::fprintf(stderr, "reservoir-replay: %s\n", message.c_str());
+  if (show_usage) std::fprintf(stderr, "\n%s", usage_text());
+  return 2;
+}
+
+int run(const CliOptions& opts) {
+  // Every config is checked before any replay, so a typo in the last one does not
+  // cost the time of the first ones.
+  for (const std::string& c : opts.configs) {
+    try {
+      (void)reservoir::Config::parse(c);
+    } catch (const reservoir::ConfigError& e) {
+      return fail("--config '" + c + "': " + e.what());
+    }
+  }
+
+  // Likewise an unwritable plot path is reported before the replays.
+  if (!opts.plot.empty() && !std::ofstream(opts.plot, std::ios::binary))
+    return fail("cannot write plot '" + opts.plot + "'");
+
+  Trace trace;
+  try {
+    trace = read_trace(opts.trace);
+  } catch (const TraceError& e) {
+    return fail(e.what());
+  }
+
+  ProgressBar bar;
+  ProgressFn progress = [&bar](std::size_t done, std::size_t total) { bar.update(done, total); };
+  std::vector<ReplayResult> results;
+  for (const std::string& c : opts.configs) {
+    const std::string label = config_label(c);
+    bar.set_label(label + ": replay");
+    ReplayOptions ro;
+    ro.capacity = opts.capacity;
+    ro.progress = progress;
+    ReplayResult r = replay_trace(trace, c, ro);
+
+    if (opts.fit) {
+      FitOptions fo;
+      fo.progress = progress;
+      fo.on_step = [&](int run) { bar.set_label(label + ": fit, run " + std::to_string(run)); };
+      const FitResult f = fit_capacity(trace, c, r, fo);
+      r.fit_capacity = f.capacity;
+      if (f.capacity && r.peak_requested > 0)
+        r.fit_ratio = static_cast<double>(*f.capacity) / static_cast<double>(r.peak_requested);
+    }
+    if (!opts.plot.empty()) {
+      // A separate run: sampling the statistics after every event would distort
+      // the host time of the measured run.
+      bar.set_label(label + ": timeline");
+      ReplayOptions po = ro;
+      po.timeline_points = 2000;
+      r.timeline = replay_trace(trace, c, po).timeline;
+    }
+    results.push_back(std::move(r));
+  }
+  bar.clear();
+
+  const std::string out = opts.json ? format_json(results, opts.fit)
+                                    : format_table(trace, opts.capacity, results, opts.fit);
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+
+  if (!opts.plot.empty()) {
+    try {
+      write_svg(opts.plot, std::filesystem::path(opts.trace).filename().string(), results);
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+    std::fprintf(stderr, "reservoir-replay: wrote %s\n", opts.plot.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CliOptions opts;
+  try {
+    opts = parse_cli(argc, argv);
+  } catch (const UsageError& e) {
+    return fail(e.what(), true);
+  }
+  if (opts.help) {
+    std::fputs(usage_text(), stdout);
+    return 0;
+  }
+  try {
+    return run(opts);
+  } catch (const reservoir::ConfigError& e) {
+    return fail(e.what());
+  } catch (const TraceError& e) {
+    return fail(e.what());
+  } catch (const std::exception& e) {
+    // An engine error during a replay is a bug in Reservoir, not in the input.
+    std::fprintf(stderr, "reservoir-replay: internal error: %s\n", e.what());
+    return 1;
+  }
+}

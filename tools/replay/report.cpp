@@ -1,0 +1,190 @@
+// Table and JSON writers. JSON is written by hand: the tool has no dependency
+// beyond the library and zlib.
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string_view>
+
+namespace reservoir::replay {
+
+namespace {
+
+std::string printf_string(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+// Doubles as JSON numbers: finite only (JSON has no NaN or infinity).
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  return printf_string("%.6g", v);
+}
+
+std::string bytes_cell(std::uint64_t b) {
+  return with_commas(b) + " (" + human_bytes(b) + ")";
+}
+
+std::string duration_us(double us) {
+  if (us >= 1e6) return printf_string("%.2f s", us / 1e6);
+  if (us >= 1e3) return printf_string("%.2f ms", us / 1e3);
+  return printf_string("%.0f us", us);
+}
+
+struct Row {
+  std::string name;
+  std::vector<std::string> cells;
+};
+
+}  // namespace
+
+std::string config_label(const std::string& config) {
+  return config.empty() ? "default" : config;
+}
+
+std::string with_commas(std::uint64_t value) {
+  std::string digits = std::to_string(value);
+  std::string out;
+  const std::size_t n = digits.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0 && (n - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string human_bytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024.0 && unit < 5) {
+    v /= 1024.0;
+    ++unit;
+  }
+  return printf_string("%.2f", v) + " " + kUnits[unit];
+}
+
+std::string format_table(const Trace& trace, std::uint64_t capacity,
+                         const std::vector<ReplayResult>& results, bool with_fit) {
+  std::vector<Row> rows;
+  auto add = [&](std::string name, auto cell) {
+    Row r{std::move(name), {}};
+    for (const ReplayResult& res : results) r.cells.push_back(cell(res));
+    rows.push_back(std::move(r));
+  };
+  add("config", [](const ReplayResult& r) { return config_label(r.config); });
+  add("events", [](const ReplayResult& r) { return with_commas(r.events); });
+  add("peak requested", [](const ReplayResult& r) { return bytes_cell(r.peak_requested); });
+  add("peak allocated", [](const ReplayResult& r) { return bytes_cell(r.peak_allocated); });
+  add("peak reserved", [](const ReplayResult& r) { return bytes_cell(r.peak_reserved); });
+  add("reserved/requested", [](const ReplayResult& r) { return printf_string("%.4f", r.ratio); });
+  add("device allocs", [](const ReplayResult& r) { return with_commas(r.device_allocs); });
+  add("device frees", [](const ReplayResult& r) { return with_commas(r.device_frees); });
+  add("device time (sim)", [](const ReplayResult& r) { return duration_us(r.device_time_us); });
+  add("OOMs", [](const ReplayResult& r) { return with_commas(r.ooms); });
+  add("host ns/event", [](const ReplayResult& r) { return printf_string("%.1f", r.ns_per_event); });
+  if (with_fit) {
+    add("fit capacity", [](const ReplayResult& r) {
+      return r.fit_capacity ? bytes_cell(*r.fit_capacity) : std::string("does not fit");
+    });
+    add("fit / requested", [](const ReplayResult& r) {
+      return r.fit_capacity ? printf_string("%.4f", r.fit_ratio) : std::string("-");
+    });
+  }
+
+  std::size_t name_width = 0;
+  std::vector<std::size_t> widths(results.size(), 0);
+  for (const Row& r : rows) {
+    name_width = std::max(name_width, r.name.size());
+    for (std::size_t c = 0; c < r.cells.size(); ++c)
+      widths[c] = std::max(widths[c], r.cells[c].size());
+  }
+
+  std::string out = "trace " + std::filesystem::path(trace.path).filename().string() + ": " +
+                    with_commas(trace.events.size()) + " events, " +
+                    with_commas(trace.allocations) + " allocations, " +
+                    std::to_string(trace.streams) + (trace.streams == 1 ? " stream" : " streams") +
+                    "; simulated device " + human_bytes(capacity) + "\n\n";
+  for (const Row& r : rows) {
+    std::string line = r.name + std::string(name_width - r.name.size() + 2, ' ');
+    for (std::size_t c = 0; c < r.cells.size(); ++c) {
+      // Right-aligned so digits line up under their config.
+      const std::string& cell = r.cells[c];
+      line += std::string(widths[c] - cell.size(), ' ') + cell;
+      if (c + 1 < r.cells.size()) line += "   ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+    if (&r == &rows.front()) out += std::string(line.size(), '-') + "\n";
+  }
+  for (const ReplayResult& r : results)
+    if (r.ooms > 0)
+      out += "\nfirst OOM under " + config_label(r.config) + ": " + r.first_oom + "\n";
+  return out;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;  // UTF-8 passes through unchanged
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_json(const std::vector<ReplayResult>& results, bool with_fit) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const ReplayResult& r = results[i];
+    out += i == 0 ? "\n  {" : ",\n  {";
+    out += "\"config\": " + json_string(r.config);
+    out += ", \"events\": " + std::to_string(r.events);
+    out += ", \"peak_requested\": " + std::to_string(r.peak_requested);
+    out += ", \"peak_allocated\": " + std::to_string(r.peak_allocated);
+    out += ", \"peak_reserved\": " + std::to_string(r.peak_reserved);
+    out += ", \"ratio\": " + json_number(r.ratio);
+    out += ", \"device_allocs\": " + std::to_string(r.device_allocs);
+    out += ", \"device_frees\": " + std::to_string(r.device_frees);
+    out += ", \"device_time_us\": " + json_number(r.device_time_us);
+    out += ", \"ooms\": " + std::to_string(r.ooms);
+    out += ", \"ns_per_event\": " + json_number(r.ns_per_event);
+    if (with_fit) {
+      out += ", \"fit_capacity\": " +
+             (r.fit_capacity ? std::to_string(*r.fit_capacity) : std::string("null"));
+      out += ", \"fit_ratio\": " + (r.fit_capacity ? json_number(r.fit_ratio) : "null");
+    }
+    out += "}";
+  }
+  out += results.empty() ? "]\n" : "\n]\n";
+  return out;
+}
+
+}  // namespace reservoir::replay

@@ -1,0 +1,37 @@
+// Text outputs of reservoir-replay: the side-by-side table and the JSON array.
+// (The SVG plot is in plot_svg.hpp.)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replay.hpp"
+#include "trace_reader.hpp"
+
+namespace reservoir::replay {
+
+// "" -> "default"; any other config string as given.
+std::string config_label(const std::string& config);
+
+// 14902362112 -> "14,902,362,112".
+std::string with_commas(std::uint64_t value);
+
+// Bytes in the largest binary unit that keeps the number >= 1: "13.88 GiB", "512 B".
+std::string human_bytes(std::uint64_t bytes);
+
+// One column per result, one row per figure, preceded by a line describing the
+// trace and the simulated capacity. with_fit adds the fit rows.
+std::string format_table(const Trace& trace, std::uint64_t capacity,
+                         const std::vector<ReplayResult>& results, bool with_fit);
+
+// A JSON array, one object per result, with exactly the keys
+//   config, events, peak_requested, peak_allocated, peak_reserved, ratio,
+//   device_allocs, device_frees, device_time_us, ooms, ns_per_event
+// and, with with_fit, fit_capacity (null if nothing fits) and fit_ratio.
+std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);
+
+// s as a JSON string literal, quotes included.
+std::string json_string(const std::string& s);
+
+}  // namespace reservoir::replay

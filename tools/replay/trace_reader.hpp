@@ -1,0 +1,96 @@
+// Reading trace format v1 (docs/trace_format.md) into a compact, replay-ready form.
+//
+//   reservoir::replay::Trace t = reservoir::replay::read_trace("traces/x.trace.gz");
+//
+// The file is parsed once; every replay (each config, each fit step) walks the same
+// vector of 16-byte events. IDs are turned into dense slots at parse time so a replay
+// indexes a plain vector instead of hashing: slot k is the k-th allocation of the file,
+// and a free or use names the slot of the allocation it refers to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace reservoir::replay {
+
+// A malformed or unreadable trace. what() is "PATH:LINE: reason" (or "PATH: reason"
+// when no line is involved), so the user can open the file at the right place.
+class TraceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class EventKind : std::uint8_t {
+  alloc,      // a,ID,SIZE,STREAM
+  free,       // f,ID
+  use,        // u,ID,STREAM (record_stream)
+  host_wait,  // s,STREAM
+};
+
+// Invariant: for alloc, slot == number of allocs before it in the trace; for free and
+// use, slot names an earlier alloc that is live at this point; stream < Trace::streams.
+struct Event {
+  std::uint64_t size = 0;    // alloc: bytes requested; otherwise 0
+  std::uint32_t slot = 0;    // alloc/free/use: dense allocation index
+  std::uint16_t stream = 0;  // alloc/use/host_wait: that stream; free: the allocating stream
+  EventKind kind = EventKind::alloc;
+};
+static_assert(sizeof(Event) == 16, "events are kept compact: traces hold millions");
+
+struct Trace {
+  std::string path;  // as given, for messages
+  std::vector<Event> events;
+  std::uint32_t allocations = 0;  // number of alloc events (= slots)
+  std::uint32_t streams = 0;      // highest stream number + 1 (0 for an empty trace)
+  std::uint64_t frees = 0, uses = 0, host_waits = 0;
+  // Highest sum of live requested bytes: what any allocator must hold at least.
+  std::uint64_t peak_live_bytes = 0;
+  // Allocations never freed (e.g. model weights).
+  std::uint64_t live_at_end = 0;
+};
+
+// Streams are small numbers (docs/trace_format.md); larger ones are refused so a
+// replay can keep per-stream state in a vector.
+inline constexpr std::uint32_t kMaxStreams = 1u << 16;
+
+// Parses lines one at a time. Used by read_trace and parse_trace_text; exposed so a
+// caller can feed lines from any source.
+class TraceParser {
+ public:
+  explicit TraceParser(std::string path);
+  // Parses one line (without its newline; a trailing '\r' is tolerated). line_number
+  // is 1-based and only used in messages. Throws TraceError.
+  void add_line(std::string_view line, std::uint64_t line_number);
+  // Returns the trace; the parser is left empty.
+  Trace finish();
+
+ private:
+  [[noreturn]] void fail(std::uint64_t line_number, const std::string& reason) const;
+  std::uint16_t stream_or_fail(std::string_view field, std::uint64_t line_number,
+                               const char* expected) const;
+
+  struct Live {
+    std::uint32_t slot;
+    std::uint16_t stream;
+    std::uint64_t size;
+    std::uint64_t line;  // where it was allocated, for "ID reused" messages
+  };
+  Trace trace_;
+  std::unordered_map<std::uint64_t, Live> live_;  // file ID -> allocation
+  std::uint64_t live_bytes_ = 0;
+};
+
+// Reads a trace file, plain or gzip-compressed (detected from the content, not the
+// name). Throws TraceError for a missing or unreadable file, a corrupt gzip stream,
+// or a malformed line.
+Trace read_trace(const std::string& path);
+
+// Parses trace text held in memory; name is used in messages.
+Trace parse_trace_text(std::string_view text, const std::string& name);
+
+}  // namespace reservoir::replay
