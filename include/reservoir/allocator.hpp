@@ -92,6 +92,10 @@ class RESERVOIR_API Allocator {
   std::size_t block_size(void* ptr);
   std::size_t requested_size(void* ptr);
 
+  // Lets device read and write memory allocated on peer (cudaDeviceEnablePeerAccess),
+  // including pages of peer's expandable segments mapped now and later.
+  void enable_peer_access(int device, int peer);
+
   // ---- Statistics ----
   DeviceStats stats(int device = -1);
   void reset_peak_stats(int device = -1);

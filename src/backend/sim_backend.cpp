@@ -57,8 +57,9 @@ std::string bytes(std::size_t n) {
 // Synthetic address window per device: big enough that segments fill their half
 // (at least 4x the capacity, for fragmentation) long before running out of room.
 std::size_t device_stride(std::size_t capacity) {
-  std::size_t stride = std::size_t{1} << 40;
-  while (stride / 8 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
+  // Room for dozens of expandable-segment reservations (each device memory + 1/8).
+  std::size_t stride = std::size_t{1} << 44;
+  while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
   return stride;
 }
 

@@ -71,7 +71,9 @@ inline bool ByAddress::operator()(const Block* a, const Block* b) const noexcept
   return a->address < b->address;
 }
 
-struct Segment {
+// Cache-line aligned: segments of different streams are written by different threads
+// (head changes on every split and merge), so they must not share a line.
+struct alignas(64) Segment {
   std::uintptr_t base = 0;
   std::size_t size = 0;          // bytes of address space the blocks tile
   std::size_t mapped_bytes = 0;  // == size unless expandable

@@ -93,6 +93,32 @@ void DeviceEngine::recycle_segment(Segment* segment) {
   spare_segments_.push_back(segment);
 }
 
+std::size_t DeviceEngine::expandable_reserve() {
+  if (config_.expandable_segments_reserve) return config_.expandable_segments_reserve;
+  MemoryInfo info;
+  if (backend_.memory_info(device_, &info) != DeviceStatus::ok)
+    throw DeviceError("reservoir: reading memory info of device " + std::to_string(device_) +
+                      " failed: " + backend_.last_error());
+  if (config_.expandable_segments_reserve_fraction > 0)
+    return static_cast<std::size_t>(config_.expandable_segments_reserve_fraction *
+                                    static_cast<double>(info.total));
+  return info.total + info.total / 8;
+}
+
+std::vector<int> DeviceEngine::peers() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  return peers_;
+}
+
+void DeviceEngine::add_peer(int device) {
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    if (std::find(peers_.begin(), peers_.end(), device) != peers_.end()) return;
+    peers_.push_back(device);
+  }
+  for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+}
+
 // ---------------------------------------------------------------- budget
 
 bool DeviceEngine::reserve(std::size_t bytes) noexcept {

@@ -100,6 +100,12 @@ class DeviceEngine {
   bool gc_enabled() const noexcept { return gc_enabled_.load(std::memory_order_relaxed); }
   std::uint64_t gc_tick() noexcept { return gc_clock_.fetch_add(1, std::memory_order_relaxed) + 1; }
   std::uint64_t gc_now() const noexcept { return gc_clock_.load(std::memory_order_relaxed); }
+  // Address space each new expandable segment reserves (expandable_segments_reserve,
+  // else device memory plus 1/8).
+  std::size_t expandable_reserve();
+  // Devices granted access to this device's expandable segments.
+  std::vector<int> peers();
+  void add_peer(int device);
   // Age-based release of cached large blocks (garbage_collection_threshold).
   void garbage_collect();
   // The ladder's last rung: wait for every pending free, then release every free,
@@ -155,6 +161,7 @@ class DeviceEngine {
   std::vector<std::unique_ptr<Segment>> segment_objects_;
   std::vector<Segment*> spare_segments_;
   std::uint64_t next_serial_ = 0;
+  std::vector<int> peers_;  // under create_mutex_
 };
 
 }  // namespace reservoir::detail

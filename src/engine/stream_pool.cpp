@@ -6,6 +6,7 @@
 #include <new>
 
 #include "engine/device_engine.hpp"
+#include "engine/expandable_segment.hpp"
 #include "engine/segment_map.hpp"
 #include "engine/size_policy.hpp"
 #include "util/checks.hpp"
@@ -25,7 +26,9 @@ StreamPool::StreamPool(DeviceEngine& engine, StreamHandle stream)
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
       free_{FreeSet(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_)),
-            FreeSet(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
+            FreeSet(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_))},
+      unmapped_{AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_)),
+                AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
 
 StreamPool::~StreamPool() {
   // The engine is going away: return every segment, whatever its blocks hold.
@@ -33,11 +36,16 @@ StreamPool::~StreamPool() {
     for (Pending& p : q.entries) engine_.events().release(p.event);
   free_[0].clear();
   free_[1].clear();
+  unmapped_[0].clear();
+  unmapped_[1].clear();
   Segment* seg = segments_;
   while (seg) {
     Segment* next = seg->next_in_pool;
-    (void)engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
-                                       seg->size);
+    if (seg->expandable)
+      delete seg->vm;  // unmaps its pages and releases the range
+    else
+      (void)engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
+                                         seg->size);
     engine_.segments().erase(seg);
     engine_.unreserve(seg->mapped_bytes);
     for (Block* b = seg->head; b;) {
@@ -86,6 +94,7 @@ void StreamPool::index_reposition(Block* b) {
 // keep absorbs its neighbour gone (adjacent, same segment); gone is deleted.
 Block* StreamPool::merge_into(Block* keep, Block* gone) {
   if (gone->state == BlockState::free) index_erase(gone);
+  if (gone->state == BlockState::unmapped) unmapped_set(gone).erase(gone->unmapped_at);
   if (gone == keep->prev) {
     keep->address = gone->address;
     keep->prev = gone->prev;
@@ -112,6 +121,25 @@ Block* StreamPool::find_free(bool small, std::size_t size) {
   key.size = size;
   auto it = set.lower_bound(&key);
   if (it == set.end()) return nullptr;
+  if ((*it)->segment->expandable) {
+    if (engine_.policy().expandable()) {
+      // Best fit counts the unmapped room after a block of an expandable segment:
+      // prefer a block that would not grow into the segment's open end.
+      auto room = [](const Block* b) {
+        return b->size + (b->next && b->next->state == BlockState::unmapped ? b->next->size : 0);
+      };
+      for (auto next = std::next(it); (*it)->segment->expandable && next != set.end() &&
+                                      room(*next) < room(*it);
+           ++next)
+        it = next;
+    } else {
+      // Expandable segments were switched off: their blocks are not handed out.
+      do {
+        ++it;
+      } while (it != set.end() && (*it)->segment->expandable);
+      if (it == set.end()) return nullptr;
+    }
+  }
   Block* b = *it;
   if (!engine_.policy().may_serve(b->size, size)) return nullptr;
   return b;
@@ -172,6 +200,7 @@ Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_
 Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
                                     const Context& context) {
   if (retry) engine_.count_retry();
+  if (engine_.policy().expandable()) return allocate_expandable(size, small, context);
   const std::size_t alloc_size = SizePolicy::segment_size(size);
   if (!engine_.reserve(alloc_size)) return nullptr;  // over the memory fraction
   void* ptr = nullptr;
@@ -493,12 +522,26 @@ std::size_t StreamPool::release_cached() {
   Guard guard(lock_);
   std::size_t released = 0;
   std::vector<Segment*> whole;
+  std::vector<Block*> expandable;
   for (FreeSet& set : free_)
-    for (Block* b : set)
-      if (!b->is_split() && !b->segment->expandable) whole.push_back(b->segment);
+    for (Block* b : set) {
+      if (b->segment->expandable)
+        expandable.push_back(b);
+      else if (!b->is_split())
+        whole.push_back(b->segment);
+    }
   for (Segment* seg : whole) {
     released += seg->size;
     release_segment(seg);
+  }
+  // Expandable segments give back every whole free page, and the address range
+  // once nothing is mapped.
+  for (Block* b : expandable) {
+    Segment* seg = b->segment;
+    std::size_t before = seg->mapped_bytes;
+    unmap_block(b);
+    released += before - seg->mapped_bytes;
+    if (seg->mapped_bytes == 0 && seg->head->next == nullptr) release_expandable_segment(seg);
   }
   finish_operation();
   return released;
@@ -568,6 +611,11 @@ bool StreamPool::segment_of(std::uintptr_t address, BaseAllocation* out) {
   Guard guard(lock_);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     if (address >= seg->base && address - seg->base < seg->size) {
+      if (seg->expandable)
+        throw InvalidArgumentError(
+            "reservoir: " + format_pointer(reinterpret_cast<void*>(address)) +
+            " lies in an expandable segment, which has no single base allocation (and cannot "
+            "be shared with other processes); allocate it with expandable_segments:False");
       out->base = reinterpret_cast<void*>(seg->base);
       out->size = seg->size;
       return true;

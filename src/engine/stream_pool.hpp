@@ -54,7 +54,8 @@ struct GcTally {
   bool freed_any = false;
 };
 
-class StreamPool {
+// Cache-line aligned so that pools of different streams never share a line.
+class alignas(64) StreamPool {
  public:
   StreamPool(DeviceEngine& engine, StreamHandle stream);
   ~StreamPool();  // returns every segment to the device
@@ -78,7 +79,11 @@ class StreamPool {
   // Why address is not an allocated block here, for error messages.
   std::string explain_not_allocated(std::uintptr_t address);
   // The segment holding address (any block state); false if none.
+  // The segment holding address (any block state); false if none. Throws
+  // InvalidArgumentError for expandable segments (they have no single base).
   bool segment_of(std::uintptr_t address, BaseAllocation* out);
+  // Grants device access to the mapped pages of every expandable segment.
+  void add_peer(int device);
   // Appends this pool's segments and blocks; returns the active bytes.
   std::size_t snapshot(std::vector<SegmentInfo>* out);
 
@@ -112,6 +117,14 @@ class StreamPool {
                        const Context& context);
   Block* allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
                           const Context& context);
+  // ---- expandable segments (expandable_pool.cpp) ----
+  Block* allocate_expandable(std::size_t size, bool small, const Context& context);
+  Block* find_expandable(std::size_t size, bool small);
+  Segment* new_expandable_segment(bool small);
+  Block* map_block(Block* block, std::size_t bytes, const Context& context);
+  bool unmap_block(Block* block);
+  void release_expandable_segment(Segment* segment);
+  AddressSet& unmapped_set(const Block* b) { return unmapped_[b->segment->small ? 0 : 1]; }
   bool release_oversize(std::size_t size, bool small);
   Block* take(Block* block, std::size_t size, std::size_t requested, bool small,
               Context context);
@@ -137,7 +150,8 @@ class StreamPool {
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
-  FreeSet free_[2];  // [0] small pool, [1] large pool
+  FreeSet free_[2];        // [0] small pool, [1] large pool
+  AddressSet unmapped_[2];  // unmapped blocks of expandable segments, by address
   AddressMap<Block> allocated_;
   Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
   std::vector<UseQueue> pending_queues_;

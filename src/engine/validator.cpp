@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/device_engine.hpp"
+#include "engine/expandable_segment.hpp"
 #include "engine/segment_map.hpp"
 #include "engine/stream_pool.hpp"
 #include "util/checks.hpp"
@@ -24,7 +25,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
   std::int64_t allocation[2] = {}, allocated_bytes[2] = {}, active[2] = {}, active_bytes[2] = {},
                requested[2] = {}, reserved[2] = {}, segments[2] = {}, split_free[2] = {},
                split_free_bytes[2] = {};
-  std::size_t free_blocks[2] = {}, allocated_blocks = 0, pending_with_events = 0;
+  std::size_t free_blocks[2] = {}, unmapped_blocks[2] = {}, allocated_blocks = 0,
+              pending_with_events = 0;
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     const int pool = seg->small ? 0 : 1;
     RESERVOIR_CHECK(seg->owner == this, "segment " + at(seg->base) + " has another owner");
@@ -76,8 +78,20 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
           break;
         case BlockState::unmapped:
           RESERVOIR_CHECK(seg->expandable, where + " is unmapped in a non-expandable segment");
+          RESERVOIR_CHECK(unmapped_[pool].count(b) == 1 && *b->unmapped_at == b,
+                          where + " is unmapped but not in its pool's unmapped set");
+          RESERVOIR_CHECK(!(b->next && b->next->state == BlockState::unmapped),
+                          where + " and its successor are both unmapped but not merged");
+          ++unmapped_blocks[pool];
           break;
       }
+    }
+    if (seg->expandable) {
+      std::size_t mapped = 0;
+      for (Block* b = seg->head; b; b = b->next)
+        if (b->mapped()) mapped += b->size;
+      RESERVOIR_CHECK(mapped == seg->mapped_bytes && mapped == seg->vm->mapped_bytes(),
+                      "mapped bytes of expandable segment " + at(seg->base) + " disagree");
     }
     RESERVOIR_CHECK(tiled == seg->size, "blocks of segment " + at(seg->base) + " cover " +
                                             std::to_string(tiled) + " of " +
@@ -92,6 +106,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                       std::to_string(allocated_blocks) + " are allocated");
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
   for (int pool = 0; pool < 2; ++pool) {
+    RESERVOIR_CHECK(unmapped_blocks[pool] == unmapped_[pool].size(),
+                    "unmapped set holds blocks that are not unmapped");
     RESERVOIR_CHECK(free_blocks[pool] == free_[pool].size(),
                     "free set of pool " + std::to_string(pool) + " holds " +
                         std::to_string(free_[pool].size()) + " blocks, " +

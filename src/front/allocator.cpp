@@ -225,12 +225,31 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   }
   DeviceEngine* engine = im.engines[d].load(std::memory_order_acquire);
   DeviceEngine& e = engine ? *engine : im.engine(d);
-  if (!im.recording.load(std::memory_order_relaxed))
-    return reinterpret_cast<void*>(e.pool(stream).allocate(size));
-  std::lock_guard<std::mutex> guard(im.recorder_mutex);
-  void* ptr = reinterpret_cast<void*>(e.pool(stream).allocate(size));
-  if (im.recorder) im.recorder->on_allocate(ptr, size, stream);
-  return ptr;
+  try {
+    if (!im.recording.load(std::memory_order_relaxed))
+      return reinterpret_cast<void*>(e.pool(stream).allocate(size));
+    std::lock_guard<std::mutex> guard(im.recorder_mutex);
+    void* ptr = reinterpret_cast<void*>(e.pool(stream).allocate(size));
+    if (im.recorder) im.recorder->on_allocate(ptr, size, stream);
+    return ptr;
+  } catch (const OutOfMemoryError& oom) {
+    // OOM report (oom_snapshot:PATH): the state at the failure, for PyTorch's viewer.
+    // A failed write is reported in the message; it never replaces the OOM.
+    std::string path;
+    {
+      std::lock_guard<std::mutex> cg(im.config_mutex);
+      path = im.config.oom_snapshot;
+    }
+    if (path.empty()) throw;
+    std::string message = oom.what();
+    try {
+      dump_snapshot(path);
+      message += " A snapshot was written to " + path + ".";
+    } catch (const std::exception& error) {
+      message += " (writing the OOM snapshot to " + path + " failed: " + error.what() + ")";
+    }
+    throw OutOfMemoryError(message);
+  }
 }
 
 void Allocator::deallocate(void* ptr) {
@@ -352,6 +371,17 @@ std::size_t Allocator::requested_size(void* ptr) {
     throw InvalidPointerError("reservoir: cannot size " + format_pointer(ptr) + ": " +
                               pool.explain_not_allocated(address));
   return requested;
+}
+
+void Allocator::enable_peer_access(int device, int peer) {
+  Impl& im = *impl_;
+  int d = im.resolve(device);
+  int p = im.resolve(peer);
+  if (d == p) return;
+  if (im.backend->enable_peer_access(d, p) != DeviceStatus::ok)
+    throw DeviceError("reservoir: enabling access from device " + std::to_string(d) +
+                      " to device " + std::to_string(p) + " failed: " + im.backend->last_error());
+  if (im.caching) im.engine(p).add_peer(d);
 }
 
 DeviceStats Allocator::stats(int device) {

@@ -10,6 +10,12 @@
 #include "conformance/harness.hpp"
 #include "reservoir/allocator.hpp"
 
+// Skips a test of the regular segments' exact layout in the expandable mode.
+#define REGULAR_SEGMENTS_ONLY()                                                         \
+  if (expandable())                                                                     \
+  GTEST_SKIP() << "regular-segment layout (sizes, splits, inactive-split statistics); " \
+                  "expandable segments have their own layout tests (Expandable*)"
+
 namespace reservoir::testing {
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
@@ -19,8 +25,12 @@ constexpr std::size_t GiB = std::size_t{1} << 30;
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    std::string param = GetParam();
+    auto plus = param.find('+');
+    backend_name_ = param.substr(0, plus);
+    expandable_ = plus != std::string::npos && param.substr(plus + 1) == "expandable";
     for (auto& [name, factory] : harness_registry())
-      if (name == GetParam()) harness_ = factory();
+      if (name == backend_name_) harness_ = factory();
     ASSERT_TRUE(harness_) << "no harness " << GetParam();
     std::string why = harness_->unavailable();
     if (!why.empty()) GTEST_SKIP() << GetParam() << " backend unavailable: " << why;
@@ -33,11 +43,17 @@ class Conformance : public ::testing::TestWithParam<std::string> {
       alloc_.reset();
     }
   }
-  // The allocator under test, made on first use with config.
+  // The allocator under test, made on first use with config (plus
+  // expandable_segments:True in the suite's expandable mode).
   Allocator& make(const std::string& config = "") {
-    alloc_ = std::make_unique<Allocator>(backend_, Config::parse(config));
+    std::string full = expandable_ ? "expandable_segments:True," + config : config;
+    alloc_ = std::make_unique<Allocator>(backend_, Config::parse(full));
     return *alloc_;
   }
+  // Tests of the regular segments' exact layout (segment sizes, split rules,
+  // inactive-split statistics) do not apply to expandable segments, whose own layout
+  // tests are in expandable_test.cpp.
+  bool expandable() const { return expandable_; }
   Allocator& a() {
     if (!alloc_) make();
     return *alloc_;
@@ -57,6 +73,8 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   }
   SimBackend* sim() { return harness_->sim(); }
 
+  std::string backend_name_;
+  bool expandable_ = false;
   std::unique_ptr<Harness> harness_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<Allocator> alloc_;

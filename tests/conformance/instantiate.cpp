@@ -5,11 +5,19 @@ namespace reservoir::testing {
 
 std::vector<std::string> harness_names() {
   std::vector<std::string> names;
-  for (auto& entry : harness_registry()) names.push_back(entry.first);
+  for (auto& entry : harness_registry()) {
+    names.push_back(entry.first);
+    names.push_back(entry.first + "+expandable");
+  }
   return names;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(harness_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) { return param.param; });
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
+                           for (char& c : name)
+                             if (c == '+') c = '_';
+                           return name;
+                         });
 
 }  // namespace reservoir::testing

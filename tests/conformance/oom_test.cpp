@@ -65,6 +65,7 @@ TEST_P(Conformance, LadderRungFreeMemoryCallbacks) {
 }
 
 TEST_P(Conformance, LadderRungGarbageCollectionReleasesOldBlocksFirst) {
+  REGULAR_SEGMENTS_ONLY();
   make("garbage_collection_threshold:0.5");
   cap(200 * MiB + MiB);
   // Three cached 40 MiB segments (120 MiB reserved, above half the cap); one is
@@ -90,6 +91,7 @@ TEST_P(Conformance, LadderRungGarbageCollectionReleasesOldBlocksFirst) {
 }
 
 TEST_P(Conformance, LadderRungReleaseCachedOversizeBlocks) {
+  REGULAR_SEGMENTS_ONLY();
   make("max_split_size_mb:100");
   cap(260 * MiB);
   void* big = alloc(200 * MiB);
@@ -119,6 +121,7 @@ TEST_P(Conformance, LadderRungReleaseAllCachedBlocksAndRetry) {
 }
 
 TEST_P(Conformance, EmptyCacheReturnsUnsplitSegmentsOnly) {
+  REGULAR_SEGMENTS_ONLY();
   void* p = alloc(4096);  // keeps its 2 MiB segment split and alive
   void* q = alloc(30 * MiB);
   free(q);
@@ -133,6 +136,7 @@ TEST_P(Conformance, EmptyCacheReturnsUnsplitSegmentsOnly) {
 }
 
 TEST_P(Conformance, BaseAllocationFindsTheSegment) {
+  REGULAR_SEGMENTS_ONLY();
   void* p = alloc(4096);
   void* q = alloc(8192);
   BaseAllocation b = a().base_allocation(q);

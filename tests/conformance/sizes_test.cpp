@@ -48,6 +48,7 @@ TEST_P(Conformance, RoundupPower2DivisionsPerInterval) {
 }
 
 TEST_P(Conformance, SegmentSizeTable) {
+  REGULAR_SEGMENTS_ONLY();
   struct {
     std::size_t request, segment;
     bool small;
@@ -69,6 +70,7 @@ TEST_P(Conformance, SegmentSizeTable) {
 }
 
 TEST_P(Conformance, SmallBlocksShareA2MiBSegment) {
+  REGULAR_SEGMENTS_ONLY();
   void* p = alloc(1000);
   void* q = alloc(200 * KiB);
   void* r = alloc(MiB);
@@ -79,6 +81,7 @@ TEST_P(Conformance, SmallBlocksShareA2MiBSegment) {
 }
 
 TEST_P(Conformance, LargeBlockSplitsOnlyWhenRemainderExceeds1MiB) {
+  REGULAR_SEGMENTS_ONLY();
   // 19 MiB in a 20 MiB segment: the 1 MiB remainder is not kept apart.
   void* p = alloc(19 * MiB);
   EXPECT_EQ(a().block_size(p), 20 * MiB);
@@ -99,6 +102,7 @@ TEST_P(Conformance, LargeBlockSplitsOnlyWhenRemainderExceeds1MiB) {
 }
 
 TEST_P(Conformance, FreedNeighboursMerge) {
+  REGULAR_SEGMENTS_ONLY();
   void* p = alloc(4096);
   void* q = alloc(4096);
   void* r = alloc(4096);
@@ -116,6 +120,7 @@ TEST_P(Conformance, FreedNeighboursMerge) {
 }
 
 TEST_P(Conformance, BestFitTakesSmallestBlockThenLowestAddress) {
+  REGULAR_SEGMENTS_ONLY();
   // Four unsplit cached segments: 12, 14, 12, 16 MiB.
   void* a12 = alloc(12 * MiB);
   void* b14 = alloc(14 * MiB);
@@ -134,6 +139,7 @@ TEST_P(Conformance, BestFitTakesSmallestBlockThenLowestAddress) {
 }
 
 TEST_P(Conformance, OversizeBlocksAreNotSplitAndServeOnlyNearSizes) {
+  REGULAR_SEGMENTS_ONLY();
   make("max_split_size_mb:100");
   void* big = alloc(200 * MiB);
   EXPECT_EQ(stats().oversize_allocations.current, 1);
@@ -156,6 +162,7 @@ TEST_P(Conformance, OversizeBlocksAreNotSplitAndServeOnlyNearSizes) {
 }
 
 TEST_P(Conformance, MaxNonSplitRoundingIsConfigurable) {
+  REGULAR_SEGMENTS_ONLY();
   make("max_split_size_mb:100,max_non_split_rounding_mb:60");
   void* big = alloc(200 * MiB);
   free(big);

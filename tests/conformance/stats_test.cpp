@@ -23,6 +23,7 @@ void check(const DeviceStats& s, const Expect& e, PoolKind pool, const char* ste
 }
 
 TEST_P(Conformance, StatisticsAfterEachOperation) {
+  REGULAR_SEGMENTS_ONLY();
   const std::int64_t M = MiB;
   void* s1 = alloc(1000);  // small: 1024 in a 2 MiB segment
   check(stats(), {1024, 1024, 1000, 2 * M, 1, 1, 1, 2 * M - 1024}, PoolKind::small, "s1");

@@ -1,0 +1,236 @@
+// StreamPool's expandable segments: one growing address range per stream and pool
+// kind (the spec's Note [Expandable Segments]). Blocks of such a segment are free,
+// allocated, pending or unmapped; mapping turns unmapped blocks into free ones at
+// the lowest address that fits (filling gaps first), unmapping gives whole free
+// pages back to the device.
+#include <algorithm>
+
+#include "engine/device_engine.hpp"
+#include "engine/expandable_segment.hpp"
+#include "engine/segment_map.hpp"
+#include "engine/size_policy.hpp"
+#include "engine/stream_pool.hpp"
+#include "util/checks.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+namespace {
+bool allocatable(const Block* b) {
+  return b && (b->state == BlockState::free || b->state == BlockState::unmapped);
+}
+}  // namespace
+
+Block* StreamPool::allocate_expandable(std::size_t size, bool small, const Context& context) {
+  Block* c = find_expandable(size, small);
+  if (!c) return nullptr;
+  if (c->state == BlockState::unmapped) {
+    c = map_block(c, std::min(c->size, size), context);
+    if (!c) return nullptr;
+  }
+  // c is free and mapped; grow it into the unmapped room after it.
+  while (c->size < size) {
+    Block* next = c->next;
+    RESERVOIR_ASSERT(next && next->state == BlockState::unmapped);
+    c = map_block(next, std::min(size - c->size, next->size), context);
+    if (!c) return nullptr;
+  }
+  return c;
+}
+
+// The lowest-address run of free and unmapped blocks with room for size bytes
+// (starting at a free block just before an unmapped one when there is one), or a
+// new segment's single unmapped block.
+Block* StreamPool::find_expandable(std::size_t size, bool small) {
+  for (Block* u : unmapped_[small ? 0 : 1]) {
+    Block* start = u->prev && u->prev->state == BlockState::free ? u->prev : u;
+    std::size_t room = 0;
+    for (Block* b = start; room < size && allocatable(b); b = b->next) room += b->size;
+    if (room >= size) return start;
+  }
+  Segment* seg = new_expandable_segment(small);
+  return seg ? seg->head : nullptr;
+}
+
+Segment* StreamPool::new_expandable_segment(bool small) {
+  std::size_t page = small ? SizePolicy::kSmallBuffer : SizePolicy::kLargeBuffer;
+  std::size_t granularity = 0;
+  if (engine_.backend().granularity(engine_.device(), &granularity) == DeviceStatus::ok &&
+      granularity > 0 && page % granularity != 0)
+    page = (page + granularity - 1) / granularity * granularity;
+  auto* vm = new ExpandableSegment(engine_.backend(), engine_.device(), page,
+                                   engine_.expandable_reserve(), engine_.peers());
+  Segment* seg = engine_.new_segment();
+  seg->base = vm->base();
+  seg->size = vm->size();
+  seg->mapped_bytes = 0;
+  seg->owner = this;
+  seg->small = small;
+  seg->expandable = true;
+  seg->vm = vm;
+  Block* b = new_block();
+  b->address = seg->base;
+  b->size = seg->size;
+  b->segment = seg;
+  b->state = BlockState::unmapped;
+  b->unmapped_at = unmapped_set(b).insert(b).first;
+  seg->head = b;
+  seg->next_in_pool = segments_;
+  if (segments_) segments_->prev_in_pool = seg;
+  segments_ = seg;
+  engine_.segments().insert(seg);
+  counters_.add(kSegment, small ? 0 : 1, 1);
+  return seg;
+}
+
+// Maps the pages under the first bytes of the unmapped block b; returns the free
+// block that now holds them (merged with free neighbours), or nullptr when the
+// device or the memory fraction has no room.
+Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context) {
+  Segment* seg = b->segment;
+  const std::size_t page = seg->vm->page_size();
+  const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
+  if (!engine_.reserve(want)) return nullptr;
+  std::size_t mapped = 0;
+  try {
+    mapped = seg->vm->map(b->address, want);
+  } catch (...) {
+    engine_.unreserve(want);  // nothing was mapped
+    throw;
+  }
+  if (mapped == 0) {
+    engine_.unreserve(want);
+    return nullptr;
+  }
+  unmapped_set(b).erase(b->unmapped_at);
+  if (mapped < b->size) {  // the rest stays unmapped, after b
+    Block* rest = new_block();
+    rest->address = b->address + mapped;
+    rest->size = b->size - mapped;
+    rest->segment = seg;
+    rest->state = BlockState::unmapped;
+    rest->prev = b;
+    rest->next = b->next;
+    if (rest->next) rest->next->prev = rest;
+    b->next = rest;
+    b->size = mapped;
+    rest->unmapped_at = unmapped_set(rest).insert(rest).first;
+  }
+  const std::uintptr_t mapped_at = b->address;
+  b->state = BlockState::pending;  // neither free nor unmapped while merging
+  Block* keep = b;
+  bool indexed = false;
+  if (keep->prev && keep->prev->state == BlockState::free) {
+    keep = merge_into(keep->prev, b);
+    indexed = true;
+  }
+  if (keep->next && keep->next->state == BlockState::free) {
+    if (indexed) {
+      merge_into(keep, keep->next);
+    } else {
+      Block* next = keep->next;
+      merge_into(next, keep);
+      keep = next;
+      indexed = true;
+    }
+  }
+  if (indexed)
+    index_reposition(keep);
+  else
+    index_insert(keep);
+  seg->mapped_bytes += mapped;
+  counters_.add(kReservedBytes, seg->small ? 0 : 1, static_cast<std::int64_t>(mapped));
+  engine_.count_device_alloc();
+  engine_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
+  return keep;
+}
+
+// Gives the whole free pages inside the free block b back to the device. Returns
+// false when b holds no whole page.
+bool StreamPool::unmap_block(Block* b) {
+  Segment* seg = b->segment;
+  auto inner = seg->vm->inner_pages(b->address, b->size);
+  if (inner.second == 0) return false;
+  // Unmapping does not wait for the device: work on this stream may still use the
+  // pages (freed blocks are reused in stream order), so wait for it.
+  if (engine_.backend().synchronize_stream(engine_.device(), stream_) != DeviceStatus::ok)
+    throw DeviceError("reservoir: synchronizing the stream before unmapping on device " +
+                      std::to_string(engine_.device()) +
+                      " failed: " + engine_.backend().last_error());
+  std::string error;
+  auto [start, length] = seg->vm->unmap(inner.first, inner.second, &error);
+  if (length > 0) {
+    index_erase(b);
+    const std::size_t before = start - b->address;
+    const std::size_t after = b->size - before - length;
+    if (before > 0) {
+      Block* f = new_block();
+      f->address = b->address;
+      f->size = before;
+      f->segment = seg;
+      f->prev = b->prev;
+      if (f->prev)
+        f->prev->next = f;
+      else
+        seg->head = f;
+      f->next = b;
+      b->prev = f;
+      index_insert(f);
+    }
+    if (after > 0) {
+      Block* f = new_block();
+      f->address = start + length;
+      f->size = after;
+      f->segment = seg;
+      f->next = b->next;
+      if (f->next) f->next->prev = f;
+      f->prev = b;
+      b->next = f;
+      index_insert(f);
+    }
+    b->address = start;
+    b->size = length;
+    b->state = BlockState::pending;  // neither free nor unmapped while merging
+    Block* keep = b;
+    if (keep->prev && keep->prev->state == BlockState::unmapped) {
+      Block* prev = keep->prev;
+      unmapped_set(prev).erase(prev->unmapped_at);
+      prev->state = BlockState::pending;
+      keep = merge_into(prev, keep);
+    }
+    if (keep->next && keep->next->state == BlockState::unmapped) merge_into(keep, keep->next);
+    keep->state = BlockState::unmapped;
+    keep->unmapped_at = unmapped_set(keep).insert(keep).first;
+    seg->mapped_bytes -= length;
+    engine_.unreserve(length);
+    counters_.add(kReservedBytes, seg->small ? 0 : 1, -static_cast<std::int64_t>(length));
+    engine_.count_device_free();
+    engine_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
+  }
+  if (!error.empty()) throw DeviceError("reservoir: " + error);
+  return length > 0;
+}
+
+void StreamPool::release_expandable_segment(Segment* seg) {
+  Block* b = seg->head;
+  RESERVOIR_ASSERT(b && !b->next && b->state == BlockState::unmapped && seg->mapped_bytes == 0);
+  unmapped_set(b).erase(b->unmapped_at);
+  delete_block(b);
+  engine_.segments().erase(seg);
+  delete seg->vm;
+  if (seg->prev_in_pool)
+    seg->prev_in_pool->next_in_pool = seg->next_in_pool;
+  else
+    segments_ = seg->next_in_pool;
+  if (seg->next_in_pool) seg->next_in_pool->prev_in_pool = seg->prev_in_pool;
+  counters_.add(kSegment, seg->small ? 0 : 1, -1);
+  engine_.recycle_segment(seg);
+}
+
+void StreamPool::add_peer(int device) {
+  Guard guard(lock_);
+  for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
+    if (seg->expandable) seg->vm->add_peer(device);
+}
+
+}  // namespace reservoir::detail

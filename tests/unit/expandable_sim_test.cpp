@@ -1,0 +1,142 @@
+// Expandable segments on the simulated device: injected failures while creating
+// and mapping pages, and peer access for pages mapped before and after it is granted.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Forwards to a SimBackend and records set_access calls.
+class AccessRecorder final : public Backend {
+ public:
+  explicit AccessRecorder(SimOptions o) : sim(o) {}
+  SimBackend sim;
+  struct Grant {
+    void* ptr;
+    std::size_t size;
+    std::vector<int> devices;
+  };
+  std::vector<Grant> grants;
+
+  const char* name() const noexcept override { return "recorder"; }
+  std::uint32_t capabilities() const noexcept override { return sim.capabilities(); }
+  DeviceStatus device_count(int* c) override { return sim.device_count(c); }
+  DeviceStatus current_device(int* d) override { return sim.current_device(d); }
+  DeviceStatus memory_info(int d, MemoryInfo* i) override { return sim.memory_info(d, i); }
+  DeviceStatus allocate(int d, std::size_t s, void** p) override { return sim.allocate(d, s, p); }
+  DeviceStatus deallocate(int d, void* p, std::size_t s) override {
+    return sim.deallocate(d, p, s);
+  }
+  DeviceStatus create_event(int d, EventHandle* e) override { return sim.create_event(d, e); }
+  DeviceStatus destroy_event(int d, EventHandle e) override { return sim.destroy_event(d, e); }
+  DeviceStatus record_event(int d, EventHandle e, StreamHandle s) override {
+    return sim.record_event(d, e, s);
+  }
+  DeviceStatus query_event(int d, EventHandle e) override { return sim.query_event(d, e); }
+  DeviceStatus synchronize_event(int d, EventHandle e) override {
+    return sim.synchronize_event(d, e);
+  }
+  DeviceStatus synchronize_stream(int d, StreamHandle s) override {
+    return sim.synchronize_stream(d, s);
+  }
+  DeviceStatus synchronize_device(int d) override { return sim.synchronize_device(d); }
+  DeviceStatus granularity(int d, std::size_t* b) override { return sim.granularity(d, b); }
+  DeviceStatus reserve_address_range(int d, std::size_t s, std::size_t a, void** p) override {
+    return sim.reserve_address_range(d, s, a, p);
+  }
+  DeviceStatus release_address_range(int d, void* p, std::size_t s) override {
+    return sim.release_address_range(d, p, s);
+  }
+  DeviceStatus create_physical(int d, std::size_t s, PhysicalHandle* h) override {
+    return sim.create_physical(d, s, h);
+  }
+  DeviceStatus release_physical(int d, PhysicalHandle h) override {
+    return sim.release_physical(d, h);
+  }
+  DeviceStatus map(int d, void* p, std::size_t s, PhysicalHandle h) override {
+    return sim.map(d, p, s, h);
+  }
+  DeviceStatus unmap(int d, void* p, std::size_t s) override { return sim.unmap(d, p, s); }
+  DeviceStatus set_access(int d, void* p, std::size_t s, const int* devs, int n) override {
+    grants.push_back(Grant{p, s, std::vector<int>(devs, devs + n)});
+    return sim.set_access(d, p, s, devs, n);
+  }
+  DeviceStatus enable_peer_access(int d, int peer) override {
+    return sim.enable_peer_access(d, peer);
+  }
+};
+
+TEST(ExpandableOnSim, PhysicalMemoryExhaustedIsAnOutOfMemoryErrorAndConsistent) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(3 * MiB, 1, 0);
+  sim->fail_operation(SimOp::create_physical, DeviceStatus::out_of_memory);
+  EXPECT_THROW(a.allocate(30 * MiB, 1, 0), OutOfMemoryError);  // needs a new page
+  a.validate();
+  EXPECT_EQ(a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(20 * MiB));
+  sim->clear_faults();
+  void* q = a.allocate(30 * MiB, 1, 0);
+  EXPECT_EQ(q, static_cast<char*>(p) + 3 * MiB);
+  a.deallocate(p);
+  a.deallocate(q);
+  a.validate();
+}
+
+TEST(ExpandableOnSim, AMapErrorSurfacesAsDeviceErrorWithNothingHalfMapped) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(3 * MiB, 1, 0);
+  sim->fail_operation_number(SimOp::map, 2, DeviceStatus::error);  // second page of two
+  try {
+    a.allocate(50 * MiB, 1, 0);
+    FAIL() << "expected DeviceError";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("mapping a page"), std::string::npos) << e.what();
+  }
+  a.validate();
+  EXPECT_EQ(a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(20 * MiB));
+  EXPECT_EQ(sim->used(0), 20 * MiB);  // the first new page was given back
+  a.deallocate(p);
+  a.deallocate(a.allocate(50 * MiB, 1, 0));
+  a.validate();
+}
+
+TEST(ExpandableOnSim, ReservationSizeIsConfigurable) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True,expandable_segments_reserve:1GiB"));
+  void* p = a.allocate(3 * MiB, 1, 0);
+  void* q = a.allocate(900 * MiB, 1, 0);  // fits in the 1 GiB range
+  EXPECT_EQ(q, static_cast<char*>(p) + 3 * MiB);
+  void* r = a.allocate(200 * MiB, 1, 0);  // does not: a second segment
+  EXPECT_EQ(a.stats(0).segment.large().current, 2);
+  EXPECT_EQ(sim->counters().reservations, 2u);
+  a.deallocate(p), a.deallocate(q), a.deallocate(r);
+}
+
+TEST(ExpandableOnSim, PeersGetAccessToPagesMappedBeforeAndAfter) {
+  SimOptions o;
+  o.device_count = 2;
+  auto backend = std::make_shared<AccessRecorder>(o);
+  Allocator a(backend, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(3 * MiB, 1, 0);  // maps a page of device 0 (access: 0 only)
+  ASSERT_EQ(backend->grants.size(), 1u);
+  EXPECT_EQ(backend->grants[0].devices, std::vector<int>{0});
+  a.enable_peer_access(1, 0);  // device 1 may use device 0's memory
+  ASSERT_EQ(backend->grants.size(), 2u);  // the existing page, for device 1
+  EXPECT_EQ(backend->grants[1].ptr, p);
+  EXPECT_EQ(backend->grants[1].devices, std::vector<int>{1});
+  void* q = a.allocate(30 * MiB, 1, 0);  // a new page: granted to 0 and 1 at once
+  EXPECT_EQ(backend->grants.back().devices, (std::vector<int>{0, 1}));
+  a.deallocate(p);
+  a.deallocate(q);
+}
+
+}  // namespace
+}  // namespace reservoir
