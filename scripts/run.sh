@@ -8,5 +8,5 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build/release -j"$(nproc)" --target reservoir-replay
-exec build/release/tools/replay/reservoir-replay traces/gpt2_train_varlen.trace.gz --fit \
+exec build/release/tools/replay/reservoir-replay traces/gpt2_train_varlen.trace.gz --fit --device auto \
   --config "" --config "expandable_segments:True" --config "max_split_size_mb:256" "$@"

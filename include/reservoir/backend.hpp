@@ -103,6 +103,10 @@ class RESERVOIR_API Backend {
   // Future work on stream waits for the event's captured work (no host wait).
   virtual DeviceStatus stream_wait_event(int device, StreamHandle stream, EventHandle event);
   virtual DeviceStatus synchronize_stream(int device, StreamHandle stream) = 0;
+  // Streams of the backend's own, for tools that replay work (the engine itself only
+  // uses the program's streams). post(ok): *stream is a new non-blocking stream.
+  virtual DeviceStatus create_stream(int device, StreamHandle* stream);
+  virtual DeviceStatus destroy_stream(int device, StreamHandle stream);
   virtual DeviceStatus synchronize_device(int device) = 0;
 
   // ---- Virtual memory (Capability kVirtualMemory) ------------------------------

@@ -61,6 +61,8 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus synchronize_event(int device, EventHandle event) override;
   DeviceStatus stream_wait_event(int device, StreamHandle stream, EventHandle event) override;
   DeviceStatus synchronize_stream(int device, StreamHandle stream) override;
+  DeviceStatus create_stream(int device, StreamHandle* stream) override;
+  DeviceStatus destroy_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,

@@ -1,6 +1,7 @@
 // Defaults of the device seam: optional capabilities answer unsupported.
 #include "reservoir/backend.hpp"
 
+#include <atomic>
 #include <chrono>
 
 namespace reservoir {
@@ -48,6 +49,13 @@ std::uint64_t Backend::now_us() const {
 DeviceStatus Backend::stream_wait_event(int, StreamHandle, EventHandle) {
   return unsupported("stream_wait_event");
 }
+DeviceStatus Backend::create_stream(int, StreamHandle* stream) {
+  // Any distinct value is a stream for a backend that does not run work.
+  static std::atomic<StreamHandle> next{0x10000};
+  *stream = next.fetch_add(1);
+  return DeviceStatus::ok;
+}
+DeviceStatus Backend::destroy_stream(int, StreamHandle) { return DeviceStatus::ok; }
 DeviceStatus Backend::granularity(int, std::size_t*) { return unsupported("granularity"); }
 DeviceStatus Backend::reserve_address_range(int, std::size_t, std::size_t, void**) {
   return unsupported("reserve_address_range");

@@ -23,6 +23,9 @@ bool iequals(std::string_view a, std::string_view b) {
 
 const char* usage_text() {
   return "usage: reservoir-replay TRACE [--config STR]... [--capacity BYTES] [--fit] [--json]\n"
+         "                        [--plot FILE.svg] [--device sim|cuda|auto]\n"
+         "  --device D        where the measured replay runs: sim (default), cuda (the GPU),\n"
+         "                    auto (cuda when a GPU is present); --fit always uses sim\n"
          "                        [--plot FILE.svg]\n"
          "\n"
          "Replays an allocation trace (docs/trace_format.md; plain or .gz) through Reservoir\n"
@@ -102,6 +105,10 @@ CliOptions parse_cli(int argc, const char* const* argv) {
           throw UsageError("--capacity: '" + value +
                            "' is not a byte count (e.g. 80GiB, 141G, 512MiB, 1073741824)");
         o.capacity = *bytes;
+      } else if (value_of(i, arg, "--device", &value)) {
+        if (value != "sim" && value != "cuda" && value != "auto")
+          throw UsageError("--device: '" + value + "' is not one of sim, cuda, auto");
+        o.device = value;
       } else if (value_of(i, arg, "--plot", &value)) {
         if (value.empty()) throw UsageError("--plot needs a file name");
         o.plot = value;

@@ -1,6 +1,6 @@
 // Command line of reservoir-replay (docs/replay.md):
 //   reservoir-replay TRACE [--config STR]... [--capacity BYTES] [--fit] [--json]
-//                          [--plot FILE.svg]
+//                          [--plot FILE.svg] [--device sim|cuda|auto]
 #pragma once
 
 #include <cstddef>
@@ -27,6 +27,10 @@ struct CliOptions {
   bool fit = false;
   bool json = false;
   std::string plot;  // "" = no plot
+  // Where the measured replay runs: "sim" (default), "cuda" (the GPU: real memory and
+  // host time), or "auto" (cuda when a GPU is present). The fit search always runs on
+  // the simulated device.
+  std::string device = "sim";
   bool help = false;
 };
 

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@
 #include "report.hpp"
 #include "reservoir/config.hpp"
 #include "reservoir/errors.hpp"
+#if RESERVOIR_HAVE_CUDA
+#include "reservoir/cuda_backend.hpp"
+#endif
 #include "trace_reader.hpp"
 
 namespace {
@@ -94,6 +98,24 @@ int run(const CliOptions& opts) {
     return fail(e.what());
   }
 
+  // The device of the measured replays.
+  std::shared_ptr<reservoir::Backend> device;
+  std::string device_name = "simulated";
+  if (opts.device != "sim") {
+#if RESERVOIR_HAVE_CUDA
+    if (reservoir::CudaBackend::available()) {
+      auto cuda = std::make_shared<reservoir::CudaBackend>();
+      device_name = cuda->device_name(0) + " (CUDA)";
+      device = cuda;
+    } else if (opts.device == "cuda") {
+      return fail("--device cuda: " + reservoir::CudaBackend::unavailable_reason());
+    }
+#else
+    if (opts.device == "cuda") return fail("--device cuda: this build has no CUDA backend");
+#endif
+  }
+  std::fprintf(stderr, "reservoir-replay: replaying on the %s device\n", device_name.c_str());
+
   ProgressBar bar;
   ProgressFn progress = [&bar](std::size_t done, std::size_t total) { bar.update(done, total); };
   std::vector<ReplayResult> results;
@@ -103,6 +125,7 @@ int run(const CliOptions& opts) {
     ReplayOptions ro;
     ro.capacity = opts.capacity;
     ro.progress = progress;
+    ro.backend = device;
     ReplayResult r = replay_trace(trace, c, ro);
 
     if (opts.fit) {
@@ -119,6 +142,7 @@ int run(const CliOptions& opts) {
       // the host time of the measured run.
       bar.set_label(label + ": timeline");
       ReplayOptions po = ro;
+      po.backend = nullptr;  // timelines come from the simulated device
       po.timeline_points = 2000;
       r.timeline = replay_trace(trace, c, po).timeline;
     }
@@ -127,7 +151,8 @@ int run(const CliOptions& opts) {
   bar.clear();
 
   const std::string out = opts.json ? format_json(results, opts.fit)
-                                    : format_table(trace, opts.capacity, results, opts.fit);
+                                    : format_table(trace, opts.capacity, results, opts.fit,
+                                                   device ? device_name : std::string());
   std::fputs(out.c_str(), stdout);
   std::fflush(stdout);
 

@@ -60,11 +60,32 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   result.config = config;
   Config cfg = Config::parse(config);  // ConfigError goes to the caller
 
-  SimOptions sim_options;
-  sim_options.capacity = options.capacity;
-  sim_options.eager = false;
-  auto sim = std::make_shared<SimBackend>(sim_options);
-  Allocator alloc(sim, std::move(cfg));
+  std::shared_ptr<SimBackend> sim;
+  std::shared_ptr<Backend> backend = options.backend;
+  if (!backend) {
+    SimOptions sim_options;
+    sim_options.capacity = options.capacity;
+    sim_options.eager = false;
+    sim = std::make_shared<SimBackend>(sim_options);
+    backend = sim;
+  }
+  // Trace stream k: handle k + 1 on the simulated device, a real stream otherwise.
+  std::vector<StreamHandle> streams(trace.streams);
+  for (std::uint32_t k = 0; k < trace.streams; ++k) {
+    streams[k] = handle_of(static_cast<std::uint16_t>(k));
+    if (!sim && backend->create_stream(kDevice, &streams[k]) != DeviceStatus::ok)
+      throw DeviceError("reservoir-replay: creating a stream failed: " + backend->last_error());
+  }
+  struct StreamCleanup {
+    Backend& b;
+    std::vector<StreamHandle>& s;
+    bool real;
+    ~StreamCleanup() {
+      if (real)
+        for (StreamHandle h : s) (void)b.destroy_stream(kDevice, h);
+    }
+  } cleanup{*backend, streams, !sim};
+  Allocator alloc(backend, std::move(cfg));
 
   // Dense slot -> pointer; nullptr for a slot not allocated yet, freed, of size 0,
   // or whose allocation failed (its later frees and uses are then skipped).
@@ -80,7 +101,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
     switch (ev.kind) {
       case EventKind::alloc:
         try {
-          ptrs[ev.slot] = alloc.allocate(ev.size, handle_of(ev.stream), kDevice);
+          ptrs[ev.slot] = alloc.allocate(ev.size, streams[ev.stream], kDevice);
         } catch (const OutOfMemoryError& e) {
           if (result.ooms++ == 0) result.first_oom = e.what();
         }
@@ -89,15 +110,18 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
         if (void* p = ptrs[ev.slot]) {
           alloc.deallocate(p);
           ptrs[ev.slot] = nullptr;
-          if (options.free_completes_stream) sim->advance(handle_of(ev.stream));
+          if (options.free_completes_stream && sim) sim->advance(streams[ev.stream]);
         }
         break;
       case EventKind::use:
-        if (void* p = ptrs[ev.slot]) alloc.record_stream(p, handle_of(ev.stream));
+        if (void* p = ptrs[ev.slot]) alloc.record_stream(p, streams[ev.stream]);
         break;
       case EventKind::host_wait:
-        sim->advance(handle_of(ev.stream));
-        alloc.notify_host_wait(handle_of(ev.stream), kDevice);
+        if (sim)
+          sim->advance(streams[ev.stream]);
+        else
+          (void)backend->synchronize_stream(kDevice, streams[ev.stream]);
+        alloc.notify_host_wait(streams[ev.stream], kDevice);
         break;
     }
     if (sampler.enabled()) sampler.sample(done, alloc);
@@ -123,7 +147,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   result.device_allocs = as_u64(s.num_device_alloc);
   result.device_frees = as_u64(s.num_device_free);
   result.alloc_retries = as_u64(s.num_alloc_retries);
-  result.device_time_us = sim->counters().device_time_us;
+  result.device_time_us = sim ? sim->counters().device_time_us : 0.0;
 
   // Allocations the trace never frees (weights) go back before the allocator is
   // destroyed, so teardown sees a clean engine.

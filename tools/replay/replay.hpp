@@ -18,10 +18,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "reservoir/backend.hpp"
 #include "trace_reader.hpp"
 
 namespace reservoir::replay {
@@ -44,6 +46,10 @@ struct ReplayOptions {
   // A free completes the allocating stream's work (see above). Off: frees rely on
   // "s" lines and the engine's own events only.
   bool free_completes_stream = true;
+  // Replay on this device instead of a fresh simulated one (e.g. CudaBackend): each
+  // trace stream gets a stream of its own (Backend::create_stream); capacity and the
+  // device-time cost model do not apply.
+  std::shared_ptr<Backend> backend;
   ProgressFn progress;
 };
 

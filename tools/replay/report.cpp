@@ -69,7 +69,8 @@ std::string human_bytes(std::uint64_t bytes) {
 }
 
 std::string format_table(const Trace& trace, std::uint64_t capacity,
-                         const std::vector<ReplayResult>& results, bool with_fit) {
+                         const std::vector<ReplayResult>& results, bool with_fit,
+                         const std::string& device) {
   std::vector<Row> rows;
   auto add = [&](std::string name, auto cell) {
     Row r{std::move(name), {}};
@@ -108,7 +109,10 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
                     with_commas(trace.events.size()) + " events, " +
                     with_commas(trace.allocations) + " allocations, " +
                     std::to_string(trace.streams) + (trace.streams == 1 ? " stream" : " streams") +
-                    "; simulated device " + human_bytes(capacity) + "\n\n";
+                    (device.empty() ? "; simulated device " + human_bytes(capacity)
+                                    : "; measured on " + device +
+                                          (with_fit ? ", fit on the simulated device" : "")) +
+                    "\n\n";
   for (const Row& r : rows) {
     std::string line = r.name + std::string(name_width - r.name.size() + 2, ' ');
     for (std::size_t c = 0; c < r.cells.size(); ++c) {

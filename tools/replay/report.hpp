@@ -22,8 +22,10 @@ std::string human_bytes(std::uint64_t bytes);
 
 // One column per result, one row per figure, preceded by a line describing the
 // trace and the simulated capacity. with_fit adds the fit rows.
+// device: the device the measured replays ran on ("" = the simulated one).
 std::string format_table(const Trace& trace, std::uint64_t capacity,
-                         const std::vector<ReplayResult>& results, bool with_fit);
+                         const std::vector<ReplayResult>& results, bool with_fit,
+                         const std::string& device = "");
 
 // A JSON array, one object per result, with exactly the keys
 //   config, events, peak_requested, peak_allocated, peak_reserved, ratio,

@@ -398,6 +398,27 @@ DeviceStatus CudaBackend::synchronize_stream(int device, StreamHandle stream) {
   return DeviceStatus::ok;
 }
 
+DeviceStatus CudaBackend::create_stream(int device, StreamHandle* stream) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuStreamCreate"); st != DeviceStatus::ok) return st;
+  CUstream created = nullptr;
+  CUresult r = s.api->StreamCreate(&created, CU_STREAM_NON_BLOCKING);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuStreamCreate", device);
+  *stream = reinterpret_cast<StreamHandle>(created);
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::destroy_stream(int device, StreamHandle stream) {
+  State& s = *state_;
+  ContextScope scope(*s.api);
+  if (DeviceStatus st = s.enter(device, scope, "cuStreamDestroy"); st != DeviceStatus::ok)
+    return st;
+  CUresult r = s.api->StreamDestroy(to_stream(stream));
+  if (r != CUDA_SUCCESS) return s.error(r, "cuStreamDestroy", device);
+  return DeviceStatus::ok;
+}
+
 DeviceStatus CudaBackend::synchronize_device(int device) {
   State& s = *state_;
   ContextScope scope(*s.api);

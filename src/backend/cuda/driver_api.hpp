@@ -45,6 +45,8 @@ namespace reservoir::detail::cuda {
   X(EventSynchronize, cuEventSynchronize)                       \
   X(StreamWaitEvent, cuStreamWaitEvent)                         \
   X(StreamSynchronize, cuStreamSynchronize)                     \
+  X(StreamCreate, cuStreamCreate)                               \
+  X(StreamDestroy, cuStreamDestroy_v2)                          \
   X(MemGetAllocationGranularity, cuMemGetAllocationGranularity) \
   X(MemAddressReserve, cuMemAddressReserve)                     \
   X(MemAddressFree, cuMemAddressFree)                           \
