@@ -1,0 +1,18 @@
+// Allocates through the installed library on the simulated device and checks the
+// statistics: proves headers, library and package config work together.
+#include <reservoir/allocator.hpp>
+#include <reservoir/reservoir.h>
+#include <reservoir/sim_backend.hpp>
+
+#include <cstdio>
+#include <memory>
+
+int main() {
+  reservoir::Allocator a(std::make_shared<reservoir::SimBackend>(), reservoir::Config{});
+  void* p = a.allocate(1 << 20, 0, 0);
+  bool ok = a.stats(0).allocated_bytes.all().current == (1 << 20);
+  a.deallocate(p);
+  ok = ok && a.stats(0).allocated_bytes.all().current == 0;
+  std::printf("consumer: %s\n", ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
