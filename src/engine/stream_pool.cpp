@@ -156,7 +156,7 @@ std::uintptr_t StreamPool::allocate(std::size_t requested) {
   const bool small = SizePolicy::is_small(size);
   Block* b = find_free(small, size);
   if (!b) b = allocate_slow(guard, requested, size, small, context);
-  Block* out = take(b, size, requested, small, std::move(context));
+  Block* out = take(b, size, requested, small, context);
   std::uintptr_t address = out->address;
   finish_operation();
   return address;
@@ -250,7 +250,7 @@ Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, 
 // Serves size bytes from the free block b, splitting off the remainder when the
 // policy says so; returns the allocated block.
 Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool small,
-                        Context context) {
+                        const Context& context) {
   const SizePolicy& policy = engine_.policy();
   const int pool = pool_of(b);
   const bool expandable = b->segment->expandable;
@@ -301,7 +301,7 @@ Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool 
   if (__builtin_expect(engine_.history().active(), 0)) {
     engine_.trace(TraceAction::alloc, out->address, requested, stream_,
                   engine_.history().level() >= ContextLevel::alloc ? context : nullptr);
-    out->context = std::move(context);
+    out->context = context;
   }
   return out;
 }

@@ -127,7 +127,7 @@ class alignas(64) StreamPool {
   AddressSet& unmapped_set(const Block* b) { return unmapped_[b->segment->small ? 0 : 1]; }
   bool release_oversize(std::size_t size, bool small);
   Block* take(Block* block, std::size_t size, std::size_t requested, bool small,
-              Context context);
+              const Context& context);
   void free_block(Block* block);
   void defer_free(Block* block);
   void process_events();
