@@ -139,6 +139,8 @@ class RESERVOIR_API Allocator {
   // ---- Introspection ----
   Backend& backend();
   int device_count();
+  // Devices this allocator has served (their engines exist).
+  std::vector<int> devices_in_use();
   // False in uncached mode (RESERVOIR_NO_CACHING=1): every call goes to the device.
   bool caching() const;
   // Walks every segment, block, pool and statistic; throws InvariantError.

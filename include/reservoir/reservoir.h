@@ -78,6 +78,20 @@ RESERVOIR_C_API reservoir_status reservoir_summary(int device, char* buffer, siz
 RESERVOIR_C_API reservoir_status reservoir_start_trace_recording(const char* path);
 RESERVOIR_C_API reservoir_status reservoir_stop_trace_recording(void);
 
+/* History, snapshots and metrics (docs/observability.md). */
+/* Keeps the last max_entries allocator events per device (enabled 0 stops and
+ * clears them). No stack context is recorded through the C API. */
+RESERVOIR_C_API reservoir_status reservoir_record_history(int enabled, size_t max_entries);
+/* Writes the segments, blocks and history as a pickle that PyTorch's memory viewer
+ * opens (the layout of torch.cuda.memory._snapshot()). */
+RESERVOIR_C_API reservoir_status reservoir_dump_snapshot(const char* path);
+/* Statistics of every device in the Prometheus text exposition format, and as
+ * JSON; same buffer convention as reservoir_stats_text. */
+RESERVOIR_C_API reservoir_status reservoir_metrics_prometheus(char* buffer, size_t capacity,
+                                                              size_t* needed);
+RESERVOIR_C_API reservoir_status reservoir_metrics_json(char* buffer, size_t capacity,
+                                                        size_t* needed);
+
 /* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. */
 RESERVOIR_C_API reservoir_status reservoir_validate(void);
 

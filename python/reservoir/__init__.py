@@ -44,6 +44,7 @@ __all__ = [
     "config_string",
     "current_device",
     "device_count",
+    "dump_snapshot",
     "empty_cache",
     "engine_summary",
     "get_memory_fraction",
@@ -55,8 +56,11 @@ __all__ = [
     "memory_reserved",
     "memory_stats",
     "memory_summary",
+    "metrics",
+    "metrics_json",
     "raw_alloc",
     "raw_free",
+    "record_history",
     "record_stream",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
@@ -264,6 +268,34 @@ def start_trace_recording(path):
 
 def stop_trace_recording():
     _lib.check(_lib.load().reservoir_stop_trace_recording())
+
+
+def record_history(enabled=True, max_entries=100000):
+    """Keeps the last max_entries allocator events (alloc, free_requested,
+    free_completed, segment_alloc, segment_free, oom, ...) per device for
+    dump_snapshot(); enabled=False stops and clears them. No stack traces are
+    recorded through this interface (docs/observability.md)."""
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError("max_entries must be a positive int, not %r" % (max_entries,))
+    _lib.check(_lib.load().reservoir_record_history(1 if enabled else 0, max_entries))
+
+
+def dump_snapshot(path):
+    """Writes the allocator's segments, blocks and history to path as a pickle in the
+    layout of torch.cuda.memory._snapshot(): open it at https://pytorch.org/memory_viz
+    or with ``python -m torch.cuda._memory_viz trace_plot PATH -o trace.html``."""
+    _lib.check(_lib.load().reservoir_dump_snapshot(str(path).encode()))
+
+
+def metrics():
+    """The statistics of every device in the Prometheus text exposition format
+    (``reservoir_allocated_bytes{device="0",pool="large"} 1024`` ...)."""
+    return _lib.read_text(_lib.load().reservoir_metrics_prometheus)
+
+
+def metrics_json():
+    """The statistics of every device as a JSON string (json.loads() it)."""
+    return _lib.read_text(_lib.load().reservoir_metrics_json)
 
 
 def engine_summary(device=None):

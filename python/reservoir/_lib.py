@@ -116,6 +116,13 @@ _SIGNATURES = {
     "reservoir_start_trace_recording": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_stop_trace_recording": (ctypes.c_int, []),
     "reservoir_validate": (ctypes.c_int, []),
+    "reservoir_record_history": (ctypes.c_int, [ctypes.c_int, ctypes.c_size_t]),
+    "reservoir_dump_snapshot": (ctypes.c_int, [ctypes.c_char_p]),
+    "reservoir_metrics_prometheus": (
+        ctypes.c_int,
+        [ctypes.c_char_p, ctypes.c_size_t, _c_size_p],
+    ),
+    "reservoir_metrics_json": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
 }
 
 _lock = threading.Lock()

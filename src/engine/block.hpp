@@ -54,6 +54,7 @@ struct Block {
   FreeSet::iterator free_at{};          // valid while state == free
   AddressSet::iterator unmapped_at{};   // valid while state == unmapped
   BlockState state = BlockState::free;
+  bool oversize = false;                // counted in oversize_allocations when handed out
   std::uint32_t event_count = 0;        // outstanding events while pending
   std::vector<StreamHandle> uses;       // other streams that used it (record_stream)
   std::uint64_t gc_stamp = 0;           // garbage-collection clock when it became free
@@ -81,6 +82,7 @@ struct alignas(64) Segment {
   Block* head = nullptr;
   bool small = false;            // small pool (blocks of requests <= 1 MiB)
   bool expandable = false;
+  bool oversize = false;         // counted in oversize_segments (max_split_size may change)
   ExpandableSegment* vm = nullptr;  // physical pages of an expandable segment
   Segment* prev_in_pool = nullptr;  // the owner's list of segments
   Segment* next_in_pool = nullptr;

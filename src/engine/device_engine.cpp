@@ -293,7 +293,7 @@ void DeviceEngine::reset_accumulated_stats() {
   num_device_free_ = 0;
 }
 
-void DeviceEngine::update_config(const Config& config) {
+void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
   std::lock_guard<std::mutex> guard(config_mutex_);
   auto pools = pools_snapshot();
   for (StreamPool* p : pools) p->lock().lock();
@@ -301,7 +301,8 @@ void DeviceEngine::update_config(const Config& config) {
   policy_ = SizePolicy(config);
   gc_enabled_.store(fraction_set_.load() && config.garbage_collection_threshold > 0.0);
   for (auto it = pools.rbegin(); it != pools.rend(); ++it) (*it)->lock().unlock();
-  if (config.per_process_memory_fraction_set) set_memory_fraction(config.per_process_memory_fraction);
+  if (apply_fraction && config.per_process_memory_fraction_set)
+    set_memory_fraction(config.per_process_memory_fraction);
 }
 
 }  // namespace reservoir::detail

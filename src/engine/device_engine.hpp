@@ -66,8 +66,9 @@ class DeviceEngine {
   DeviceStats stats();
   void reset_peak_stats();
   void reset_accumulated_stats();
-  // Installs a new configuration with every pool locked.
-  void update_config(const Config& config);
+  // Installs a new configuration with every pool locked; apply_fraction: the update
+  // set per_process_memory_fraction (else a fraction set at run time stays).
+  void update_config(const Config& config, bool apply_fraction);
   // Segments of every pool with their blocks (adds a snapshot history entry).
   void snapshot(std::vector<SegmentInfo>* out);
   History& history() noexcept { return history_; }

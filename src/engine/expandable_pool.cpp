@@ -48,18 +48,20 @@ Block* StreamPool::find_expandable(std::size_t size, bool small) {
     for (Block* b = start; room < size && allocatable(b); b = b->next) room += b->size;
     if (room >= size) return start;
   }
-  Segment* seg = new_expandable_segment(small);
+  Segment* seg = new_expandable_segment(small, size);
   return seg ? seg->head : nullptr;
 }
 
-Segment* StreamPool::new_expandable_segment(bool small) {
+Segment* StreamPool::new_expandable_segment(bool small, std::size_t at_least) {
   std::size_t page = small ? SizePolicy::kSmallBuffer : SizePolicy::kLargeBuffer;
   std::size_t granularity = 0;
   if (engine_.backend().granularity(engine_.device(), &granularity) == DeviceStatus::ok &&
       granularity > 0 && page % granularity != 0)
     page = (page + granularity - 1) / granularity * granularity;
+  // A request larger than the configured reservation gets a segment of its own size.
   auto* vm = new ExpandableSegment(engine_.backend(), engine_.device(), page,
-                                   engine_.expandable_reserve(), engine_.peers());
+                                   std::max(engine_.expandable_reserve(), at_least),
+                                   engine_.peers());
   Segment* seg = engine_.new_segment();
   seg->base = vm->base();
   seg->size = vm->size();

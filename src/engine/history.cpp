@@ -65,12 +65,14 @@ void History::configure(bool enabled, std::size_t max_entries, ContextLevel leve
 
 void History::add_tracker(TraceTracker tracker) {
   std::lock_guard<std::mutex> guard(mutex_);
-  trackers_.push_back(std::move(tracker));
+  auto next = std::make_shared<std::vector<TraceTracker>>(*trackers_);
+  next->push_back(std::move(tracker));
+  trackers_ = std::move(next);
   update_active();
 }
 
 void History::update_active() {
-  active_.store(enabled_ || !trackers_.empty(), std::memory_order_relaxed);
+  active_.store(enabled_ || !trackers_->empty(), std::memory_order_relaxed);
 }
 
 Context History::gather(ContextLevel needed) const {
@@ -85,7 +87,7 @@ Context History::gather(ContextLevel needed) const {
 }
 
 void History::record(TraceEntry entry) {
-  std::vector<TraceTracker> trackers;
+  std::shared_ptr<const std::vector<TraceTracker>> trackers;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     trackers = trackers_;
@@ -98,7 +100,7 @@ void History::record(TraceEntry entry) {
       }
     }
   }
-  for (const auto& t : trackers) t(entry);
+  for (const auto& t : *trackers) t(entry);
 }
 
 std::vector<TraceEntry> History::entries() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -36,7 +37,10 @@ class History {
   std::size_t next_ = 0;
   std::vector<TraceEntry> entries_;
   ContextRecorder recorder_;
-  std::vector<TraceTracker> trackers_;
+  // Replaced, never changed, so record() can call the trackers outside the mutex
+  // without copying them.
+  std::shared_ptr<const std::vector<TraceTracker>> trackers_ =
+      std::make_shared<const std::vector<TraceTracker>>();
 };
 
 }  // namespace reservoir::detail

@@ -240,7 +240,8 @@ Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, 
   const int pool = small ? 0 : 1;
   counters_.add(kSegment, pool, 1);
   counters_.add(kReservedBytes, pool, static_cast<std::int64_t>(alloc_size));
-  if (alloc_size >= engine_.policy().max_split_size()) counters_.add(kOversizeSegments, pool, 1);
+  seg->oversize = alloc_size >= engine_.policy().max_split_size();
+  if (seg->oversize) counters_.add(kOversizeSegments, pool, 1);
   engine_.count_device_alloc();
   seg->context = context;
   engine_.trace(TraceAction::segment_alloc, seg->base, alloc_size, stream_, context);
@@ -297,7 +298,8 @@ Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool 
   counters_.add(kActive, pool, 1);
   counters_.add(kActiveBytes, pool, bytes);
   counters_.add(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
-  if (out->size >= policy.max_split_size()) counters_.add(kOversizeAllocations, pool, 1);
+  out->oversize = out->size >= policy.max_split_size();
+  if (out->oversize) counters_.add(kOversizeAllocations, pool, 1);
   if (__builtin_expect(engine_.history().active(), 0)) {
     engine_.trace(TraceAction::alloc, out->address, requested, stream_,
                   engine_.history().level() >= ContextLevel::alloc ? context : nullptr);
@@ -321,8 +323,7 @@ bool StreamPool::free(std::uintptr_t address) {
   const int pool = pool_of(b);
   counters_.add(kAllocation, pool, -1);
   counters_.add(kAllocatedBytes, pool, -static_cast<std::int64_t>(b->size));
-  if (b->size >= engine_.policy().max_split_size())
-    counters_.add(kOversizeAllocations, pool, -1);
+  if (b->oversize) counters_.add(kOversizeAllocations, pool, -1);
   if (b->uses.empty())
     free_block(b);
   else
@@ -511,8 +512,7 @@ void StreamPool::release_segment(Segment* seg) {
   const int pool = seg->small ? 0 : 1;
   counters_.add(kSegment, pool, -1);
   counters_.add(kReservedBytes, pool, -static_cast<std::int64_t>(seg->size));
-  if (seg->size >= engine_.policy().max_split_size())
-    counters_.add(kOversizeSegments, pool, -1);
+  if (seg->oversize) counters_.add(kOversizeSegments, pool, -1);
   engine_.unreserve(seg->size);
   engine_.count_device_free();
   engine_.recycle_segment(seg);

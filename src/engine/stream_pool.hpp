@@ -120,7 +120,7 @@ class alignas(64) StreamPool {
   // ---- expandable segments (expandable_pool.cpp) ----
   Block* allocate_expandable(std::size_t size, bool small, const Context& context);
   Block* find_expandable(std::size_t size, bool small);
-  Segment* new_expandable_segment(bool small);
+  Segment* new_expandable_segment(bool small, std::size_t at_least);
   Block* map_block(Block* block, std::size_t bytes, const Context& context);
   bool unmap_block(Block* block);
   void release_expandable_segment(Segment* segment);

@@ -142,8 +142,6 @@ void DeviceEngine::validate(bool quiescent) {
     RESERVOIR_CHECK(totals.reserved == reserved(),
                     "pools reserve " + std::to_string(totals.reserved) +
                         " bytes but the device budget counts " + std::to_string(reserved()));
-    if (fraction_set_.load())
-      RESERVOIR_CHECK(reserved() <= allowed_.load(), "reserved memory exceeds the fraction");
   }
 }
 

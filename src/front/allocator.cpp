@@ -73,7 +73,10 @@ struct Allocator::Impl {
   std::vector<Annotation> annotations;
 
   int resolve(int device) {
-    if (device < 0) {
+    if (device < -1)
+      throw InvalidArgumentError("reservoir: device " + std::to_string(device) +
+                                 " does not exist (use -1 for the current device)");
+    if (device == -1) {
       int current = 0;
       if (backend->current_device(&current) != DeviceStatus::ok)
         throw DeviceError("reservoir: reading the current device failed: " +
@@ -421,9 +424,11 @@ void Allocator::update_config(std::string_view text) {
     next = im.config;
   }
   next.apply(text);  // throws ConfigError, leaving everything unchanged
+  // Only an update that names the key changes a memory fraction set at run time.
+  const bool sets_fraction = Config::parse(text).per_process_memory_fraction_set;
   {
     std::lock_guard<std::mutex> guard(im.engines_mutex);
-    for (auto& e : im.owned_engines) e->update_config(next);
+    for (auto& e : im.owned_engines) e->update_config(next, sets_fraction);
   }
   std::string previous_trace;
   {
@@ -513,6 +518,13 @@ void Allocator::stop_trace_recording() { impl_->stop_recording(); }
 
 Backend& Allocator::backend() { return *impl_->backend; }
 int Allocator::device_count() { return impl_->device_count; }
+
+std::vector<int> Allocator::devices_in_use() {
+  std::vector<int> out;
+  for (int d = 0; d < impl_->device_count; ++d)
+    if (impl_->engines[d].load(std::memory_order_acquire)) out.push_back(d);
+  return out;
+}
 bool Allocator::caching() const { return impl_->caching; }
 
 void Allocator::validate() {

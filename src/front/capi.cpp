@@ -321,6 +321,30 @@ reservoir_status reservoir_stop_trace_recording(void) {
                  [] { Allocator::instance().stop_trace_recording(); });
 }
 
+reservoir_status reservoir_record_history(int enabled, size_t max_entries) {
+  return guarded("reservoir_record_history",
+                 [&] { Allocator::instance().record_history(enabled != 0, max_entries); });
+}
+
+reservoir_status reservoir_dump_snapshot(const char* path) {
+  constexpr const char* kFn = "reservoir_dump_snapshot";
+  return guarded(kFn, [&] {
+    require(path, kFn, "path");
+    Allocator::instance().dump_snapshot(path);
+  });
+}
+
+reservoir_status reservoir_metrics_prometheus(char* buffer, size_t capacity, size_t* needed) {
+  return guarded("reservoir_metrics_prometheus", [&] {
+    copy_out(Allocator::instance().metrics_prometheus(), buffer, capacity, needed);
+  });
+}
+
+reservoir_status reservoir_metrics_json(char* buffer, size_t capacity, size_t* needed) {
+  return guarded("reservoir_metrics_json",
+                 [&] { copy_out(Allocator::instance().metrics_json(), buffer, capacity, needed); });
+}
+
 reservoir_status reservoir_validate(void) {
   return guarded("reservoir_validate", [] { Allocator::instance().validate(); });
 }

@@ -68,7 +68,7 @@ struct DeviceMetrics {
 // creating them, so every device is reported: creating an engine is host-only.
 std::vector<DeviceMetrics> collect(Allocator& a) {
   std::vector<DeviceMetrics> out;
-  for (int d = 0; d < a.device_count(); ++d)
+  for (int d : a.devices_in_use())  // never creates an engine (or a CUDA context)
     out.push_back(DeviceMetrics{d, a.stats(d), a.largest_cached_block(d)});
   return out;
 }

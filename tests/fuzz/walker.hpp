@@ -1,0 +1,173 @@
+// Internals of the random-walk interpreter (random_walk.hpp): the input reader,
+// the program model (live blocks, blocks in flight), the step tables and the
+// Walker. random_walk.cpp runs the steps; walk_checks.cpp holds the checks and
+// the bad-input steps.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "fuzz/random_walk.hpp"
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir::fuzz {
+
+constexpr int kDevices = 2;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kCapacity = 256 * kMiB;
+constexpr std::size_t kOneEiB = std::size_t{1} << 60;
+constexpr std::size_t kMaxSteps = 4096;
+
+// Thrown by a failed check; carries the description run_walk returns.
+struct Finding : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+#define WALK_CHECK(cond, msg)                                                               \
+  do {                                                                                      \
+    if (!(cond))                                                                            \
+      throw Finding(std::string("check failed: ") + #cond + " (" + std::string(msg) + ")"); \
+  } while (0)
+
+// How the allocator's messages print a pointer ("%p").
+inline std::string pointer_text(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+// The input bytes; past the end it reads zeros.
+class Reader {
+ public:
+  Reader(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  bool done() const { return pos_ >= size_; }
+  std::uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
+  std::uint16_t u16() {
+    std::uint16_t lo = u8();
+    return static_cast<std::uint16_t>(lo | (u8() << 8));
+  }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+};
+
+// ---- tables (random_walk.cpp) ----
+
+enum class Expect { ok, bad, either };
+struct ConfigRow {
+  const char* text;
+  Expect expect;
+};
+extern const ConfigRow kConfigs[];
+extern const std::size_t kConfigRows;
+extern const char* const kInitialConfigs[8];
+// The request size of a size class (0 tiny ... 6 never fits, 7 zero) from 16 bits.
+std::size_t size_for(int size_class, std::uint16_t s);
+
+// ---- the model ----
+
+struct Live {
+  std::uintptr_t address;
+  std::size_t requested;
+  std::size_t block;
+  int device;
+  StreamHandle stream;
+  std::uint64_t id;
+  std::vector<StreamHandle> uses;  // other streams recorded with record_stream
+};
+
+// A block freed while other streams used it: its memory must not be handed out
+// until each of those streams has advanced (or the allocator synchronized).
+struct InFlight {
+  std::uintptr_t lo, hi;
+  std::vector<StreamHandle> waiting;
+};
+
+inline std::uint8_t pattern_byte(std::uint64_t id, std::size_t offset) {
+  return static_cast<std::uint8_t>((id * 0x9E37u + offset * 31u + (offset >> 9)) ^ 0xA5u);
+}
+
+// Offsets written and checked: all bytes of small blocks; the first and last 64
+// bytes and 7 chunks in between of larger ones.
+template <class F>
+void for_pattern(std::size_t n, F&& f) {
+  if (n <= 4096) {
+    for (std::size_t o = 0; o < n; ++o) f(o);
+    return;
+  }
+  for (std::size_t o = 0; o < 64; ++o) f(o), f(n - 64 + o);
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::size_t j = 0; j < 8; ++j) f(n / 8 * k + j);
+}
+
+class Walker {
+ public:
+  explicit Walker(Reader& in);
+  // "" or the first finding.
+  std::string run();
+
+ private:
+  using AllStats = std::array<DeviceStats, kDevices>;
+
+  // random_walk.cpp: the steps.
+  void step(std::uint8_t op);
+  void op_alloc();
+  void free_live(std::uint8_t index);
+  void free_live_at(std::size_t i);
+  void op_free_all();
+  bool on_free_memory();
+  void op_record_stream();
+  void op_advance();
+  void op_sync();
+  void op_empty_cache();
+  void op_fraction();
+  void op_config();
+  void op_fault();
+  void op_reset_stats();
+
+  // walk_checks.cpp: checks, queries and bad inputs.
+  void check_disjoint(const Live& l);
+  void check_pattern(const Live& l);
+  void check_books();
+  void note_synchronizations(const AllStats& all);
+  AllStats stats_all();
+  std::vector<std::int64_t> snapshot();
+  std::array<double, kDevices> fractions();
+  void op_query();
+  std::uintptr_t bad_pointer(std::uint8_t kind, std::uint8_t arg, const void* stack);
+  void op_bad_input();
+  bool avoided_config(const std::string& text);
+
+  Reader& in_;
+  std::shared_ptr<SimBackend> sim_;
+  std::unique_ptr<Allocator> alloc_;
+  std::vector<Live> live_;
+  std::map<std::uintptr_t, std::uintptr_t> shadow_;  // live block start -> end
+  std::vector<InFlight> in_flight_;
+  std::vector<std::uintptr_t> freed_ = std::vector<std::uintptr_t>(16, 0x2000);
+  std::size_t freed_next_ = 0;
+  std::unique_ptr<int> heap_object_ = std::make_unique<int>(0);
+  std::uintptr_t heap_probe_ = reinterpret_cast<std::uintptr_t>(heap_object_.get());
+  std::uint64_t next_id_ = 1, ooms_ = 0;
+  std::int64_t syncs_ = 0;
+  int current_device_ = 0;
+  const bool trace_ = std::getenv("RESERVOIR_WALK_TRACE") != nullptr;  // one line per step
+  // Steps that would hit a known finding (docs/reliability.md) are skipped.
+  const bool avoid_known_ = std::getenv("RESERVOIR_WALK_AVOID_KNOWN") != nullptr;
+  bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false;
+  bool callback_on_ = false, capacity_changed_ = false;
+  bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
+};
+
+}  // namespace reservoir::fuzz

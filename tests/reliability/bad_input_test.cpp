@@ -1,0 +1,370 @@
+// The bad-input table (docs/reliability.md), one test per row: each bad input gets
+// a clear error (type or status code, and a message naming the offending value),
+// leaves the allocator consistent (validate()) and changes no statistic.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "reliability/reliability_util.hpp"
+#include "reservoir/allocator.hpp"
+#include "reservoir/reservoir.h"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir {
+namespace {
+
+using testing_util::c_config;
+using testing_util::c_stats;
+using testing_util::pointer_text;
+using testing_util::stats_vector;
+
+// The C API's process-wide allocator reads its configuration on first use: make
+// it the simulated device before any test runs.
+const bool kSimDevice = [] {
+  setenv("RESERVOIR_ALLOC_CONF", "device:sim,sim_capacity:4GiB", 1);
+  return true;
+}();
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+class BadInput : public ::testing::Test {
+ protected:
+  BadInput() : sim_(std::make_shared<SimBackend>()), a_(sim_, Config{}) {}
+  void SetUp() override {
+    live_ = a_.allocate(3 * MiB, 1, 0);  // something for the books to protect
+    before_ = stats_vector(a_);
+  }
+  // The call must throw Error whose message contains every one of named.
+  template <class Error, class Body>
+  void expect_refused(Body&& body, const std::vector<std::string>& named) {
+    try {
+      body();
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      for (const std::string& n : named)
+        EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+            << "message does not name '" << n << "': " << e.what();
+    }
+    a_.validate();
+    EXPECT_EQ(stats_vector(a_), before_) << "a refused call changed the statistics";
+  }
+  std::shared_ptr<SimBackend> sim_;
+  Allocator a_;
+  void* live_ = nullptr;
+  std::vector<std::int64_t> before_;
+};
+
+TEST_F(BadInput, FreeOfForeignPointer) {
+  int on_stack = 0;
+  auto on_heap = std::make_unique<int>(0);
+  for (void* p : {static_cast<void*>(&on_stack), static_cast<void*>(on_heap.get()),
+                  reinterpret_cast<void*>(0x1000), reinterpret_cast<void*>(~std::uintptr_t{0})})
+    expect_refused<InvalidPointerError>([&] { a_.deallocate(p); }, {pointer_text(p)});
+}
+
+TEST_F(BadInput, DoubleFree) {
+  void* p = a_.allocate(MiB, 1, 0);
+  a_.deallocate(p);
+  before_ = stats_vector(a_);
+  expect_refused<InvalidPointerError>([&] { a_.deallocate(p); }, {pointer_text(p), "double free"});
+}
+
+TEST_F(BadInput, DoubleFreeOfABlockWaitingForAnotherStream) {
+  void* p = a_.allocate(MiB, 1, 0);
+  a_.record_stream(p, 2);
+  a_.deallocate(p);
+  before_ = stats_vector(a_);
+  expect_refused<InvalidPointerError>([&] { a_.deallocate(p); }, {pointer_text(p), "double free"});
+}
+
+TEST_F(BadInput, FreeOfAnInteriorPointer) {
+  void* inside = static_cast<char*>(live_) + 4096;
+  expect_refused<InvalidPointerError>([&] { a_.deallocate(inside); },
+                                      {pointer_text(inside), "4096 bytes inside"});
+}
+
+TEST_F(BadInput, RecordStreamOnAFreedBlock) {
+  void* p = a_.allocate(MiB, 1, 0);
+  a_.deallocate(p);
+  before_ = stats_vector(a_);
+  expect_refused<InvalidPointerError>([&] { a_.record_stream(p, 2); }, {pointer_text(p)});
+}
+
+TEST_F(BadInput, SizeZeroReturnsNullAndChangesNothing) {
+  EXPECT_EQ(a_.allocate(0, 1, 0), nullptr);
+  a_.deallocate(nullptr);
+  a_.validate();
+  EXPECT_EQ(stats_vector(a_), before_);
+}
+
+TEST_F(BadInput, SizeOfOneEiBOrMoreFailsBeforeAnyDeviceCall) {
+  const std::uint64_t device_allocs = sim_->counters().allocs;
+  for (std::size_t size : {std::size_t{1} << 60, ~std::size_t{0}, ~std::size_t{0} - 511})
+    expect_refused<OutOfMemoryError>([&] { a_.allocate(size, 1, 0); }, {"EiB"});
+  EXPECT_EQ(sim_->counters().allocs, device_allocs);
+}
+
+TEST_F(BadInput, UnknownDeviceIndex) {
+  for (int d : {1, 7, std::numeric_limits<int>::max()}) {
+    const std::string named = "device " + std::to_string(d);
+    expect_refused<InvalidArgumentError>([&] { a_.allocate(512, 0, d); }, {named});
+    expect_refused<InvalidArgumentError>([&] { a_.stats(d); }, {named});
+    expect_refused<InvalidArgumentError>([&] { a_.set_memory_fraction(0.5, d); }, {named});
+    expect_refused<InvalidArgumentError>([&] { a_.empty_cache(d); }, {named});
+  }
+}
+
+// -1 means the current device; other negative indices are not devices.
+TEST_F(BadInput, NegativeDeviceIndexOtherThanMinusOne) {
+  expect_refused<InvalidArgumentError>([&] { a_.allocate(512, 0, -2); }, {"device -2"});
+}
+
+TEST_F(BadInput, MemoryFractionOutsideZeroToOne) {
+  for (double f : {-0.5, 1.5, std::numeric_limits<double>::infinity(),
+                   std::numeric_limits<double>::quiet_NaN()})
+    expect_refused<InvalidArgumentError>([&] { a_.set_memory_fraction(f, 0); }, {"fraction"});
+  EXPECT_EQ(a_.memory_fraction(0), 1.0);
+}
+
+// Operations after everything was freed and the cache emptied: the allocator is
+// empty but fully usable; stale pointers are refused.
+TEST_F(BadInput, CallsAfterShutdown) {
+  a_.deallocate(live_);
+  a_.empty_cache();
+  EXPECT_EQ(a_.stats(0).reserved_bytes.all().current, 0);
+  EXPECT_EQ(sim_->used(0), 0u);
+  before_ = stats_vector(a_);
+  expect_refused<InvalidPointerError>([&] { a_.deallocate(live_); },
+                                      {pointer_text(live_), "no Reservoir segment"});
+  a_.empty_cache();
+  EXPECT_FALSE(a_.summary(0).empty());
+  void* p = a_.allocate(MiB, 1, 0);
+  EXPECT_NE(p, nullptr);
+  a_.deallocate(p);
+  a_.validate();
+}
+
+// ---- malformed configuration: every key with a bad value ----
+
+struct BadConfig {
+  const char* text;
+  const char* key;    // named in the message
+  const char* value;  // named in the message (nullptr: the row names the entry)
+};
+
+const BadConfig kBadConfigs[] = {
+    {"backend:cudaMallocAsync", "backend", "cudaMallocAsync"},
+    {"backend:other", "backend", "other"},
+    {"max_split_size_mb:20", "max_split_size_mb", "20"},
+    {"max_split_size_mb:abc", "max_split_size_mb", "abc"},
+    {"max_split_size_mb:-64", "max_split_size_mb", "-64"},
+    {"max_split_size_mb:1.5", "max_split_size_mb", "1.5"},
+    {"max_split_size_mb:", "max_split_size_mb", ""},
+    {"max_split_size_mb:99999999999999999999999", "max_split_size_mb", "99999999999999999999999"},
+    {"max_non_split_rounding_mb:x", "max_non_split_rounding_mb", "x"},
+    {"max_non_split_rounding_mb:-1", "max_non_split_rounding_mb", "-1"},
+    {"max_non_split_rounding_mb:1099511627777", "max_non_split_rounding_mb", "1099511627777"},
+    {"roundup_power2_divisions:3", "roundup_power2_divisions", "3"},
+    {"roundup_power2_divisions:[256:1", "roundup_power2_divisions", "[256:1"},
+    {"roundup_power2_divisions:[3:4]", "roundup_power2_divisions", "[3:4]"},
+    {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions", "[256:3]"},
+    {"roundup_power2_divisions:[256]", "roundup_power2_divisions", "[256]"},
+    {"roundup_power2_divisions:", "roundup_power2_divisions", ""},
+    {"garbage_collection_threshold:0", "garbage_collection_threshold", "0"},
+    {"garbage_collection_threshold:1.0", "garbage_collection_threshold", "1.0"},
+    {"garbage_collection_threshold:nan", "garbage_collection_threshold", "nan"},
+    {"garbage_collection_threshold:inf", "garbage_collection_threshold", "inf"},
+    {"garbage_collection_threshold:0.5x", "garbage_collection_threshold", "0.5x"},
+    {"expandable_segments:yes", "expandable_segments", "yes"},
+    {"expandable_segments:2", "expandable_segments", "2"},
+    {"expandable_segments_reserve:0", "expandable_segments_reserve", "0"},
+    {"expandable_segments_reserve:abc", "expandable_segments_reserve", "abc"},
+    {"expandable_segments_reserve:5.5", "expandable_segments_reserve", "5.5"},
+    {"expandable_segments_reserve:12XB", "expandable_segments_reserve", "12XB"},
+    {"release_lock_on_cudamalloc:maybe", "release_lock_on_cudamalloc", "maybe"},
+    {"per_process_memory_fraction:2", "per_process_memory_fraction", "2"},
+    {"per_process_memory_fraction:-0.1", "per_process_memory_fraction", "-0.1"},
+    {"per_process_memory_fraction:nan", "per_process_memory_fraction", "nan"},
+    {"device:gpu", "device", "gpu"},
+    {"device:", "device", ""},
+    {"sim_capacity:0", "sim_capacity", "0"},
+    {"sim_capacity:12XB", "sim_capacity", "12XB"},
+    {"sim_capacity:-5", "sim_capacity", "-5"},
+    {"sim_capacity:99999999999T", "sim_capacity", "99999999999T"},
+    {"no_such_key:1", "no_such_key", nullptr},
+    {"max_split_size_mb", "max_split_size_mb", nullptr},
+    // A bad second entry: the first must not be applied either.
+    {"max_split_size_mb:64,garbage_collection_threshold:2", "garbage_collection_threshold", "2"},
+};
+
+class BadConfigRow : public ::testing::TestWithParam<BadConfig> {};
+
+std::vector<std::string> named(const BadConfig& row) {
+  if (!row.value) return {std::string("'") + row.key};
+  return {std::string("'") + row.key + "'", std::string("'") + row.value + "'"};
+}
+
+TEST_P(BadConfigRow, IsRefusedByUpdateConfig) {
+  Allocator a(std::make_shared<SimBackend>(), Config::parse("roundup_power2_divisions:2"));
+  a.deallocate(a.allocate(MiB, 1, 0));
+  const std::string config = a.config().to_string();
+  const std::vector<std::int64_t> before = stats_vector(a);
+  try {
+    a.update_config(GetParam().text);
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    for (const std::string& n : named(GetParam()))
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+  }
+  EXPECT_EQ(a.config().to_string(), config);
+  EXPECT_EQ(a.config().max_split_size, Config{}.max_split_size);
+  EXPECT_EQ(stats_vector(a), before);
+  a.validate();
+}
+
+TEST_P(BadConfigRow, IsRefusedByTheCApi) {
+  const std::string config = c_config();
+  ASSERT_NE(config, "<error>");
+  EXPECT_EQ(reservoir_update_config(GetParam().text), RESERVOIR_ERROR_CONFIG);
+  for (const std::string& n : named(GetParam()))
+    EXPECT_NE(std::string(reservoir_last_error()).find(n), std::string::npos)
+        << n << " not in: " << reservoir_last_error();
+  EXPECT_EQ(c_config(), config);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
+std::string row_name(const ::testing::TestParamInfo<BadConfig>& row) {
+  return "Row" + std::to_string(row.index) + "_" + row.param.key;
+}
+
+INSTANTIATE_TEST_SUITE_P(Keys, BadConfigRow, ::testing::ValuesIn(kBadConfigs), row_name);
+
+TEST(BadInputC, NullConfigText) {
+  EXPECT_EQ(reservoir_update_config(nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("text"), std::string::npos);
+}
+
+// ---- the C API (process-wide allocator on the simulated device) ----
+
+TEST(BadInputC, NegativeAndOverflowingSizes) {
+  const std::string before = c_stats();
+  struct Row {
+    std::int64_t size;
+    reservoir_status status;
+    std::string named;
+  } rows[] = {{-1, RESERVOIR_ERROR_INVALID_ARGUMENT, "-1"},
+              {INT64_MIN, RESERVOIR_ERROR_INVALID_ARGUMENT, std::to_string(INT64_MIN)},
+              {INT64_MAX, RESERVOIR_ERROR_OUT_OF_MEMORY, std::to_string(INT64_MAX)},
+              {std::int64_t{1} << 60, RESERVOIR_ERROR_OUT_OF_MEMORY, "1152921504606846976"}};
+  for (const Row& row : rows) {
+    void* p = reinterpret_cast<void*>(0x1);
+    EXPECT_EQ(reservoir_allocate(&p, row.size, -1, 0), row.status) << row.size;
+    EXPECT_EQ(p, nullptr);
+    EXPECT_NE(std::string(reservoir_last_error()).find(row.named), std::string::npos)
+        << reservoir_last_error();
+  }
+  EXPECT_EQ(reservoir_allocate(nullptr, 512, -1, 0), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+  EXPECT_EQ(c_stats(), before);
+}
+
+TEST(BadInputC, SizeZeroGivesNull) {
+  void* p = reinterpret_cast<void*>(0x1);
+  EXPECT_EQ(reservoir_allocate(&p, 0, -1, 0), RESERVOIR_OK);
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(reservoir_free(nullptr), RESERVOIR_OK);
+}
+
+TEST(BadInputC, NegativeDeviceIndexOtherThanMinusOne) {
+  void* p = nullptr;
+  EXPECT_EQ(reservoir_allocate(&p, 512, -2, 0), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(p, nullptr);
+  if (p) reservoir_free(p);
+}
+
+TEST(BadInputC, UnknownDeviceIndex) {
+  const std::string before = c_stats();
+  void* p = nullptr;
+  double fraction = 0;
+  EXPECT_EQ(reservoir_allocate(&p, 512, 7, 0), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("device 7"), std::string::npos);
+  EXPECT_EQ(reservoir_get_memory_fraction(7, &fraction), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_set_memory_fraction(0.5, 7), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_reset_peak_stats(7), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+  EXPECT_EQ(c_stats(), before);
+}
+
+TEST(BadInputC, ForeignDoubleAndInteriorFrees) {
+  void* p = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, 3 * MiB, -1, 1), RESERVOIR_OK);
+  const std::string before = c_stats();
+  int on_stack = 0;
+  for (void* bad :
+       {static_cast<void*>(&on_stack), static_cast<void*>(static_cast<char*>(p) + 512)}) {
+    EXPECT_EQ(reservoir_free(bad), RESERVOIR_ERROR_INVALID_POINTER);
+    EXPECT_NE(std::string(reservoir_last_error()).find(pointer_text(bad)), std::string::npos);
+    EXPECT_EQ(reservoir_record_stream(bad, 2), RESERVOIR_ERROR_INVALID_POINTER);
+  }
+  EXPECT_EQ(c_stats(), before);
+  ASSERT_EQ(reservoir_free(p), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_ERROR_INVALID_POINTER);
+  EXPECT_EQ(reservoir_record_stream(nullptr, 2), RESERVOIR_ERROR_INVALID_POINTER);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
+TEST(BadInputC, MemoryFractionOutsideZeroToOne) {
+  for (double f : {-0.5, 1.5, std::nan("")}) {
+    EXPECT_EQ(reservoir_set_memory_fraction(f, -1), RESERVOIR_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(reservoir_last_error()).find("fraction"), std::string::npos);
+  }
+  double fraction = 0;
+  ASSERT_EQ(reservoir_get_memory_fraction(-1, &fraction), RESERVOIR_OK);
+  EXPECT_EQ(fraction, 1.0);
+}
+
+// After reservoir_empty_cache the allocator is empty but usable.
+TEST(BadInputC, CallsAfterEmptyCache) {
+  void* p = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, MiB, -1, 0), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_free(p), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  EXPECT_NE(c_stats().find("reserved_bytes.all.current 0\n"), std::string::npos);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_ERROR_INVALID_POINTER);
+  EXPECT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_allocate(&p, MiB, -1, 0), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
+// The process-wide allocator is never destroyed, so the C API keeps working from
+// static destructors, also after an error message was stored for the thread.
+struct UsesTheCApiOnExit {
+  ~UsesTheCApiOnExit() {
+    void* p = nullptr;
+    if (reservoir_allocate(&p, 4096, -1, 0) != RESERVOIR_OK || reservoir_free(p) != RESERVOIR_OK ||
+        reservoir_validate() != RESERVOIR_OK)
+      std::_Exit(3);
+    std::_Exit(0);
+  }
+};
+
+TEST(BadInputCDeathTest, CallsFromStaticDestructorsWork) {
+  EXPECT_EXIT(
+      {
+        static UsesTheCApiOnExit guard;
+        int on_stack = 0;
+        (void)reservoir_free(&on_stack);  // leaves a long last-error message
+        std::exit(1);                     // the destructor exits 0 if all went well
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace reservoir

@@ -1,0 +1,285 @@
+// Fault sweep: a fixed workload runs once to count its raw device allocations R;
+// then, for every N in 1..R, a fresh allocator whose Nth raw allocation fails runs
+// it again. The allocator must stay consistent after every operation, raise
+// OutOfMemoryError only when the device really refused memory, and complete the
+// workload once the fault is cleared. Non-memory device errors must surface as
+// DeviceError naming the failed call, with the books still consistent.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+struct Op {
+  enum Kind { alloc, free, record, advance, empty_cache } kind;
+  std::size_t size = 0;     // alloc
+  StreamHandle stream = 0;  // alloc, record, advance
+  std::size_t slot = 0;     // alloc, free, record
+};
+
+// A few hundred deterministic operations on streams 1-3: small, medium and large
+// sizes, frees, record_stream across streams, stream progress and empty_cache.
+std::vector<Op> make_workload() {
+  std::mt19937_64 rng(7);
+  std::vector<Op> ops;
+  constexpr std::size_t kSlots = 16;
+  for (int i = 0; i < 400; ++i) {
+    const unsigned r = rng() % 100;
+    const std::size_t slot = rng() % kSlots;
+    const StreamHandle stream = 1 + rng() % 3;
+    if (i % 97 == 96) {
+      ops.push_back({Op::empty_cache});
+    } else if (r < 45) {
+      static constexpr std::size_t kMax[] = {MiB, 10 * MiB, 48 * MiB};
+      const std::size_t max = kMax[rng() % 3];
+      ops.push_back({Op::alloc, 1 + rng() % max, stream, slot});
+    } else if (r < 80) {
+      ops.push_back({Op::free, 0, 0, slot});
+    } else if (r < 92) {
+      ops.push_back({Op::record, 0, stream, slot});
+    } else {
+      ops.push_back({Op::advance, 0, stream});
+    }
+  }
+  return ops;
+}
+
+struct Outcome {
+  int ooms = 0;
+  bool refused_on_every_oom = true;  // the device answered out_of_memory each time
+};
+
+struct Rig {
+  explicit Rig(const std::string& config = "") {
+    SimOptions o;
+    o.capacity = std::size_t{2} << 30;  // ample: only injected failures refuse memory
+    sim = std::make_shared<SimBackend>(o);
+    a = std::make_unique<Allocator>(sim, Config::parse(config));
+  }
+  std::shared_ptr<SimBackend> sim;
+  std::unique_ptr<Allocator> a;
+};
+
+// Runs ops, validating after each; returns the OOMs seen. Frees everything at the end.
+Outcome run(Rig& rig, const std::vector<Op>& ops) {
+  Outcome out;
+  std::vector<void*> slots(16, nullptr);
+  std::vector<StreamHandle> owner(16, 0);
+  for (const Op& op : ops) {
+    switch (op.kind) {
+      case Op::alloc: {
+        if (slots[op.slot]) rig.a->deallocate(slots[op.slot]);
+        slots[op.slot] = nullptr;
+        const std::uint64_t refused = rig.sim->counters().failed_allocs;
+        try {
+          slots[op.slot] = rig.a->allocate(op.size, op.stream, 0);
+          owner[op.slot] = op.stream;
+        } catch (const OutOfMemoryError&) {
+          ++out.ooms;
+          out.refused_on_every_oom &= rig.sim->counters().failed_allocs > refused;
+        }
+        break;
+      }
+      case Op::free:
+        rig.a->deallocate(slots[op.slot]);  // nullptr is a no-op
+        slots[op.slot] = nullptr;
+        break;
+      case Op::record:
+        if (slots[op.slot] && owner[op.slot] != op.stream)
+          rig.a->record_stream(slots[op.slot], op.stream);
+        break;
+      case Op::advance:
+        rig.sim->advance(op.stream);
+        break;
+      case Op::empty_cache:
+        rig.a->empty_cache();
+        break;
+    }
+    rig.a->validate();
+  }
+  for (void* p : slots) rig.a->deallocate(p);
+  rig.sim->advance_all();
+  rig.a->empty_cache();
+  rig.a->validate();
+  return out;
+}
+
+void expect_empty(Rig& rig) {
+  const DeviceStats s = rig.a->stats(0);
+  EXPECT_EQ(s.allocated_bytes.all().current, 0);
+  EXPECT_EQ(s.active_bytes.all().current, 0);
+  EXPECT_EQ(s.reserved_bytes.all().current, 0);
+  EXPECT_EQ(rig.sim->used(0), 0u);
+}
+
+class FaultSweep : public ::testing::TestWithParam<const char*> {};
+
+// A single failed device allocation is absorbed by the ladder's retry (after it
+// released the cache): no OutOfMemoryError, and the books stay consistent.
+TEST_P(FaultSweep, EverySingleAllocationFailureIsAbsorbed) {
+  const std::vector<Op> ops = make_workload();
+  Rig clean(GetParam());
+  ASSERT_EQ(run(clean, ops).ooms, 0);
+  const std::uint64_t raw = clean.sim->counters().allocs;
+  ASSERT_GT(raw, 20u) << "the workload should exercise the device";
+  std::printf("[          ] the workload makes %llu raw device allocations\n",
+              static_cast<unsigned long long>(raw));
+  for (std::uint64_t n = 1; n <= raw; ++n) {
+    SCOPED_TRACE("raw allocation " + std::to_string(n) + " of " + std::to_string(raw));
+    Rig rig(GetParam());
+    rig.sim->fail_allocation_number(n);
+    const Outcome out = run(rig, ops);
+    EXPECT_EQ(out.ooms, 0);
+    EXPECT_EQ(rig.sim->counters().failed_allocs, 1u);
+    expect_empty(rig);
+    rig.sim->clear_faults();
+    EXPECT_EQ(run(rig, ops).ooms, 0);  // recovers: the workload completes
+    expect_empty(rig);
+  }
+}
+
+// Two failures in a row defeat the retry: an OutOfMemoryError may be raised, but
+// only for a request the device refused, and the workload completes afterwards.
+TEST_P(FaultSweep, TwoFailuresInARowRaiseOnlyWhenTheDeviceRefused) {
+  const std::vector<Op> ops = make_workload();
+  Rig clean(GetParam());
+  run(clean, ops);
+  const std::uint64_t raw = clean.sim->counters().allocs;
+  int total_ooms = 0;
+  for (std::uint64_t n = 1; n <= raw; ++n) {
+    SCOPED_TRACE("raw allocations " + std::to_string(n) + " and " + std::to_string(n + 1));
+    Rig rig(GetParam());
+    rig.sim->fail_allocation_number(n);
+    rig.sim->fail_allocation_number(n + 1);
+    const Outcome out = run(rig, ops);
+    EXPECT_LE(out.ooms, 1);
+    EXPECT_TRUE(out.refused_on_every_oom);
+    EXPECT_EQ(rig.a->stats(0).num_ooms, out.ooms);
+    total_ooms += out.ooms;
+    expect_empty(rig);
+    rig.sim->clear_faults();
+    EXPECT_EQ(run(rig, ops).ooms, 0);
+    expect_empty(rig);
+  }
+  EXPECT_GT(total_ooms, 0) << "some double failure should reach the caller";
+}
+
+std::string config_name(const ::testing::TestParamInfo<const char*>& info) {
+  static const char* const kNames[] = {"Default", "MaxSplit32", "Roundup4"};
+  return kNames[info.index];
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, FaultSweep,
+                         ::testing::Values("", "max_split_size_mb:32",
+                                           "roundup_power2_divisions:4"),
+                         config_name);
+
+// ---- non-memory device errors ----
+
+template <class Body>
+void expect_device_error(Rig& rig, const char* op_name, Body&& body) {
+  try {
+    body();
+    ADD_FAILURE() << "no DeviceError for a failing " << op_name;
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find(op_name), std::string::npos) << e.what();
+  }
+  rig.a->validate();
+}
+
+TEST(DeviceErrors, AllocateNamesTheCall) {
+  Rig rig;
+  rig.sim->fail_operation(SimOp::allocate, DeviceStatus::error);
+  expect_device_error(rig, "allocate", [&] { rig.a->allocate(MiB, 1, 0); });
+  EXPECT_EQ(rig.a->stats(0).reserved_bytes.all().current, 0);
+  rig.sim->clear_faults();
+  rig.a->deallocate(rig.a->allocate(MiB, 1, 0));
+  rig.a->validate();
+}
+
+TEST(DeviceErrors, QueryEventNamesTheCallAndKeepsThePendingBlock) {
+  Rig rig;
+  void* p = rig.a->allocate(4 * MiB, 1, 0);
+  rig.a->record_stream(p, 2);
+  rig.a->deallocate(p);  // pending on stream 2
+  rig.sim->fail_operation(SimOp::query_event, DeviceStatus::error);
+  expect_device_error(rig, "query_event", [&] { rig.a->allocate(MiB, 1, 0); });
+  EXPECT_EQ(rig.a->stats(0).active_bytes.all().current, 4 * static_cast<std::int64_t>(MiB));
+  rig.sim->clear_faults();
+  rig.sim->advance(2);
+  void* q = rig.a->allocate(4 * MiB, 1, 0);
+  EXPECT_EQ(q, p);  // the block came back once its stream finished
+  rig.a->deallocate(q);
+  rig.a->validate();
+}
+
+TEST(DeviceErrors, SynchronizeEventNamesTheCall) {
+  Rig rig;
+  void* p = rig.a->allocate(4 * MiB, 1, 0);
+  rig.a->record_stream(p, 2);
+  rig.a->deallocate(p);
+  rig.sim->fail_operation(SimOp::synchronize_event, DeviceStatus::error);
+  expect_device_error(rig, "synchronize_event", [&] { rig.a->empty_cache(); });
+  rig.sim->clear_faults();
+  rig.a->empty_cache();
+  expect_empty(rig);
+}
+
+TEST(DeviceErrors, DeallocateNamesTheCallAndKeepsTheSegment) {
+  Rig rig;
+  rig.a->deallocate(rig.a->allocate(30 * MiB, 1, 0));
+  const std::int64_t reserved = rig.a->stats(0).reserved_bytes.all().current;
+  rig.sim->fail_operation(SimOp::deallocate, DeviceStatus::error);
+  expect_device_error(rig, "deallocate", [&] { rig.a->empty_cache(); });
+  EXPECT_EQ(rig.a->stats(0).reserved_bytes.all().current, reserved);
+  EXPECT_EQ(rig.sim->used(0), static_cast<std::size_t>(reserved));
+  rig.sim->clear_faults();
+  rig.a->empty_cache();
+  expect_empty(rig);
+}
+
+// A failing deallocate met on the ladder (releasing cache for a new segment).
+TEST(DeviceErrors, DeallocateFailureOnTheLadderSurfaces) {
+  Rig rig;
+  rig.sim->set_capacity(0, 64 * MiB);
+  rig.a->deallocate(rig.a->allocate(40 * MiB, 2, 0));  // cached on stream 2
+  rig.sim->fail_operation(SimOp::deallocate, DeviceStatus::error);
+  expect_device_error(rig, "deallocate", [&] { rig.a->allocate(40 * MiB, 1, 0); });
+  rig.sim->clear_faults();
+  rig.a->deallocate(rig.a->allocate(40 * MiB, 1, 0));
+  rig.a->empty_cache();
+  expect_empty(rig);
+}
+
+// record_event and create_event failures are recovered from, by design: the free
+// waits for the using stream instead (stream_pool.cpp defer_free), so the caller
+// sees no error and the block is reusable at once.
+TEST(DeviceErrors, EventFailuresOnFreeFallBackToStreamSynchronization) {
+  for (SimOp op : {SimOp::record_event, SimOp::create_event}) {
+    Rig rig;
+    void* p = rig.a->allocate(4 * MiB, 1, 0);
+    rig.a->record_stream(p, 2);
+    rig.sim->fail_operation(op, DeviceStatus::error);
+    const std::uint64_t syncs = rig.sim->counters().stream_syncs;
+    EXPECT_NO_THROW(rig.a->deallocate(p));
+    EXPECT_EQ(rig.sim->counters().stream_syncs, syncs + 1);
+    EXPECT_EQ(rig.a->stats(0).active_bytes.all().current, 0);
+    rig.a->validate();
+    rig.sim->clear_faults();
+    rig.a->empty_cache();
+    expect_empty(rig);
+  }
+}
+
+}  // namespace
+}  // namespace reservoir
