@@ -36,6 +36,7 @@ void StatLedger::attach(ShardCounters* shard) {
 void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
   trigger->over = false;
+  trigger->last_trigger = ++epoch_;
   rebalance_locked();
 }
 
@@ -47,9 +48,13 @@ void StatLedger::rebalance_locked() {
     for (int q = 0; q < 3; ++q) {
       std::int64_t sum = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        cur[i] = current_of(shards_[i], k, q);
+        ShardCounters* sh = shards_[i];
+        cur[i] = current_of(sh, k, q);
         sum += cur[i];
-        shards_[i]->high[k][q] = std::max(shards_[i]->high[k][q], cur[i]);
+        if (epoch_ - sh->last_trigger > kClaimLifetime)
+          sh->high[k][q] = cur[i];  // idle: its old high-water mark claims nothing
+        else
+          sh->high[k][q] = std::max(sh->high[k][q], cur[i]);
       }
       std::int64_t& peak = peak_[k][q];
       peak = std::max(peak, sum);

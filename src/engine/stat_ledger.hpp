@@ -51,8 +51,11 @@ struct alignas(64) ShardCounters {
   std::atomic<std::int64_t> base[kStatKinds][2];
   // [kind][0 = all, 1 = small, 2 = large]; written by the ledger, read by the shard.
   std::atomic<std::int64_t> limit[kStatKinds][3];
-  // Own high-water marks, as last observed by the ledger.
+  // Own high-water marks, as last observed by the ledger: the budget a shard claims.
   std::int64_t high[kStatKinds][3];
+  // Ledger epoch of this shard's last rebalance. A shard idle for a while gives up
+  // its claims, so old streams do not hold budget that active ones need.
+  std::uint64_t last_trigger = 0;
   // Set when a counter passed its limit during the current operation.
   bool over = false;
 
@@ -95,6 +98,9 @@ class StatLedger {
   std::mutex mutex_;
   std::vector<ShardCounters*> shards_;
   std::int64_t peak_[kStatKinds][3] = {};
+  std::uint64_t epoch_ = 0;  // rebalances so far
+  // Rebalances after which a shard that triggered none gives up its claims.
+  static constexpr std::uint64_t kClaimLifetime = 64;
 };
 
 }  // namespace reservoir::detail
