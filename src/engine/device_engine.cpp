@@ -4,7 +4,7 @@
 #include "engine/device_engine.hpp"
 
 #include <algorithm>
-#include <sstream>
+#include <cstdio>
 
 #include "engine/block.hpp"
 #include "engine/segment_map.hpp"
@@ -14,8 +14,8 @@
 
 namespace reservoir::detail {
 
-DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config,
-                           SegmentMap& segments, EngineHooks& hooks)
+DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, SegmentMap& segments,
+                           EngineHooks& hooks)
     : backend_(backend),
       device_(device),
       segments_(segments),
@@ -25,10 +25,13 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config,
       events_(backend, device) {
   tables_.push_back(std::make_unique<StreamTable>(64));
   table_.store(tables_.back().get(), std::memory_order_release);
-  if (config.per_process_memory_fraction_set) set_memory_fraction(config.per_process_memory_fraction);
+  if (config.per_process_memory_fraction_set)
+    set_memory_fraction(config.per_process_memory_fraction);
 }
 
-DeviceEngine::~DeviceEngine() { pools_.clear(); }
+DeviceEngine::~DeviceEngine() {
+  pools_.clear();
+}
 
 StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
   std::lock_guard<std::mutex> guard(create_mutex_);
@@ -177,9 +180,9 @@ bool DeviceEngine::run_free_memory_callbacks() {
 
 void DeviceEngine::garbage_collect() {
   std::lock_guard<std::mutex> guard(ladder_mutex_);
-  const auto threshold = static_cast<std::size_t>(
-      config_.garbage_collection_threshold *
-      static_cast<double>(allowed_.load(std::memory_order_relaxed)));
+  const auto threshold =
+      static_cast<std::size_t>(config_.garbage_collection_threshold *
+                               static_cast<double>(allowed_.load(std::memory_order_relaxed)));
   const std::size_t reserved_now = reserved();
   if (reserved_now <= threshold) return;
   const std::size_t target = reserved_now - threshold;
@@ -203,7 +206,9 @@ void DeviceEngine::release_cached_everywhere() {
   for (StreamPool* p : pools) p->release_cached();
 }
 
-void DeviceEngine::empty_cache() { release_cached_everywhere(); }
+void DeviceEngine::empty_cache() {
+  release_cached_everywhere();
+}
 
 void DeviceEngine::raise_out_of_memory(StreamPool& pool, std::size_t requested,
                                        std::size_t alloc_size) {
@@ -221,27 +226,31 @@ void DeviceEngine::raise_out_of_memory(StreamPool& pool, std::size_t requested,
   const auto allocated = static_cast<std::uint64_t>(s.allocated_bytes.all().current);
   const auto reserved_bytes = static_cast<std::uint64_t>(s.reserved_bytes.all().current);
 
-  std::ostringstream m;
-  m << "Reservoir: out of memory on device " << device_ << " (" << backend_.name()
-    << "): tried to allocate " << format_size(alloc_size) << " for a request of "
-    << format_size(requested) << " on stream " << format_pointer(reinterpret_cast<void*>(pool.stream()))
-    << ". ";
+  // Plain strings, not iostreams: the process may have changed the C++ locale.
+  std::string m = "Reservoir: out of memory on device " + std::to_string(device_) + " (" +
+                  backend_.name() + "): tried to allocate " + format_size(alloc_size) +
+                  " for a request of " + format_size(requested) + " on stream " +
+                  format_pointer(reinterpret_cast<void*>(pool.stream())) + ". ";
   if (have_info)
-    m << "The device has " << format_size(info.total) << " in total, " << format_size(info.free)
-      << " free. ";
-  if (fraction)
-    m << "The memory fraction allows this process " << format_size(allowed) << " ("
-      << memory_fraction() << " of the device). ";
-  m << "Reservoir holds " << format_size(reserved_bytes) << ": " << format_size(allocated)
-    << " allocated and " << format_size(reserved_bytes - std::min(reserved_bytes, allocated))
-    << " reserved but unallocated (largest free block on this stream: small pool "
-    << format_size(largest_small) << ", large pool " << format_size(largest_large) << "; "
-    << format_size(other_streams) << " cached on other streams). What to try: free tensors "
-    << "or buffers you no longer need; if reserved-but-unallocated memory is large, set "
+    m += "The device has " + format_size(info.total) + " in total, " + format_size(info.free) +
+         " free. ";
+  if (fraction) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.4g", memory_fraction());
+    m += "The memory fraction allows this process " + format_size(allowed) + " (" + share +
+         " of the device). ";
+  }
+  m += "Reservoir holds " + format_size(reserved_bytes) + ": " + format_size(allocated) +
+       " allocated and " + format_size(reserved_bytes - std::min(reserved_bytes, allocated)) +
+       " reserved but unallocated (largest free block on this stream: small pool " +
+       format_size(largest_small) + ", large pool " + format_size(largest_large) + "; " +
+       format_size(other_streams) +
+       " cached on other streams). What to try: free tensors or buffers you no longer need; if "
+       "reserved-but-unallocated memory is large, set "
        "RESERVOIR_ALLOC_CONF=expandable_segments:True (or max_split_size_mb:N) to reduce "
        "fragmentation";
-  if (fraction) m << "; raise the memory fraction";
-  m << "; replay a trace of this workload with reservoir-replay --fit to see how much memory "
+  if (fraction) m += "; raise the memory fraction";
+  m += "; replay a trace of this workload with reservoir-replay --fit to see how much memory "
        "it needs.";
 
   trace(TraceAction::oom, info.free, alloc_size, pool.stream(), nullptr);
@@ -250,9 +259,8 @@ void DeviceEngine::raise_out_of_memory(StreamPool& pool, std::size_t requested,
     std::lock_guard<std::mutex> guard(hooks_.mutex);
     observers = hooks_.oom_observers;
   }
-  for (auto& obs : observers)
-    obs(device_, alloc_size, fraction ? allowed : info.total, info.free);
-  throw OutOfMemoryError(m.str());
+  for (auto& obs : observers) obs(device_, alloc_size, fraction ? allowed : info.total, info.free);
+  throw OutOfMemoryError(m);
 }
 
 // ---------------------------------------------------------------- queries
@@ -282,7 +290,9 @@ DeviceStats DeviceEngine::stats() {
   return s;
 }
 
-void DeviceEngine::reset_peak_stats() { ledger_.reset_peaks(); }
+void DeviceEngine::reset_peak_stats() {
+  ledger_.reset_peaks();
+}
 
 void DeviceEngine::reset_accumulated_stats() {
   for (StreamPool* p : pools_snapshot()) p->reset_accumulated();

@@ -48,6 +48,11 @@ Block* StreamPool::find_expandable(std::size_t size, bool small) {
     for (Block* b = start; room < size && allocatable(b); b = b->next) room += b->size;
     if (room >= size) return start;
   }
+  // More than the device has can never be mapped: out of memory, not a device error.
+  MemoryInfo info;
+  if (engine_.backend().memory_info(engine_.device(), &info) == DeviceStatus::ok &&
+      size > info.total)
+    return nullptr;
   Segment* seg = new_expandable_segment(small, size);
   return seg ? seg->head : nullptr;
 }
@@ -59,9 +64,9 @@ Segment* StreamPool::new_expandable_segment(bool small, std::size_t at_least) {
       granularity > 0 && page % granularity != 0)
     page = (page + granularity - 1) / granularity * granularity;
   // A request larger than the configured reservation gets a segment of its own size.
-  auto* vm = new ExpandableSegment(engine_.backend(), engine_.device(), page,
-                                   std::max(engine_.expandable_reserve(), at_least),
-                                   engine_.peers());
+  auto* vm =
+      new ExpandableSegment(engine_.backend(), engine_.device(), page,
+                            std::max(engine_.expandable_reserve(), at_least), engine_.peers());
   Segment* seg = engine_.new_segment();
   seg->base = vm->base();
   seg->size = vm->size();

@@ -71,7 +71,17 @@ std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
                         std::to_string(device_) + " failed: " + why);
     }
   }
-  set_access(first, created);
+  try {
+    set_access(first, created);
+  } catch (...) {
+    // Nothing stays mapped from a failed call.
+    for (std::size_t i = first; i < created; ++i) {
+      (void)backend_.unmap(device_, reinterpret_cast<void*>(base_ + i * page_), page_);
+      (void)backend_.release_physical(device_, *pages_[i]);
+      pages_[i].reset();
+    }
+    throw;
+  }
   mapped_pages_ += created - first;
   return (created - first) * page_;
 }
@@ -83,8 +93,8 @@ void ExpandableSegment::set_access(std::size_t first_page, std::size_t end_page)
   if (backend_.set_access(device_, reinterpret_cast<void*>(base_ + first_page * page_),
                           (end_page - first_page) * page_, devices.data(),
                           static_cast<int>(devices.size())) != DeviceStatus::ok)
-    device_error(backend_, "granting access to an expandable segment on device " +
-                               std::to_string(device_));
+    device_error(backend_,
+                 "granting access to an expandable segment on device " + std::to_string(device_));
 }
 
 std::pair<std::uintptr_t, std::size_t> ExpandableSegment::inner_pages(std::uintptr_t address,

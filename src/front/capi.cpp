@@ -4,10 +4,10 @@
 // boundary; each is mapped to a status code and its message kept per thread for
 // reservoir_last_error().
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
-#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -106,15 +106,25 @@ constexpr ArrayEntry kArrays[] = {
 };
 constexpr const char* kPoolNames[reservoir::kPoolKinds] = {"all", "small_pool", "large_pool"};
 
-void write_stat(std::ostringstream& out, const std::string& prefix, const reservoir::Stat& s) {
-  out << prefix << ".current " << s.current << '\n';
-  out << prefix << ".peak " << s.peak << '\n';
-  out << prefix << ".allocated " << s.allocated << '\n';
-  out << prefix << ".freed " << s.freed << '\n';
+// Plain string building, not iostreams: a process can change the global C++ locale
+// (importing PyTorch does), and number formatting through a stream of this library
+// must not depend on it.
+void write_value(std::string& out, const std::string& key, std::int64_t value) {
+  out += key;
+  out += ' ';
+  out += std::to_string(value);
+  out += '\n';
+}
+
+void write_stat(std::string& out, const std::string& prefix, const reservoir::Stat& s) {
+  write_value(out, prefix + ".current", s.current);
+  write_value(out, prefix + ".peak", s.peak);
+  write_value(out, prefix + ".allocated", s.allocated);
+  write_value(out, prefix + ".freed", s.freed);
 }
 
 std::string stats_text(const reservoir::DeviceStats& stats) {
-  std::ostringstream out;
+  std::string out;
   for (const ArrayEntry& entry : kArrays) {
     const reservoir::StatArray& array = stats.*(entry.member);
     for (int pool = 0; pool < reservoir::kPoolKinds; ++pool) {
@@ -123,19 +133,19 @@ std::string stats_text(const reservoir::DeviceStats& stats) {
   }
   write_stat(out, "oversize_allocations", stats.oversize_allocations);
   write_stat(out, "oversize_segments", stats.oversize_segments);
-  out << "num_alloc_retries " << stats.num_alloc_retries << '\n';
-  out << "num_ooms " << stats.num_ooms << '\n';
-  out << "num_sync_all_streams " << stats.num_sync_all_streams << '\n';
-  out << "num_device_alloc " << stats.num_device_alloc << '\n';
-  out << "num_device_free " << stats.num_device_free << '\n';
-  out << "max_split_size " << stats.max_split_size << '\n';
-  return out.str();
+  write_value(out, "num_alloc_retries", stats.num_alloc_retries);
+  write_value(out, "num_ooms", stats.num_ooms);
+  write_value(out, "num_sync_all_streams", stats.num_sync_all_streams);
+  write_value(out, "num_device_alloc", stats.num_device_alloc);
+  write_value(out, "num_device_free", stats.num_device_free);
+  write_value(out, "max_split_size", stats.max_split_size);
+  return out;
 }
 
 std::string pointer_text(const void* ptr) {
-  std::ostringstream out;
-  out << ptr;
-  return out.str();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", ptr);
+  return buf;
 }
 
 }  // namespace
@@ -207,9 +217,9 @@ reservoir_status reservoir_set_memory_fraction(double fraction, int device) {
   return guarded(kFn, [&] {
     // Checked here too so that NaN (which fails every comparison) is named clearly.
     if (!(fraction >= 0.0 && fraction <= 1.0)) {
-      std::ostringstream msg;
-      msg << kFn << ": fraction " << fraction << " is outside [0, 1]";
-      throw reservoir::InvalidArgumentError(msg.str());
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "%s: fraction %g is outside [0, 1]", kFn, fraction);
+      throw reservoir::InvalidArgumentError(buf);
     }
     Allocator::instance().set_memory_fraction(fraction, device);
   });

@@ -198,6 +198,7 @@ void Walker::op_alloc() {
   const int device = current ? current_device_ : (a >> 5) & 1;
   const std::uint64_t refused = sim_->counters().failed_allocs;
   const std::uint64_t ooms = ooms_;
+  if (avoided_alloc(size)) return;
   void* p = nullptr;
   if (trace_)
     std::fprintf(stderr, "  allocate(%zu, stream %lu, device %d)\n", size,
@@ -209,7 +210,10 @@ void Walker::op_alloc() {
       WALK_CHECK(ooms_ == ooms, "a >= 1 EiB request walked the ladder");
       return;
     }
-    WALK_CHECK(sim_->counters().failed_allocs > refused || fraction_set_,
+    // Expandable segments refuse, without asking, a request larger than the device.
+    WALK_CHECK(sim_->counters().failed_allocs > refused || fraction_set_ ||
+                   (alloc_->config().expandable_segments &&
+                    size > sim_->capacity(device < 0 ? current_device_ : device)),
                std::string("OutOfMemoryError without a refusal by the device: ") + e.what());
     WALK_CHECK(ooms_ == ooms + 1, "the OOM observer was not told exactly once");
     return;
@@ -348,7 +352,6 @@ void Walker::op_fraction() {
 
 void Walker::op_config() {
   const ConfigRow& row = kConfigs[in_.u8() % kConfigRows];
-  if (avoided_config(row.text)) return;
   const std::string before = alloc_->config().to_string();
   const std::array<double, kDevices> fractions_before = fractions();
   const std::vector<std::int64_t> stats = snapshot();
@@ -385,6 +388,8 @@ void Walker::op_fault() {
                                         SimOp::set_access,
                                         SimOp::reserve_address_range};
   constexpr std::size_t kErrorOpCount = sizeof(kErrorOps) / sizeof(kErrorOps[0]);
+  const SimOp op = kErrorOps[arg % kErrorOpCount];
+  if (kind % 5 >= 3 && avoided_fault(op)) return;
   fault_active_ = true;
   switch (kind % 5) {
     case 0:
@@ -397,12 +402,11 @@ void Walker::op_fault() {
       sim_->fail_operation(SimOp::allocate, DeviceStatus::out_of_memory);
       return;
     case 3:
-      sim_->fail_operation(kErrorOps[arg % kErrorOpCount], DeviceStatus::error);
+      sim_->fail_operation(op, DeviceStatus::error);
       device_error_ok_ = true;
       return;
     default:
-      sim_->fail_operation_number(kErrorOps[arg % kErrorOpCount], 1 + (arg >> 4) % 3,
-                                  DeviceStatus::error);
+      sim_->fail_operation_number(op, 1 + (arg >> 4) % 3, DeviceStatus::error);
       device_error_ok_ = true;
       return;
   }

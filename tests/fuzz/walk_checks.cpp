@@ -32,22 +32,15 @@ void Walker::check_pattern(const Live& l) {
 }
 
 // Known findings (docs/reliability.md, tests/corpus/crash-*.bin), skipped while
-// fuzzing for new ones when RESERVOIR_WALK_AVOID_KNOWN is set:
-//  - update_config re-applies per_process_memory_fraction, overriding an explicit
-//    set_memory_fraction (and recomputing it against a changed device total);
-//  - a new max_split_size while blocks exist drives the oversize statistics negative;
-//  - with expandable_segments_reserve below a request, allocate dereferences null.
-bool Walker::avoided_config(const std::string& text) {
-  if (!avoid_known_) return false;
-  if (text.find("expandable_segments_reserve") != std::string::npos) return true;
-  if ((text.find("per_process_memory_fraction") != std::string::npos ||
-       alloc_->config().per_process_memory_fraction_set) &&
-      (explicit_fraction_ || capacity_changed_))
-    return true;
-  bool any_reserved = false;
-  for (int d = 0; d < kDevices; ++d)
-    any_reserved |= alloc_->stats(d).reserved_bytes.all().current > 0;
-  return any_reserved && text.find("max_split_size_mb:") != std::string::npos;
+// fuzzing for new ones when RESERVOIR_WALK_AVOID_KNOWN is set. Open now:
+//  - with expandable segments, a request larger than the device reserves that much
+//    address space, and its failure raises DeviceError instead of OutOfMemoryError;
+//  - a failing set_access leaves an expandable segment's new pages mapped, uncounted.
+bool Walker::avoided_alloc(std::size_t size) {
+  return avoid_known_ && alloc_->config().expandable_segments && size > kCapacity && size < kOneEiB;
+}
+bool Walker::avoided_fault(SimOp op) {
+  return avoid_known_ && op == SimOp::set_access;
 }
 
 std::array<double, kDevices> Walker::fractions() {

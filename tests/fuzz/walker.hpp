@@ -147,7 +147,8 @@ class Walker {
   void op_query();
   std::uintptr_t bad_pointer(std::uint8_t kind, std::uint8_t arg, const void* stack);
   void op_bad_input();
-  bool avoided_config(const std::string& text);
+  bool avoided_alloc(std::size_t size);
+  bool avoided_fault(SimOp op);
 
   Reader& in_;
   std::shared_ptr<SimBackend> sim_;

@@ -122,7 +122,11 @@ TEST_F(BadInput, UnknownDeviceIndex) {
 
 // -1 means the current device; other negative indices are not devices.
 TEST_F(BadInput, NegativeDeviceIndexOtherThanMinusOne) {
-  expect_refused<InvalidArgumentError>([&] { a_.allocate(512, 0, -2); }, {"device -2"});
+  for (int d : {-2, std::numeric_limits<int>::min()}) {
+    const std::string named = "device " + std::to_string(d);
+    expect_refused<InvalidArgumentError>([&] { a_.allocate(512, 0, d); }, {named});
+    expect_refused<InvalidArgumentError>([&] { a_.stats(d); }, {named});
+  }
 }
 
 TEST_F(BadInput, MemoryFractionOutsideZeroToOne) {
@@ -282,10 +286,15 @@ TEST(BadInputC, SizeZeroGivesNull) {
 }
 
 TEST(BadInputC, NegativeDeviceIndexOtherThanMinusOne) {
-  void* p = nullptr;
-  EXPECT_EQ(reservoir_allocate(&p, 512, -2, 0), RESERVOIR_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(p, nullptr);
-  if (p) reservoir_free(p);
+  for (int d : {-2, std::numeric_limits<int>::min()}) {
+    void* p = nullptr;
+    EXPECT_EQ(reservoir_allocate(&p, 512, d, 0), RESERVOIR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(p, nullptr);
+    EXPECT_NE(std::string(reservoir_last_error()).find("device " + std::to_string(d)),
+              std::string::npos)
+        << reservoir_last_error();
+    if (p) reservoir_free(p);
+  }
 }
 
 TEST(BadInputC, UnknownDeviceIndex) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <latch>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -65,18 +66,22 @@ class Exchange {
   std::vector<Block> blocks_;
 };
 
-TEST(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
+class ThreadStress : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
   SimOptions o;
   o.capacity = std::size_t{4} << 30;
   o.host_backed = true;
   auto sim = std::make_shared<SimBackend>(o);
-  Allocator a(sim, Config{});
+  Allocator a(sim, Config::parse(GetParam()));
   Exchange exchange;
   std::atomic<int> corrupted{0}, errors{0}, ooms{0};
   std::mutex error_mutex;
   std::string first_error;
 
+  std::latch start(kThreads);  // all threads begin together, so their work overlaps
   auto worker = [&](int t) {
+    start.arrive_and_wait();
     std::mt19937_64 rng(1000 + t);
     const StreamHandle own = 1 + t;
     std::vector<Block> live;
@@ -151,6 +156,13 @@ TEST(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
   EXPECT_EQ(sim->used(0), 0u);
   EXPECT_GT(s.allocation.all().allocated, kThreads * kOpsPerThread / 4);
 }
+
+std::string config_name(const ::testing::TestParamInfo<const char*>& info) {
+  return info.index == 0 ? "Default" : "Expandable";
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, ThreadStress, ::testing::Values("", "expandable_segments:True"),
+                         config_name);
 
 }  // namespace
 }  // namespace reservoir
