@@ -62,7 +62,8 @@ BENCHMARK(BM_LogUniform512Live);
 
 void BM_PairThreadsOwnStreams(benchmark::State& state) {
   Allocator& a = shared_allocator();
-  const reservoir::StreamHandle stream = 100 + static_cast<reservoir::StreamHandle>(state.thread_index());
+  const reservoir::StreamHandle stream =
+      100 + static_cast<reservoir::StreamHandle>(state.thread_index());
   for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(1 << 20, stream, 0));
   for (auto _ : state) {
     void* p = a.allocate(1 << 20, stream, 0);

@@ -42,8 +42,8 @@ using OomObserver =
 using FreeMemoryCallback = std::function<bool()>;
 
 struct BaseAllocation {
-  void* base = nullptr;    // start of the segment holding the pointer
-  std::size_t size = 0;    // size of that segment
+  void* base = nullptr;  // start of the segment holding the pointer
+  std::size_t size = 0;  // size of that segment
 };
 
 class RESERVOIR_API Allocator {

@@ -84,7 +84,7 @@ struct SegmentInfo {
 };
 
 struct Snapshot {
-  std::vector<SegmentInfo> segments;               // in address order
+  std::vector<SegmentInfo> segments;                   // in address order
   std::vector<std::vector<TraceEntry>> device_traces;  // one list per device, oldest first
   std::vector<Annotation> annotations;
   std::string settings;  // the configuration in force ("key:value,...")

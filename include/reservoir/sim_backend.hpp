@@ -27,9 +27,9 @@ namespace reservoir {
 struct SimOptions {
   std::size_t capacity = std::size_t{80} << 30;  // bytes per device
   int device_count = 1;
-  bool eager = false;        // all submitted work completes at once
-  bool host_backed = false;  // addresses point into real host memory
-  bool virtual_memory = true;  // advertise Capability kVirtualMemory
+  bool eager = false;                              // all submitted work completes at once
+  bool host_backed = false;                        // addresses point into real host memory
+  bool virtual_memory = true;                      // advertise Capability kVirtualMemory
   std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
   // Cost model, in microseconds of device time per call.
   double alloc_us = 150.0;
@@ -133,7 +133,7 @@ class RESERVOIR_API SimBackend final : public Backend {
   // ---- Capacity and clock ----
   void set_capacity(int device, std::size_t bytes);
   std::size_t capacity(int device) const;
-  std::size_t used(int device) const;   // bytes of live segments + physical memory
+  std::size_t used(int device) const;  // bytes of live segments + physical memory
   std::size_t live_segments(int device) const;
   // Fake clock: now_us() returns this value plus the cost model's device time.
   void set_clock_us(std::uint64_t us);

@@ -33,15 +33,15 @@ struct StatArray {
 };
 
 struct DeviceStats {
-  StatArray allocation;            // blocks handed to the program
-  StatArray segment;               // device allocations (cudaMalloc'd segments)
-  StatArray active;                // allocated, or freed but pending stream work
-  StatArray inactive_split;        // free blocks inside split segments
-  StatArray allocated_bytes;       // bytes of allocation (rounded sizes)
-  StatArray reserved_bytes;        // bytes held from the device
+  StatArray allocation;       // blocks handed to the program
+  StatArray segment;          // device allocations (cudaMalloc'd segments)
+  StatArray active;           // allocated, or freed but pending stream work
+  StatArray inactive_split;   // free blocks inside split segments
+  StatArray allocated_bytes;  // bytes of allocation (rounded sizes)
+  StatArray reserved_bytes;   // bytes held from the device
   StatArray active_bytes;
   StatArray inactive_split_bytes;
-  StatArray requested_bytes;       // bytes the program asked for (unrounded)
+  StatArray requested_bytes;              // bytes the program asked for (unrounded)
   std::int64_t num_alloc_retries = 0;     // device allocations retried after releasing cache
   std::int64_t num_ooms = 0;              // OutOfMemoryErrors raised
   std::int64_t num_sync_all_streams = 0;  // synchronizations of every pending event

@@ -38,7 +38,9 @@ DeviceStatus Backend::fail(DeviceStatus status, std::string message) {
   return status;
 }
 
-std::string Backend::last_error() const { return t_last_error; }
+std::string Backend::last_error() const {
+  return t_last_error;
+}
 
 std::uint64_t Backend::now_us() const {
   using namespace std::chrono;
@@ -55,8 +57,12 @@ DeviceStatus Backend::create_stream(int, StreamHandle* stream) {
   *stream = next.fetch_add(1);
   return DeviceStatus::ok;
 }
-DeviceStatus Backend::destroy_stream(int, StreamHandle) { return DeviceStatus::ok; }
-DeviceStatus Backend::granularity(int, std::size_t*) { return unsupported("granularity"); }
+DeviceStatus Backend::destroy_stream(int, StreamHandle) {
+  return DeviceStatus::ok;
+}
+DeviceStatus Backend::granularity(int, std::size_t*) {
+  return unsupported("granularity");
+}
 DeviceStatus Backend::reserve_address_range(int, std::size_t, std::size_t, void**) {
   return unsupported("reserve_address_range");
 }
@@ -69,18 +75,30 @@ DeviceStatus Backend::create_physical(int, std::size_t, PhysicalHandle*) {
 DeviceStatus Backend::release_physical(int, PhysicalHandle) {
   return unsupported("release_physical");
 }
-DeviceStatus Backend::map(int, void*, std::size_t, PhysicalHandle) { return unsupported("map"); }
-DeviceStatus Backend::unmap(int, void*, std::size_t) { return unsupported("unmap"); }
+DeviceStatus Backend::map(int, void*, std::size_t, PhysicalHandle) {
+  return unsupported("map");
+}
+DeviceStatus Backend::unmap(int, void*, std::size_t) {
+  return unsupported("unmap");
+}
 DeviceStatus Backend::set_access(int, void*, std::size_t, const int*, int) {
   return unsupported("set_access");
 }
-DeviceStatus Backend::export_ipc(int, void*, IpcHandle*) { return unsupported("export_ipc"); }
-DeviceStatus Backend::open_ipc(int, const IpcHandle&, void**) { return unsupported("open_ipc"); }
-DeviceStatus Backend::close_ipc(int, void*) { return unsupported("close_ipc"); }
+DeviceStatus Backend::export_ipc(int, void*, IpcHandle*) {
+  return unsupported("export_ipc");
+}
+DeviceStatus Backend::open_ipc(int, const IpcHandle&, void**) {
+  return unsupported("open_ipc");
+}
+DeviceStatus Backend::close_ipc(int, void*) {
+  return unsupported("close_ipc");
+}
 DeviceStatus Backend::can_access_peer(int, int, bool* can) {
   if (can) *can = false;
   return unsupported("can_access_peer");
 }
-DeviceStatus Backend::enable_peer_access(int, int) { return unsupported("enable_peer_access"); }
+DeviceStatus Backend::enable_peer_access(int, int) {
+  return unsupported("enable_peer_access");
+}
 
 }  // namespace reservoir

@@ -51,14 +51,14 @@ struct Block {
   Block* prev = nullptr;      // neighbours in the segment, by address
   Block* next = nullptr;
   Segment* segment = nullptr;
-  FreeSet::iterator free_at{};          // valid while state == free
-  AddressSet::iterator unmapped_at{};   // valid while state == unmapped
+  FreeSet::iterator free_at{};         // valid while state == free
+  AddressSet::iterator unmapped_at{};  // valid while state == unmapped
   BlockState state = BlockState::free;
-  bool oversize = false;                // counted in oversize_allocations when handed out
-  std::uint32_t event_count = 0;        // outstanding events while pending
-  std::vector<StreamHandle> uses;       // other streams that used it (record_stream)
-  std::uint64_t gc_stamp = 0;           // garbage-collection clock when it became free
-  Context context;                      // where it was allocated (history on)
+  bool oversize = false;           // counted in oversize_allocations when handed out
+  std::uint32_t event_count = 0;   // outstanding events while pending
+  std::vector<StreamHandle> uses;  // other streams that used it (record_stream)
+  std::uint64_t gc_stamp = 0;      // garbage-collection clock when it became free
+  Context context;                 // where it was allocated (history on)
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   bool mapped() const noexcept { return state != BlockState::unmapped; }
@@ -80,14 +80,14 @@ struct alignas(64) Segment {
   std::size_t mapped_bytes = 0;  // == size unless expandable
   StreamPool* owner = nullptr;
   Block* head = nullptr;
-  bool small = false;            // small pool (blocks of requests <= 1 MiB)
+  bool small = false;  // small pool (blocks of requests <= 1 MiB)
   bool expandable = false;
-  bool oversize = false;         // counted in oversize_segments (max_split_size may change)
+  bool oversize = false;            // counted in oversize_segments (max_split_size may change)
   ExpandableSegment* vm = nullptr;  // physical pages of an expandable segment
   Segment* prev_in_pool = nullptr;  // the owner's list of segments
   Segment* next_in_pool = nullptr;
-  std::uint64_t serial = 0;      // creation order, for snapshots
-  Context context;               // where the device allocation was made (history on)
+  std::uint64_t serial = 0;  // creation order, for snapshots
+  Context context;           // where the device allocation was made (history on)
 };
 
 }  // namespace reservoir::detail

@@ -76,7 +76,8 @@ class DeviceEngine {
   void trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamHandle stream,
              const Context& context) {
     if (history_.active())
-      history_.record(TraceEntry{action, device_, address, size, stream, backend_.now_us(), context});
+      history_.record(
+          TraceEntry{action, device_, address, size, stream, backend_.now_us(), context});
   }
   // Walks every pool. quiescent: also reconcile device-wide totals (no operation may
   // be in flight). Throws InvariantError.
@@ -153,9 +154,9 @@ class DeviceEngine {
   std::atomic<std::int64_t> num_alloc_retries_{0}, num_ooms_{0}, num_sync_all_streams_{0},
       num_device_alloc_{0}, num_device_free_{0};
 
-  std::mutex config_mutex_;   // lock-all operations
-  std::mutex create_mutex_;   // pool creation, segment objects
-  std::mutex ladder_mutex_;   // one device-wide release at a time
+  std::mutex config_mutex_;  // lock-all operations
+  std::mutex create_mutex_;  // pool creation, segment objects
+  std::mutex ladder_mutex_;  // one device-wide release at a time
   std::atomic<StreamTable*> table_;
   std::vector<std::unique_ptr<StreamTable>> tables_;  // current and retired (readers may hold them)
   std::vector<std::unique_ptr<StreamPool>> pools_;

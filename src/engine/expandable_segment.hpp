@@ -24,8 +24,8 @@ class ExpandableSegment {
  public:
   // Reserves reserve_bytes (rounded up to pages) of address space. Throws
   // DeviceError when the device cannot reserve it.
-  ExpandableSegment(Backend& backend, int device, std::size_t page_size,
-                    std::size_t reserve_bytes, std::vector<int> peers);
+  ExpandableSegment(Backend& backend, int device, std::size_t page_size, std::size_t reserve_bytes,
+                    std::vector<int> peers);
   // Unmaps every page and releases the range (errors are ignored: teardown).
   ~ExpandableSegment();
   ExpandableSegment(const ExpandableSegment&) = delete;

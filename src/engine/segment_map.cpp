@@ -45,12 +45,12 @@ Segment* SegmentMap::find(std::uintptr_t address) const noexcept {
   const Middle* middle =
       root_[(page >> (2 * kLevelBits)) & (kFanout - 1)].load(std::memory_order_acquire);
   if (!middle) return nullptr;
-  const Leaf* leaf = middle->leaves[(page >> kLevelBits) & (kFanout - 1)].load(
-      std::memory_order_acquire);
+  const Leaf* leaf =
+      middle->leaves[(page >> kLevelBits) & (kFanout - 1)].load(std::memory_order_acquire);
   if (!leaf) return nullptr;
   const Slot& s = leaf->slots[page & (kFanout - 1)];
-  for (Segment* seg : {s.first.load(std::memory_order_acquire),
-                       s.second.load(std::memory_order_acquire)}) {
+  for (Segment* seg :
+       {s.first.load(std::memory_order_acquire), s.second.load(std::memory_order_acquire)}) {
     if (seg && address >= seg->base && address - seg->base < seg->size) return seg;
   }
   return nullptr;

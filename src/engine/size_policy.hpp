@@ -18,7 +18,7 @@ class SizePolicy {
   static constexpr std::size_t kSmallBuffer = 2u << 20;     // small segments: 2 MiB
   static constexpr std::size_t kMinLargeAlloc = 10u << 20;  // 1-10 MiB share 20 MiB segments
   static constexpr std::size_t kLargeBuffer = 20u << 20;
-  static constexpr std::size_t kRoundLarge = 2u << 20;      // larger segments: 2 MiB multiples
+  static constexpr std::size_t kRoundLarge = 2u << 20;  // larger segments: 2 MiB multiples
 
   explicit SizePolicy(const Config& config)
       : max_split_size_(config.max_split_size),

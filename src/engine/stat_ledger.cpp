@@ -104,10 +104,10 @@ void StatLedger::reset_accumulated(ShardCounters* shard) {
 
 void StatLedger::read(DeviceStats* out) {
   std::lock_guard<std::mutex> guard(mutex_);
-  StatArray* arrays[] = {&out->allocation,     &out->segment,        &out->active,
-                         &out->inactive_split, &out->allocated_bytes, &out->reserved_bytes,
-                         &out->active_bytes,   &out->inactive_split_bytes,
-                         &out->requested_bytes};
+  StatArray* arrays[] = {
+      &out->allocation,      &out->segment,        &out->active,       &out->inactive_split,
+      &out->allocated_bytes, &out->reserved_bytes, &out->active_bytes, &out->inactive_split_bytes,
+      &out->requested_bytes};
   for (int k = 0; k < kStatKinds; ++k) {
     Stat stat[3];
     for (int q = 0; q < 3; ++q) {

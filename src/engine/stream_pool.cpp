@@ -17,7 +17,9 @@ namespace reservoir::detail {
 namespace {
 // std::set<Block*> nodes are 40 bytes with libstdc++; leave room for other layouts.
 constexpr std::size_t kSetNodeSize = 64;
-inline int pool_of(const Block* b) { return b->segment->small ? 0 : 1; }
+inline int pool_of(const Block* b) {
+  return b->segment->small ? 0 : 1;
+}
 }  // namespace
 
 StreamPool::StreamPool(DeviceEngine& engine, StreamHandle stream)
@@ -59,7 +61,9 @@ StreamPool::~StreamPool() {
 
 // ---------------------------------------------------------------- blocks and index
 
-Block* StreamPool::new_block() { return new (block_nodes_.get()) Block(); }
+Block* StreamPool::new_block() {
+  return new (block_nodes_.get()) Block();
+}
 
 void StreamPool::delete_block(Block* b) {
   b->~Block();
@@ -72,7 +76,9 @@ void StreamPool::index_insert(Block* b) {
   b->free_at = free_set(b).insert(b).first;
 }
 
-void StreamPool::index_erase(Block* b) { free_set(b).erase(b->free_at); }
+void StreamPool::index_erase(Block* b) {
+  free_set(b).erase(b->free_at);
+}
 
 // b's size or address changed while in the set: keep its node when the order still
 // holds (the common case of splitting or merging the same block), else re-insert.
@@ -128,9 +134,8 @@ Block* StreamPool::find_free(bool small, std::size_t size) {
       auto room = [](const Block* b) {
         return b->size + (b->next && b->next->state == BlockState::unmapped ? b->next->size : 0);
       };
-      for (auto next = std::next(it); (*it)->segment->expandable && next != set.end() &&
-                                      room(*next) < room(*it);
-           ++next)
+      for (auto next = std::next(it);
+           (*it)->segment->expandable && next != set.end() && room(*next) < room(*it); ++next)
         it = next;
     } else {
       // Expandable segments were switched off: their blocks are not handed out.
@@ -162,8 +167,8 @@ std::uintptr_t StreamPool::allocate(std::size_t requested) {
   return address;
 }
 
-Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_t size,
-                                 bool small, const Context& context) {
+Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_t size, bool small,
+                                 const Context& context) {
   // Rung 1: the program's free-memory callbacks (outside the lock: they may free
   // memory through this allocator).
   if (engine_.has_free_memory_callbacks()) {
@@ -498,8 +503,8 @@ void StreamPool::release_segment(Segment* seg) {
   engine_.trace(TraceAction::segment_free, seg->base, seg->size, stream_, seg->context);
   if (engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
                                    seg->size) != DeviceStatus::ok)
-    throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) +
-                      " on device " + std::to_string(engine_.device()) +
+    throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +
+                      std::to_string(engine_.device()) +
                       " failed: " + engine_.backend().last_error());
   index_erase(b);
   delete_block(b);
@@ -679,8 +684,8 @@ std::string StreamPool::explain_not_allocated(std::uintptr_t address) {
       switch (b->state) {
         case BlockState::allocated:
           return "it points " + std::to_string(address - b->address) +
-                 " bytes inside the allocated block at " + where + " (" +
-                 format_size(b->size) + "); free the pointer that allocate() returned";
+                 " bytes inside the allocated block at " + where + " (" + format_size(b->size) +
+                 "); free the pointer that allocate() returned";
         case BlockState::pending:
           return "the block at " + where +
                  " was already freed (it waits for work on other streams); double free?";

@@ -150,7 +150,7 @@ class alignas(64) StreamPool {
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
-  FreeSet free_[2];        // [0] small pool, [1] large pool
+  FreeSet free_[2];         // [0] small pool, [1] large pool
   AddressSet unmapped_[2];  // unmapped blocks of expandable segments, by address
   AddressMap<Block> allocated_;
   Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool

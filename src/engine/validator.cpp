@@ -13,7 +13,9 @@
 namespace reservoir::detail {
 
 namespace {
-std::string at(std::uintptr_t a) { return format_pointer(reinterpret_cast<void*>(a)); }
+std::string at(std::uintptr_t a) {
+  return format_pointer(reinterpret_cast<void*>(a));
+}
 }  // namespace
 
 void StreamPool::validate(ValidationTotals* totals) {
@@ -127,10 +129,11 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                 {kInactiveSplitBytes, split_free_bytes[pool], "inactive_split_bytes"}};
     for (const auto& row : rows) {
       std::int64_t counted = counters_.get(row.kind, pool);
-      RESERVOIR_CHECK(counted == row.expected,
-                      std::string("statistic ") + row.name + (pool ? ".large_pool" : ".small_pool") +
-                          " is " + std::to_string(counted) + " but the blocks add up to " +
-                          std::to_string(row.expected));
+      RESERVOIR_CHECK(counted == row.expected, std::string("statistic ") + row.name +
+                                                   (pool ? ".large_pool" : ".small_pool") + " is " +
+                                                   std::to_string(counted) +
+                                                   " but the blocks add up to " +
+                                                   std::to_string(row.expected));
     }
   }
 }

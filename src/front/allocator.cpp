@@ -79,8 +79,7 @@ struct Allocator::Impl {
     if (device == -1) {
       int current = 0;
       if (backend->current_device(&current) != DeviceStatus::ok)
-        throw DeviceError("reservoir: reading the current device failed: " +
-                          backend->last_error());
+        throw DeviceError("reservoir: reading the current device failed: " + backend->last_error());
       device = current;
     }
     if (device >= device_count)
@@ -211,13 +210,13 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
       throw OutOfMemoryError("Reservoir (uncached mode): out of memory on device " +
                              std::to_string(d) + ": tried to allocate " + format_size(size));
     if (st != DeviceStatus::ok)
-      throw DeviceError("reservoir: allocating " + format_size(size) + " failed: " +
-                        im.backend->last_error());
+      throw DeviceError("reservoir: allocating " + format_size(size) +
+                        " failed: " + im.backend->last_error());
     std::lock_guard<std::mutex> guard(im.uncached_mutex);
     im.uncached[reinterpret_cast<std::uintptr_t>(ptr)] = {size, d};
     DeviceStats& s = im.uncached_stats[d];
-    for (StatArray* a : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                         &s.requested_bytes}) {
+    for (StatArray* a :
+         {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
       Stat& all = a->pool[0];
       all.current += static_cast<std::int64_t>(size);
       all.allocated += static_cast<std::int64_t>(size);
@@ -268,8 +267,8 @@ void Allocator::deallocate(void* ptr) {
       throw DeviceError("reservoir: freeing " + format_pointer(ptr) +
                         " failed: " + im.backend->last_error());
     DeviceStats& s = im.uncached_stats[it->second.device];
-    for (StatArray* a : {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
-                         &s.requested_bytes}) {
+    for (StatArray* a :
+         {&s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.requested_bytes}) {
       a->pool[0].current -= static_cast<std::int64_t>(it->second.size);
       a->pool[0].freed += static_cast<std::int64_t>(it->second.size);
     }
@@ -350,8 +349,8 @@ BaseAllocation Allocator::base_allocation(void* ptr) {
     return BaseAllocation{ptr, it->second.size};
   }
   BaseAllocation out;
-  if (!im.owner_of(ptr, "find the segment of").segment_of(reinterpret_cast<std::uintptr_t>(ptr),
-                                                          &out))
+  if (!im.owner_of(ptr, "find the segment of")
+           .segment_of(reinterpret_cast<std::uintptr_t>(ptr), &out))
     throw InvalidPointerError("reservoir: no segment holds " + format_pointer(ptr));
   return out;
 }
@@ -414,7 +413,9 @@ void Allocator::add_free_memory_callback(FreeMemoryCallback callback) {
   impl_->hooks.free_memory_callbacks.push_back(std::move(callback));
 }
 
-const Config& Allocator::config() const { return impl_->config; }
+const Config& Allocator::config() const {
+  return impl_->config;
+}
 
 void Allocator::update_config(std::string_view text) {
   Impl& im = *impl_;
@@ -513,11 +514,19 @@ Snapshot Allocator::snapshot() {
   return out;
 }
 
-void Allocator::start_trace_recording(const std::string& path) { impl_->start_recording(path); }
-void Allocator::stop_trace_recording() { impl_->stop_recording(); }
+void Allocator::start_trace_recording(const std::string& path) {
+  impl_->start_recording(path);
+}
+void Allocator::stop_trace_recording() {
+  impl_->stop_recording();
+}
 
-Backend& Allocator::backend() { return *impl_->backend; }
-int Allocator::device_count() { return impl_->device_count; }
+Backend& Allocator::backend() {
+  return *impl_->backend;
+}
+int Allocator::device_count() {
+  return impl_->device_count;
+}
 
 std::vector<int> Allocator::devices_in_use() {
   std::vector<int> out;
@@ -525,7 +534,9 @@ std::vector<int> Allocator::devices_in_use() {
     if (impl_->engines[d].load(std::memory_order_acquire)) out.push_back(d);
   return out;
 }
-bool Allocator::caching() const { return impl_->caching; }
+bool Allocator::caching() const {
+  return impl_->caching;
+}
 
 void Allocator::validate() {
   std::lock_guard<std::mutex> guard(impl_->engines_mutex);

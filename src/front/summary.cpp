@@ -9,10 +9,10 @@
 namespace reservoir {
 
 const char* const* stat_array_names() noexcept {
-  static const char* const names[] = {"allocation",     "segment",        "active",
-                                      "inactive_split", "allocated_bytes", "reserved_bytes",
-                                      "active_bytes",   "inactive_split_bytes",
-                                      "requested_bytes"};
+  static const char* const names[] = {
+      "allocation",      "segment",        "active",       "inactive_split",
+      "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+      "requested_bytes"};
   return names;
 }
 

@@ -22,7 +22,7 @@ class AddressMap {
 
   T* find(std::uintptr_t key) const {
     std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = home(key); ; i = (i + 1) & mask) {
+    for (std::size_t i = home(key);; i = (i + 1) & mask) {
       const Slot& s = slots_[i];
       if (s.key == key) return s.value;
       if (s.key == 0) return nullptr;

@@ -26,10 +26,10 @@ namespace reservoir::detail {
 inline constexpr int kCheckLevel = RESERVOIR_CHECK_LEVEL;
 }  // namespace reservoir::detail
 
-#define RESERVOIR_CHECK(cond, msg)                                                  \
-  do {                                                                              \
-    if (__builtin_expect(!(cond), 0))                                               \
-      ::reservoir::detail::invariant_failure(#cond, __FILE__, __LINE__, (msg));     \
+#define RESERVOIR_CHECK(cond, msg)                                              \
+  do {                                                                          \
+    if (__builtin_expect(!(cond), 0))                                           \
+      ::reservoir::detail::invariant_failure(#cond, __FILE__, __LINE__, (msg)); \
   } while (0)
 
 #if RESERVOIR_CHECK_LEVEL >= 2

@@ -23,9 +23,10 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, e - b));
 }
 
-[[noreturn]] void bad(const std::string& key, const std::string& value, const std::string& allowed) {
-  throw ConfigError("reservoir config: bad value '" + value + "' for key '" + key + "': " +
-                    allowed);
+[[noreturn]] void bad(const std::string& key, const std::string& value,
+                      const std::string& allowed) {
+  throw ConfigError("reservoir config: bad value '" + value + "' for key '" + key +
+                    "': " + allowed);
 }
 
 bool parse_uint(const std::string& text, unsigned long long* out) {
@@ -51,7 +52,9 @@ bool parse_bool(const std::string& text, bool* out) {
   return false;
 }
 
-bool is_power_of_two(unsigned long long v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(unsigned long long v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 // "1048576", "512MiB", "80GiB", "141G", "2M", "64KiB".
 bool parse_bytes(const std::string& text, std::size_t* out) {
@@ -155,8 +158,8 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
     unsigned long long mb = 0;
     if (!parse_uint(value, &mb) || mb <= kLargeBufferMiB)
       bad(key, value, "an integer number of MiB greater than 20");
-    c.max_split_size = mb > (~std::size_t{0} >> 20) ? ~std::size_t{0}
-                                                    : static_cast<std::size_t>(mb) << 20;
+    c.max_split_size =
+        mb > (~std::size_t{0} >> 20) ? ~std::size_t{0} : static_cast<std::size_t>(mb) << 20;
   } else if (key == "max_non_split_rounding_mb") {
     unsigned long long mb = 0;
     if (!parse_uint(value, &mb) || mb > (1ull << 40))
@@ -266,6 +269,8 @@ std::size_t Config::divisions_for(std::size_t size) const noexcept {
   return roundup_power2_divisions[static_cast<std::size_t>(index)];
 }
 
-std::string Config::to_string() const { return source; }
+std::string Config::to_string() const {
+  return source;
+}
 
 }  // namespace reservoir

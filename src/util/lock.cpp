@@ -40,6 +40,8 @@ void Lock::lock_slow() noexcept {
   while (state_.exchange(2, std::memory_order_acquire) != 0) futex_wait(&state_, 2);
 }
 
-void Lock::wake() noexcept { futex_wake_one(&state_); }
+void Lock::wake() noexcept {
+  futex_wake_one(&state_);
+}
 
 }  // namespace reservoir::detail

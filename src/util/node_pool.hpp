@@ -36,9 +36,9 @@ class NodePool {
  private:
   void refill() {
     constexpr std::size_t kPerSlab = 256;
-    std::size_t stride = (chunk_size_ + alignof(std::max_align_t) - 1) &
-                         ~(alignof(std::max_align_t) - 1);
-    char* slab = static_cast<char*>(::operator new(stride * kPerSlab));
+    std::size_t stride =
+        (chunk_size_ + alignof(std::max_align_t) - 1) & ~(alignof(std::max_align_t) - 1);
+    char* slab = static_cast<char*>(::operator new(stride* kPerSlab));
     slabs_.push_back(slab);
     for (std::size_t i = kPerSlab; i-- > 0;) put(slab + i * stride);
   }

@@ -64,7 +64,7 @@ TEST_P(Conformance, ExpandableUnmapsFreePagesUnderMemoryPressure) {
   cap(61 * MiB);
   StreamHandle other = harness_->new_stream();
   void* x = alloc_on(40 * MiB, other);
-  free(x);  // 40 MiB mapped, free, on the other stream
+  free(x);                    // 40 MiB mapped, free, on the other stream
   void* y = alloc(40 * MiB);  // 80 > 61: the other stream's pages are unmapped, retry
   DeviceStats s = stats();
   EXPECT_EQ(s.num_alloc_retries, 1);

@@ -95,7 +95,7 @@ TEST_P(Conformance, LadderRungReleaseCachedOversizeBlocks) {
   make("max_split_size_mb:100");
   cap(260 * MiB);
   void* big = alloc(200 * MiB);
-  free(big);  // cached, oversize
+  free(big);                   // cached, oversize
   void* p = alloc(150 * MiB);  // 200 + 150 > 260: release the cached oversize block
   DeviceStats s = stats();
   EXPECT_EQ(s.num_device_free, 1);

@@ -13,8 +13,8 @@ TEST_P(Conformance, SizeZeroIsNullAndNullFreeIsIgnored) {
 TEST_P(Conformance, SizesRoundTo512Bytes) {
   struct {
     std::size_t request, block;
-  } rows[] = {{1, 512}, {511, 512}, {512, 512}, {513, 1024}, {1000, 1024},
-              {MiB, MiB}, {MiB + 1, MiB + 512}, {3 * MiB + 7, 3 * MiB + 512}};
+  } rows[] = {{1, 512},     {511, 512}, {512, 512},           {513, 1024},
+              {1000, 1024}, {MiB, MiB}, {MiB + 1, MiB + 512}, {3 * MiB + 7, 3 * MiB + 512}};
   for (auto r : rows) {
     void* p = alloc(r.request);
     EXPECT_EQ(a().block_size(p), r.block) << "request " << r.request;
@@ -52,9 +52,12 @@ TEST_P(Conformance, SegmentSizeTable) {
   struct {
     std::size_t request, segment;
     bool small;
-  } rows[] = {{512, 2 * MiB, true},           {MiB, 2 * MiB, true},
-              {MiB + 1, 20 * MiB, false},     {10 * MiB - 512, 20 * MiB, false},
-              {10 * MiB, 10 * MiB, false},    {11 * MiB + 1, 12 * MiB, false},
+  } rows[] = {{512, 2 * MiB, true},
+              {MiB, 2 * MiB, true},
+              {MiB + 1, 20 * MiB, false},
+              {10 * MiB - 512, 20 * MiB, false},
+              {10 * MiB, 10 * MiB, false},
+              {11 * MiB + 1, 12 * MiB, false},
               {100 * MiB + 1, 102 * MiB, false}};
   for (auto r : rows) {
     void* p = alloc(r.request);

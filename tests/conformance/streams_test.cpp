@@ -41,8 +41,8 @@ TEST_P(Conformance, ASlowStreamDoesNotDelayFreesOnAnother) {
   a().record_stream(p, slow);
   a().record_stream(q, quick);
   harness_->hold_stream(slow);
-  free(p);  // waits for `slow`
-  free(q);  // waits for `quick`
+  free(p);                          // waits for `slow`
+  free(q);                          // waits for `quick`
   harness_->release_stream(quick);  // `quick` finishes; `slow` does not
   void* r = alloc(12 * MiB);
   EXPECT_EQ(r, q) << "the free on the idle stream should complete despite the slow one";

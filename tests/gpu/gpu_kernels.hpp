@@ -48,6 +48,5 @@ namespace reservoir::gpu_test {
 // Work that does not finish until *host_flag (host-mapped memory, device pointer
 // device_flag) becomes non-zero, or after timeout_ns (so a failing test cannot hang
 // the GPU).
-cudaError_t wait_for_flag(volatile int* device_flag, std::uint64_t timeout_ns,
-                          cudaStream_t stream);
+cudaError_t wait_for_flag(volatile int* device_flag, std::uint64_t timeout_ns, cudaStream_t stream);
 }  // namespace reservoir::gpu_test

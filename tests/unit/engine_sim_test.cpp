@@ -105,7 +105,7 @@ TEST(EngineOnSim, ReleaseLockOnCudaMallocLetsTheStreamGoOn) {
     }
   });
   std::thread slow([&] { s.a.deallocate(s.a.allocate(64 * MiB, 1, 0)); });
-  entered.get_future().wait();  // the device allocation is in progress
+  entered.get_future().wait();             // the device allocation is in progress
   void* quick = s.a.allocate(8192, 1, 0);  // same stream, from cache: must not wait
   s.a.deallocate(quick);
   go.set_value();

@@ -128,7 +128,7 @@ TEST(ExpandableOnSim, PeersGetAccessToPagesMappedBeforeAndAfter) {
   void* p = a.allocate(3 * MiB, 1, 0);  // maps a page of device 0 (access: 0 only)
   ASSERT_EQ(backend->grants.size(), 1u);
   EXPECT_EQ(backend->grants[0].devices, std::vector<int>{0});
-  a.enable_peer_access(1, 0);  // device 1 may use device 0's memory
+  a.enable_peer_access(1, 0);             // device 1 may use device 0's memory
   ASSERT_EQ(backend->grants.size(), 2u);  // the existing page, for device 1
   EXPECT_EQ(backend->grants[1].ptr, p);
   EXPECT_EQ(backend->grants[1].devices, std::vector<int>{1});

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
-#include <memory>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 

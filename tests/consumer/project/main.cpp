@@ -1,11 +1,11 @@
 // Allocates through the installed library on the simulated device and checks the
 // statistics: proves headers, library and package config work together.
-#include <reservoir/allocator.hpp>
 #include <reservoir/reservoir.h>
-#include <reservoir/sim_backend.hpp>
 
 #include <cstdio>
 #include <memory>
+#include <reservoir/allocator.hpp>
+#include <reservoir/sim_backend.hpp>
 
 int main() {
   reservoir::Allocator a(std::make_shared<reservoir::SimBackend>(), reservoir::Config{});
