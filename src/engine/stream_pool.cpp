@@ -156,7 +156,7 @@ std::uintptr_t StreamPool::allocate(std::size_t requested) {
   if (__builtin_expect(engine_.history().active(), 0))
     context = engine_.history().gather(ContextLevel::state);
   Guard guard(lock_);
-  if (pending_blocks_ != 0) process_events();
+  if (pending_blocks_ != 0) process_events(false);
   const std::size_t size = engine_.policy().round(requested);
   const bool small = SizePolicy::is_small(size);
   Block* b = find_free(small, size);
@@ -194,7 +194,7 @@ Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_
   guard.unlock();
   engine_.release_cached_everywhere();
   guard.lock();
-  if (pending_blocks_ != 0) process_events();
+  if (pending_blocks_ != 0) process_events(false);
   if (Block* b = find_free(small, size)) return b;
   if (Block* b = allocate_segment(guard, size, small, true, context)) return b;
   // Rung 6: out of memory.
@@ -440,15 +440,18 @@ void StreamPool::defer_free(Block* b) {
     ++pending_blocks_;
 }
 
-void StreamPool::process_events() {
+// Completes pending frees whose events have passed; with wait, waits for every one.
+// One queue per using stream: an unfinished event only holds back its own stream's.
+void StreamPool::process_events(bool wait) {
   for (UseQueue& q : pending_queues_) {
     while (!q.entries.empty()) {
       Pending p = q.entries.front();
-      DeviceStatus status = engine_.backend().query_event(engine_.device(), p.event);
+      DeviceStatus status = wait ? engine_.backend().synchronize_event(engine_.device(), p.event)
+                                 : engine_.backend().query_event(engine_.device(), p.event);
       if (status == DeviceStatus::not_ready) break;
       if (status != DeviceStatus::ok)
-        throw DeviceError("reservoir: querying an event on device " +
-                          std::to_string(engine_.device()) +
+        throw DeviceError(std::string("reservoir: ") + (wait ? "synchronizing" : "querying") +
+                          " an event on device " + std::to_string(engine_.device()) +
                           " failed: " + engine_.backend().last_error());
       q.entries.pop_front();
       engine_.events().release(p.event);
@@ -462,27 +465,13 @@ void StreamPool::process_events() {
 
 void StreamPool::process_events_now() {
   Guard guard(lock_);
-  if (pending_blocks_ != 0) process_events();
+  if (pending_blocks_ != 0) process_events(false);
   finish_operation();
 }
 
 void StreamPool::synchronize_pending() {
   Guard guard(lock_);
-  for (UseQueue& q : pending_queues_) {
-    while (!q.entries.empty()) {
-      Pending p = q.entries.front();
-      if (engine_.backend().synchronize_event(engine_.device(), p.event) != DeviceStatus::ok)
-        throw DeviceError("reservoir: synchronizing an event on device " +
-                          std::to_string(engine_.device()) +
-                          " failed: " + engine_.backend().last_error());
-      q.entries.pop_front();
-      engine_.events().release(p.event);
-      if (--p.block->event_count == 0) {
-        --pending_blocks_;
-        free_block(p.block);
-      }
-    }
-  }
+  if (pending_blocks_ != 0) process_events(true);
   finish_operation();
 }
 

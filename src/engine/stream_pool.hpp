@@ -130,7 +130,7 @@ class alignas(64) StreamPool {
               const Context& context);
   void free_block(Block* block);
   void defer_free(Block* block);
-  void process_events();
+  void process_events(bool wait);
   void release_segment(Segment* segment);
   Block* merge_into(Block* keep, Block* gone);
 
