@@ -32,19 +32,28 @@ for t in gpu_cuda_backend_test gpu_cuda_allocator_test gpu_conformance; do
 done
 step "compute-sanitizer memcheck"
 cs="compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3"
+memcheck() {  # label, then the command
+  local label=$1
+  shift
+  timeout 600 "$@" >"$out/cs.txt" 2>&1
+  local rc=$?
+  echo "memcheck $label: rc=$rc $(grep -E 'ERROR SUMMARY|PASSED' "$out/cs.txt" | tr '\n' ' ')"
+  ((rc)) && status=1
+}
 for nc in 0 1; do
   # Tests that make driver calls fail on purpose run without API-error reports.
-  RESERVOIR_NO_CACHING=$nc timeout 600 $cs $g/gpu_cuda_allocator_test \
-    --gtest_filter='-*Oom*:*Errors*' >"$out/cs.txt" 2>&1
-  rc=$?
-  echo "memcheck gpu_cuda_allocator_test RESERVOIR_NO_CACHING=$nc: rc=$rc $(grep -E 'ERROR SUMMARY|PASSED' "$out/cs.txt" | tr '\n' ' ')"
-  ((rc)) && status=1
-  RESERVOIR_NO_CACHING=$nc timeout 600 $cs --report-api-errors no $g/gpu_conformance \
-    --gtest_filter='*/cuda*' >"$out/cs.txt" 2>&1
-  rc=$?
-  echo "memcheck gpu_conformance (cuda) RESERVOIR_NO_CACHING=$nc: rc=$rc $(grep -E 'ERROR SUMMARY|PASSED' "$out/cs.txt" | tr '\n' ' ')"
-  ((rc)) && status=1
+  export RESERVOIR_NO_CACHING=$nc
+  memcheck "gpu_cuda_allocator_test NO_CACHING=$nc" $cs $g/gpu_cuda_allocator_test \
+    --gtest_filter='-*Oom*:*Errors*'
+  memcheck "gpu_cuda_allocator_test (OOM) NO_CACHING=$nc" $cs --report-api-errors no \
+    $g/gpu_cuda_allocator_test --gtest_filter='*Oom*'
+  memcheck "gpu_cuda_backend_test NO_CACHING=$nc" $cs --report-api-errors no \
+    $g/gpu_cuda_backend_test
 done
+unset RESERVOIR_NO_CACHING
+# The conformance suite tests caching behaviour, so it runs with caching only.
+memcheck "gpu_conformance (cuda)" $cs --report-api-errors no $g/gpu_conformance \
+  --gtest_filter='*/cuda*'
 step "benchmark"
 timeout 900 $b/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md" || status=1
 step "replay on the GPU"

@@ -56,7 +56,10 @@ using CudaAllocatorTest = GpuTest;
 // (a) Thousands of live blocks of varied sizes each hold their own pattern: catches
 // overlapping blocks and memory that is not mapped. Then half are freed and new ones
 // allocated (reusing the freed blocks), and everything is checked again.
-TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
+// Runs the test under config; with empty_cache, the cache is emptied between the two
+// rounds, so expandable segments unmap whole free pages and map them again.
+void many_live_allocations(const std::shared_ptr<CudaBackend>& backend_, const char* config,
+                           bool empty_cache) {
   Stream stream;
   ASSERT_CUDA(stream.status());
   MemoryInfo info;
@@ -65,7 +68,7 @@ TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
   const std::size_t max_size = info.free >= 48 * kGiB ? 64 * kMiB : 8 * kMiB;
   constexpr int kFirst = 2000, kMore = 1000;
 
-  Allocator alloc(backend_, Config{});
+  Allocator alloc(backend_, Config::parse(config));
   std::mt19937_64 rng(20260601);
   std::vector<Region> live;
   std::uint32_t next_tag = 1;
@@ -123,6 +126,11 @@ TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
   std::shuffle(live.begin(), live.end(), rng);
   for (std::size_t i = live.size() / 2; i < live.size(); ++i) alloc.deallocate(live[i].ptr);
   live.resize(live.size() / 2);
+  if (empty_cache) {
+    const auto before = alloc.stats(0).num_device_free;
+    alloc.empty_cache();
+    EXPECT_GT(alloc.stats(0).num_device_free, before) << "nothing was unmapped";
+  }
   fresh.clear();
   ASSERT_NO_FATAL_FAILURE(allocate(kMore, &fresh));
   ASSERT_TRUE(disjoint(live));
@@ -132,6 +140,16 @@ TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
   for (const Region& r : live) alloc.deallocate(r.ptr);
   EXPECT_NO_THROW(alloc.validate());
   EXPECT_EQ(alloc.stats(0).allocation.all().current, 0);
+}
+
+TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
+  many_live_allocations(backend_, "", false);
+}
+
+// Expandable segments: blocks up to 64 MiB span several 20 MiB pages; after the cache
+// is emptied, pages are unmapped and new blocks land on pages mapped again.
+TEST_F(CudaAllocatorTest, ExpandableBlocksAcrossPagesAndRemappedPagesHoldTheirPatterns) {
+  many_live_allocations(backend_, "expandable_segments:True", true);
 }
 
 // (b) A block used on another stream (record_stream) is not handed out again while
