@@ -149,6 +149,8 @@ TEST_F(CudaAllocatorTest, ManyLiveAllocationsHoldTheirPatterns) {
 // Expandable segments: blocks up to 64 MiB span several 20 MiB pages; after the cache
 // is emptied, pages are unmapped and new blocks land on pages mapped again.
 TEST_F(CudaAllocatorTest, ExpandableBlocksAcrossPagesAndRemappedPagesHoldTheirPatterns) {
+  if (!Allocator(backend_, Config{}).caching())
+    GTEST_SKIP() << "expandable segments are part of the cache; RESERVOIR_NO_CACHING=1 is on";
   many_live_allocations(backend_, "expandable_segments:True", true);
 }
 
@@ -276,6 +278,9 @@ using CudaAllocatorOom = GpuTest;
 // naming the request, counted in num_ooms; smaller requests still succeed, and the
 // request succeeds once the limit is lifted.
 TEST_F(CudaAllocatorOom, MemoryFractionLimitThrowsAndRecovers) {
+  if (!Allocator(backend_, Config{}).caching())
+    GTEST_SKIP() << "tests the cache's out-of-memory ladder and statistics; "
+                    "RESERVOIR_NO_CACHING=1 sends every request to the device";
   MemoryInfo info;
   ASSERT_EQ(backend_->memory_info(0, &info), DeviceStatus::ok) << backend_->last_error();
   Allocator alloc(backend_, Config{});
@@ -313,6 +318,9 @@ TEST_F(CudaAllocatorOom, MemoryFractionLimitThrowsAndRecovers) {
 // error is a std::bad_alloc naming the request; after freeing, allocation works
 // again and the memory is usable.
 TEST_F(CudaAllocatorOom, FillingTheDeviceThrowsAndRecovers) {
+  if (!Allocator(backend_, Config{}).caching())
+    GTEST_SKIP() << "tests the cache's out-of-memory ladder and statistics; "
+                    "RESERVOIR_NO_CACHING=1 sends every request to the device";
   constexpr std::size_t kChunk = kGiB;
   MemoryInfo before;
   ASSERT_EQ(backend_->memory_info(0, &before), DeviceStatus::ok) << backend_->last_error();
