@@ -16,6 +16,7 @@
 // share its stream: blocks never move between streams.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <set>
@@ -75,6 +76,8 @@ inline bool ByAddress::operator()(const Block* a, const Block* b) const noexcept
 // Cache-line aligned: segments of different streams are written by different threads
 // (head changes on every split and merge), so they must not share a line.
 struct alignas(64) Segment {
+  // base and size are also read without a lock by SegmentMap::find, possibly while the
+  // object is being reused for another segment: written only through set_range().
   std::uintptr_t base = 0;
   std::size_t size = 0;          // bytes of address space the blocks tile
   std::size_t mapped_bytes = 0;  // == size unless expandable
@@ -88,6 +91,27 @@ struct alignas(64) Segment {
   Segment* next_in_pool = nullptr;
   std::uint64_t serial = 0;  // creation order, for snapshots
   Context context;           // where the device allocation was made (history on)
+
+  // owner, like base and size, is read by lock-free lookups (Allocator::deallocate).
+  void set_owner(StreamPool* pool) noexcept {
+    std::atomic_ref<StreamPool*>(owner).store(pool, std::memory_order_release);
+  }
+  StreamPool* owner_now() const noexcept {
+    return std::atomic_ref<StreamPool*>(const_cast<StreamPool*&>(owner))
+        .load(std::memory_order_acquire);
+  }
+  void set_range(std::uintptr_t new_base, std::size_t new_size) noexcept {
+    std::atomic_ref<std::uintptr_t>(base).store(new_base, std::memory_order_relaxed);
+    std::atomic_ref<std::size_t>(size).store(new_size, std::memory_order_relaxed);
+  }
+  // Whether address lies in [base, base + size), read as SegmentMap's readers do.
+  bool holds(std::uintptr_t address) const noexcept {
+    auto b = std::atomic_ref<std::uintptr_t>(const_cast<std::uintptr_t&>(base))
+                 .load(std::memory_order_relaxed);
+    auto n = std::atomic_ref<std::size_t>(const_cast<std::size_t&>(size))
+                 .load(std::memory_order_relaxed);
+    return address >= b && address - b < n;
+  }
 };
 
 }  // namespace reservoir::detail

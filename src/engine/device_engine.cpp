@@ -80,7 +80,15 @@ Segment* DeviceEngine::new_segment() {
   if (!spare_segments_.empty()) {
     seg = spare_segments_.back();
     spare_segments_.pop_back();
-    *seg = Segment{};
+    // Field by field: base and size may be read concurrently (Segment::set_range).
+    seg->set_range(0, 0);
+    seg->mapped_bytes = 0;
+    seg->set_owner(nullptr);
+    seg->head = nullptr;
+    seg->small = seg->expandable = seg->oversize = false;
+    seg->vm = nullptr;
+    seg->prev_in_pool = seg->next_in_pool = nullptr;
+    seg->context.reset();
   } else {
     segment_objects_.push_back(std::make_unique<Segment>());
     seg = segment_objects_.back().get();

@@ -68,10 +68,9 @@ Segment* StreamPool::new_expandable_segment(bool small, std::size_t at_least) {
       new ExpandableSegment(engine_.backend(), engine_.device(), page,
                             std::max(engine_.expandable_reserve(), at_least), engine_.peers());
   Segment* seg = engine_.new_segment();
-  seg->base = vm->base();
-  seg->size = vm->size();
+  seg->set_range(vm->base(), vm->size());
   seg->mapped_bytes = 0;
-  seg->owner = this;
+  seg->set_owner(this);
   seg->small = small;
   seg->expandable = true;
   seg->vm = vm;

@@ -51,7 +51,7 @@ Segment* SegmentMap::find(std::uintptr_t address) const noexcept {
   const Slot& s = leaf->slots[page & (kFanout - 1)];
   for (Segment* seg :
        {s.first.load(std::memory_order_acquire), s.second.load(std::memory_order_acquire)}) {
-    if (seg && address >= seg->base && address - seg->base < seg->size) return seg;
+    if (seg && seg->holds(address)) return seg;
   }
   return nullptr;
 }

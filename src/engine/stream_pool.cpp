@@ -225,10 +225,9 @@ Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, 
                       engine_.backend().name() + ") failed: " + engine_.backend().last_error());
   }
   Segment* seg = engine_.new_segment();
-  seg->base = reinterpret_cast<std::uintptr_t>(ptr);
-  seg->size = alloc_size;
+  seg->set_range(reinterpret_cast<std::uintptr_t>(ptr), alloc_size);
   seg->mapped_bytes = alloc_size;
-  seg->owner = this;
+  seg->set_owner(this);
   seg->small = small;
   seg->expandable = false;
   Block* b = new_block();

@@ -112,6 +112,25 @@ struct Allocator::Impl {
     return *e;
   }
 
+  // Runs op on the pool that owns ptr's segment; op returns false when ptr is not an
+  // allocated block there. The lock-free lookup can return a segment that another
+  // thread released (and reused) meanwhile, so a refusal is checked against a fresh
+  // lookup: only when that names the same pool is the pointer really invalid.
+  template <typename Op>
+  void with_owner(void* ptr, const char* action, Op&& op) {
+    auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    detail::StreamPool* pool = &owner_of(ptr, action);
+    for (int attempt = 0;; ++attempt) {
+      if (op(*pool)) return;
+      detail::StreamPool* again = &owner_of(ptr, action);
+      if (again == pool || attempt == 3)
+        throw InvalidPointerError(std::string("reservoir: cannot ") + action + " " +
+                                  format_pointer(ptr) + ": " +
+                                  again->explain_not_allocated(address));
+      pool = again;
+    }
+  }
+
   detail::StreamPool& owner_of(void* ptr, const char* action) {
     auto address = reinterpret_cast<std::uintptr_t>(ptr);
     detail::Segment* seg = segments.find(address);
@@ -120,7 +139,11 @@ struct Allocator::Impl {
                                 format_pointer(ptr) +
                                 ": no Reservoir segment contains it (it was not allocated by "
                                 "this allocator, or its memory was already returned)");
-    return *seg->owner;
+    detail::StreamPool* pool = seg->owner_now();
+    if (!pool)  // released and being reused right now
+      throw InvalidPointerError(std::string("reservoir: cannot ") + action + " " +
+                                format_pointer(ptr) + ": its segment was just released");
+    return *pool;
   }
 
   void start_recording(const std::string& path) {
@@ -278,10 +301,7 @@ void Allocator::deallocate(void* ptr) {
   }
   auto address = reinterpret_cast<std::uintptr_t>(ptr);
   auto free_one = [&] {
-    detail::StreamPool& pool = im.owner_of(ptr, "free");
-    if (!pool.free(address))
-      throw InvalidPointerError("reservoir: cannot free " + format_pointer(ptr) + ": " +
-                                pool.explain_not_allocated(address));
+    im.with_owner(ptr, "free", [&](detail::StreamPool& pool) { return pool.free(address); });
   };
   if (!im.recording.load(std::memory_order_relaxed)) return free_one();
   std::lock_guard<std::mutex> guard(im.recorder_mutex);
@@ -294,10 +314,8 @@ void Allocator::record_stream(void* ptr, StreamHandle stream) {
   Impl& im = *impl_;
   if (!im.caching) return;  // uncached frees go straight to the device, which syncs
   auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::StreamPool& pool = im.owner_of(ptr, "record a stream use of");
-  if (!pool.record_use(address, stream))
-    throw InvalidPointerError("reservoir: cannot record a stream use of " + format_pointer(ptr) +
-                              ": " + pool.explain_not_allocated(address));
+  im.with_owner(ptr, "record a stream use of",
+                [&](detail::StreamPool& pool) { return pool.record_use(address, stream); });
   if (im.recording.load(std::memory_order_relaxed)) {
     std::lock_guard<std::mutex> guard(im.recorder_mutex);
     if (im.recorder) im.recorder->on_record_stream(ptr, stream);
@@ -349,29 +367,27 @@ BaseAllocation Allocator::base_allocation(void* ptr) {
     return BaseAllocation{ptr, it->second.size};
   }
   BaseAllocation out;
-  if (!im.owner_of(ptr, "find the segment of")
-           .segment_of(reinterpret_cast<std::uintptr_t>(ptr), &out))
-    throw InvalidPointerError("reservoir: no segment holds " + format_pointer(ptr));
+  im.with_owner(ptr, "find the segment of", [&](detail::StreamPool& pool) {
+    return pool.segment_of(reinterpret_cast<std::uintptr_t>(ptr), &out);
+  });
   return out;
 }
 
 std::size_t Allocator::block_size(void* ptr) {
   std::size_t size = 0;
   auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::StreamPool& pool = impl_->owner_of(ptr, "size");
-  if (!pool.block_sizes(address, &size, nullptr))
-    throw InvalidPointerError("reservoir: cannot size " + format_pointer(ptr) + ": " +
-                              pool.explain_not_allocated(address));
+  impl_->with_owner(ptr, "size", [&](detail::StreamPool& pool) {
+    return pool.block_sizes(address, &size, nullptr);
+  });
   return size;
 }
 
 std::size_t Allocator::requested_size(void* ptr) {
   std::size_t requested = 0;
   auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  detail::StreamPool& pool = impl_->owner_of(ptr, "size");
-  if (!pool.block_sizes(address, nullptr, &requested))
-    throw InvalidPointerError("reservoir: cannot size " + format_pointer(ptr) + ": " +
-                              pool.explain_not_allocated(address));
+  impl_->with_owner(ptr, "size", [&](detail::StreamPool& pool) {
+    return pool.block_sizes(address, nullptr, &requested);
+  });
   return requested;
 }
 
