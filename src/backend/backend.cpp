@@ -3,14 +3,23 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 
 namespace reservoir {
 
 namespace {
-thread_local std::string t_last_error;
+// A fixed buffer, not a std::string: thread-local objects with destructors are gone
+// before static destructors run, which may still reach a backend.
+thread_local char t_last_error[2048];
+
+void set_last_error(const std::string& text) noexcept {
+  std::size_t n = text.size() < sizeof t_last_error - 1 ? text.size() : sizeof t_last_error - 1;
+  std::memcpy(t_last_error, text.data(), n);
+  t_last_error[n] = '\0';
+}
 
 DeviceStatus unsupported(const char* what) {
-  t_last_error = std::string(what) + ": not supported by this backend";
+  set_last_error(std::string(what) + ": not supported by this backend");
   return DeviceStatus::unsupported;
 }
 }  // namespace
@@ -34,7 +43,7 @@ const char* to_string(DeviceStatus status) noexcept {
 Backend::~Backend() = default;
 
 DeviceStatus Backend::fail(DeviceStatus status, std::string message) {
-  t_last_error = std::move(message);
+  set_last_error(message);
   return status;
 }
 

@@ -24,15 +24,23 @@ using reservoir::Allocator;
 // device call (a wrapped negative size from a caller lands here too).
 constexpr std::uint64_t kOneEiB = std::uint64_t{1} << 60;
 
-thread_local std::string t_last_error;
+// A fixed buffer, not a std::string: thread-local objects with destructors are gone
+// before static destructors run, and those may still call the C API (a free at exit).
+thread_local char t_last_error[2048];
+
+void set_last_error(const std::string& text) noexcept {
+  std::size_t n = text.size() < sizeof t_last_error - 1 ? text.size() : sizeof t_last_error - 1;
+  std::memcpy(t_last_error, text.data(), n);
+  t_last_error[n] = '\0';
+}
 
 // Records "prefix: what" (or just what) as this thread's last error. Building the
 // text can itself run out of host memory: then the status is kept, the text lost.
 reservoir_status fail(reservoir_status status, const char* prefix, const char* what) noexcept {
   try {
-    t_last_error = prefix != nullptr ? std::string(prefix) + ": " + what : std::string(what);
+    set_last_error(prefix != nullptr ? std::string(prefix) + ": " + what : std::string(what));
   } catch (...) {
-    t_last_error.clear();
+    t_last_error[0] = '\0';
   }
   return status;
 }
@@ -42,7 +50,7 @@ reservoir_status fail(reservoir_status status, const char* prefix, const char* w
 // std::bad_alloc, which are caught after them.
 template <class Body>
 reservoir_status guarded(const char* function, Body&& body) noexcept {
-  t_last_error.clear();
+  t_last_error[0] = '\0';
   try {
     body();
     return RESERVOIR_OK;
@@ -153,7 +161,7 @@ std::string pointer_text(const void* ptr) {
 extern "C" {
 
 const char* reservoir_last_error(void) {
-  return t_last_error.c_str();
+  return t_last_error;
 }
 
 const char* reservoir_status_name(reservoir_status status) {
