@@ -198,7 +198,6 @@ void Walker::op_alloc() {
   const int device = current ? current_device_ : (a >> 5) & 1;
   const std::uint64_t refused = sim_->counters().failed_allocs;
   const std::uint64_t ooms = ooms_;
-  if (avoided_alloc(size)) return;
   void* p = nullptr;
   if (trace_)
     std::fprintf(stderr, "  allocate(%zu, stream %lu, device %d)\n", size,
@@ -389,7 +388,6 @@ void Walker::op_fault() {
                                         SimOp::reserve_address_range};
   constexpr std::size_t kErrorOpCount = sizeof(kErrorOps) / sizeof(kErrorOps[0]);
   const SimOp op = kErrorOps[arg % kErrorOpCount];
-  if (kind % 5 >= 3 && avoided_fault(op)) return;
   fault_active_ = true;
   switch (kind % 5) {
     case 0:

@@ -31,18 +31,6 @@ void Walker::check_pattern(const Live& l) {
   });
 }
 
-// Known findings (docs/reliability.md, tests/corpus/crash-*.bin), skipped while
-// fuzzing for new ones when RESERVOIR_WALK_AVOID_KNOWN is set. Open now:
-//  - with expandable segments, a request larger than the device reserves that much
-//    address space, and its failure raises DeviceError instead of OutOfMemoryError;
-//  - a failing set_access leaves an expandable segment's new pages mapped, uncounted.
-bool Walker::avoided_alloc(std::size_t size) {
-  return avoid_known_ && alloc_->config().expandable_segments && size > kCapacity && size < kOneEiB;
-}
-bool Walker::avoided_fault(SimOp op) {
-  return avoid_known_ && op == SimOp::set_access;
-}
-
 std::array<double, kDevices> Walker::fractions() {
   std::array<double, kDevices> out;
   for (int d = 0; d < kDevices; ++d) out[d] = alloc_->memory_fraction(d);

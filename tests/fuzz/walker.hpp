@@ -147,8 +147,6 @@ class Walker {
   void op_query();
   std::uintptr_t bad_pointer(std::uint8_t kind, std::uint8_t arg, const void* stack);
   void op_bad_input();
-  bool avoided_alloc(std::size_t size);
-  bool avoided_fault(SimOp op);
 
   Reader& in_;
   std::shared_ptr<SimBackend> sim_;
@@ -164,8 +162,6 @@ class Walker {
   std::int64_t syncs_ = 0;
   int current_device_ = 0;
   const bool trace_ = std::getenv("RESERVOIR_WALK_TRACE") != nullptr;  // one line per step
-  // Steps that would hit a known finding (docs/reliability.md) are skipped.
-  const bool avoid_known_ = std::getenv("RESERVOIR_WALK_AVOID_KNOWN") != nullptr;
   bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false;
   bool callback_on_ = false, capacity_changed_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
