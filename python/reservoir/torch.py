@@ -142,19 +142,19 @@ def memory_summary(device=None, abbreviated=False):
 
 
 def memory_allocated(device=None):
-    return memory_stats(device)["allocated_bytes.all.current"]
+    return _reservoir.memory_allocated(_torch_device(device))
 
 
 def max_memory_allocated(device=None):
-    return memory_stats(device)["allocated_bytes.all.peak"]
+    return _reservoir.max_memory_allocated(_torch_device(device))
 
 
 def memory_reserved(device=None):
-    return memory_stats(device)["reserved_bytes.all.current"]
+    return _reservoir.memory_reserved(_torch_device(device))
 
 
 def max_memory_reserved(device=None):
-    return memory_stats(device)["reserved_bytes.all.peak"]
+    return _reservoir.max_memory_reserved(_torch_device(device))
 
 
 def reset_peak_memory_stats(device=None):

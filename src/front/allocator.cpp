@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 
@@ -70,7 +71,7 @@ struct Allocator::Impl {
   ContextLevel history_level = ContextLevel::none;
   ContextRecorder history_recorder;
   std::vector<TraceTracker> trackers;
-  std::vector<Annotation> annotations;
+  std::deque<Annotation> annotations;  // oldest first, at most history_entries
 
   int resolve(int device) {
     if (device < -1)
@@ -487,7 +488,7 @@ void Allocator::record_annotation(std::string name, std::string value, int devic
   int d = im.resolve(device);
   std::lock_guard<std::mutex> hg(im.history_mutex);
   if (!im.history_enabled) return;
-  if (im.annotations.size() >= im.history_entries) im.annotations.erase(im.annotations.begin());
+  if (im.annotations.size() >= im.history_entries) im.annotations.pop_front();
   im.annotations.push_back(Annotation{d, im.backend->now_us(), std::move(name), std::move(value)});
 }
 
@@ -513,7 +514,7 @@ Snapshot Allocator::snapshot() {
             [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
   {
     std::lock_guard<std::mutex> hg(im.history_mutex);
-    out.annotations = im.annotations;
+    out.annotations.assign(im.annotations.begin(), im.annotations.end());
   }
   Config c;
   {
