@@ -23,28 +23,10 @@
 #include "reservoir/errors.hpp"
 #include "reservoir/export.hpp"
 #include "reservoir/history.hpp"
+#include "reservoir/hooks.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
-
-namespace detail {
-class DeviceEngine;
-class SegmentMap;
-class TraceRecorder;
-}  // namespace detail
-
-// Called once the out-of-memory ladder has failed, before OutOfMemoryError is
-// thrown: (device, bytes asked of the device, bytes allowed, bytes free).
-using OomObserver =
-    std::function<void(int device, std::size_t alloc_size, std::size_t allowed, std::size_t free)>;
-// Called on a cache miss before asking the device: free what you can (e.g. drop
-// other caches); return true if anything was freed.
-using FreeMemoryCallback = std::function<bool()>;
-
-struct BaseAllocation {
-  void* base = nullptr;  // start of the segment holding the pointer
-  std::size_t size = 0;  // size of that segment
-};
 
 class RESERVOIR_API Allocator {
  public:
@@ -145,9 +127,6 @@ class RESERVOIR_API Allocator {
   bool caching() const;
   // Walks every segment, block, pool and statistic; throws InvariantError.
   void validate();
-
-  // Internal: the engine of a device (created on first use).
-  detail::DeviceEngine& engine(int device);
 
  private:
   struct Impl;

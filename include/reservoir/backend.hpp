@@ -24,16 +24,9 @@
 #include <string>
 
 #include "reservoir/export.hpp"
+#include "reservoir/types.hpp"
 
 namespace reservoir {
-
-// A stream as the device knows it (for CUDA: the cudaStream_t / CUstream value;
-// 0 is the legacy default stream). Opaque to the engine: only compared and hashed.
-using StreamHandle = std::uintptr_t;
-// An event created by create_event. Opaque to the engine.
-using EventHandle = std::uintptr_t;
-// A physical memory allocation (virtual-memory capability; CUmemGenericAllocationHandle).
-using PhysicalHandle = std::uint64_t;
 
 enum class DeviceStatus : int {
   ok = 0,

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "reservoir/backend.hpp"
+#include "reservoir/types.hpp"
 
 namespace reservoir {
 

@@ -4,38 +4,47 @@
 // address range). Its Blocks tile it exactly, in address order:
 //   head->prev == nullptr, b->next->prev == b, b->next->address == b->address + b->size,
 //   sum(b->size over the list) == segment->size.
-// No two neighbouring blocks are both free (and both mapped, or both unmapped):
-// they are merged when the second becomes free.
+// No two neighbouring blocks are both free, nor both unmapped: they are merged when
+// the second one enters that state (coalesce() in stream_pool.cpp).
 // Every block is in exactly one of these places, by state:
-//   free      -> its stream pool's FreeSet for the segment's pool kind (free_at valid)
-//   allocated -> its stream pool's AddressMap of allocated blocks
+//   free      -> its owner's FreeSet for the segment's pool (free_at valid)
+//   allocated -> its owner's AddressMap of allocated blocks
 //   pending   -> freed by the program, waiting for events on other streams
 //                (event_count > 0, or stranded after a device error)
-//   unmapped  -> (expandable segments) its stream pool's unmapped AddressSet
-// A block belongs to the stream of its segment, and all segments of a StreamPool
-// share its stream: blocks never move between streams.
+//   unmapped  -> (expandable segments) its owner's unmapped AddressSet (unmapped_at valid)
+// A block belongs to the owner of its segment (one StreamPool: one stream); blocks
+// never move between owners.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <vector>
 
-#include "reservoir/backend.hpp"
+#include "engine/size_policy.hpp"
 #include "reservoir/history.hpp"
+#include "reservoir/types.hpp"
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
 
 struct Block;
 struct Segment;
-class StreamPool;
+class BlockOwner;
 class ExpandableSegment;
 
-// Best fit: smallest size first, ties by lowest address.
+// Best fit: smallest size first, ties by lowest address. Transparent, so a lookup
+// by size needs no Block.
+struct SizeKey {
+  std::size_t size;
+};
 struct BySizeThenAddress {
+  using is_transparent = void;
   bool operator()(const Block* a, const Block* b) const noexcept;
+  bool operator()(const Block* a, SizeKey k) const noexcept;
+  bool operator()(SizeKey k, const Block* b) const noexcept;
 };
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const noexcept;
@@ -45,29 +54,49 @@ using AddressSet = std::set<Block*, ByAddress, PoolAllocator<Block*>>;
 
 enum class BlockState : std::uint8_t { free, allocated, pending, unmapped };
 
+// What only some blocks need: the other streams that used it (record_stream) and
+// where it was allocated (history on). Kept out of Block so that Block stays
+// trivially constructible and the hot path never builds or destroys a vector.
+struct BlockExtras {
+  std::vector<StreamHandle> uses;
+  Context context;
+};
+
+// Hot fields first: a cache-hit allocation and its free touch only the first line.
 struct Block {
-  std::uintptr_t address = 0;
-  std::size_t size = 0;
-  std::size_t requested = 0;  // bytes the program asked for (allocated or pending)
-  Block* prev = nullptr;      // neighbours in the segment, by address
-  Block* next = nullptr;
-  Segment* segment = nullptr;
-  FreeSet::iterator free_at{};         // valid while state == free
-  AddressSet::iterator unmapped_at{};  // valid while state == unmapped
-  BlockState state = BlockState::free;
-  bool oversize = false;           // counted in oversize_allocations when handed out
-  std::uint32_t event_count = 0;   // outstanding events while pending
-  std::vector<StreamHandle> uses;  // other streams that used it (record_stream)
-  std::uint64_t gc_stamp = 0;      // garbage-collection clock when it became free
-  Context context;                 // where it was allocated (history on)
+  std::uintptr_t address;
+  std::size_t size;
+  Block* prev;  // neighbours in the segment, by address
+  Block* next;
+  Segment* segment;
+  std::size_t requested;  // bytes the program asked for (allocated or pending)
+  BlockState state;
+  bool oversize;                        // counted in oversize_allocations when handed out
+  std::uint32_t event_count;            // outstanding events while pending
+  FreeSet::iterator free_at;            // valid while state == free
+  AddressSet::iterator unmapped_at;     // valid while state == unmapped
+  std::uint64_t gc_stamp;               // garbage-collection clock when it became free
+  std::unique_ptr<BlockExtras> extras;  // null unless used on other streams or history is on
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }
   bool mapped() const noexcept { return state != BlockState::unmapped; }
+  inline PoolIndex pool() const noexcept;
+  BlockExtras& extra() {
+    if (!extras) extras = std::make_unique<BlockExtras>();
+    return *extras;
+  }
+  Context context() const { return extras ? extras->context : Context{}; }
 };
 
 inline bool BySizeThenAddress::operator()(const Block* a, const Block* b) const noexcept {
   if (a->size != b->size) return a->size < b->size;
   return a->address < b->address;
+}
+inline bool BySizeThenAddress::operator()(const Block* a, SizeKey k) const noexcept {
+  return a->size < k.size;
+}
+inline bool BySizeThenAddress::operator()(SizeKey k, const Block* b) const noexcept {
+  return k.size < b->size;
 }
 inline bool ByAddress::operator()(const Block* a, const Block* b) const noexcept {
   return a->address < b->address;
@@ -76,14 +105,15 @@ inline bool ByAddress::operator()(const Block* a, const Block* b) const noexcept
 // Cache-line aligned: segments of different streams are written by different threads
 // (head changes on every split and merge), so they must not share a line.
 struct alignas(64) Segment {
-  // base and size are also read without a lock by SegmentMap::find, possibly while the
-  // object is being reused for another segment: written only through set_range().
+  // base, size and owner are also read without a lock by SegmentMap::find and the
+  // free path, possibly while the object is being reused for another segment:
+  // written only through set_range() and set_owner().
   std::uintptr_t base = 0;
-  std::size_t size = 0;          // bytes of address space the blocks tile
-  std::size_t mapped_bytes = 0;  // == size unless expandable
-  StreamPool* owner = nullptr;
+  std::size_t size = 0;  // bytes of address space the blocks tile
+  BlockOwner* owner = nullptr;
   Block* head = nullptr;
-  bool small = false;  // small pool (blocks of requests <= 1 MiB)
+  std::size_t mapped_bytes = 0;  // == size unless expandable
+  PoolIndex pool = kLargePool;   // kSmallPool: blocks of requests <= 1 MiB
   bool expandable = false;
   bool oversize = false;            // counted in oversize_segments (max_split_size may change)
   ExpandableSegment* vm = nullptr;  // physical pages of an expandable segment
@@ -92,12 +122,12 @@ struct alignas(64) Segment {
   std::uint64_t serial = 0;  // creation order, for snapshots
   Context context;           // where the device allocation was made (history on)
 
-  // owner, like base and size, is read by lock-free lookups (Allocator::deallocate).
-  void set_owner(StreamPool* pool) noexcept {
-    std::atomic_ref<StreamPool*>(owner).store(pool, std::memory_order_release);
+  bool is_small() const noexcept { return pool == kSmallPool; }
+  void set_owner(BlockOwner* o) noexcept {
+    std::atomic_ref<BlockOwner*>(owner).store(o, std::memory_order_release);
   }
-  StreamPool* owner_now() const noexcept {
-    return std::atomic_ref<StreamPool*>(const_cast<StreamPool*&>(owner))
+  BlockOwner* owner_now() const noexcept {
+    return std::atomic_ref<BlockOwner*>(const_cast<BlockOwner*&>(owner))
         .load(std::memory_order_acquire);
   }
   void set_range(std::uintptr_t new_base, std::size_t new_size) noexcept {
@@ -113,5 +143,9 @@ struct alignas(64) Segment {
     return address >= b && address - b < n;
   }
 };
+
+inline PoolIndex Block::pool() const noexcept {
+  return segment->pool;
+}
 
 }  // namespace reservoir::detail

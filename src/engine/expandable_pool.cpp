@@ -1,15 +1,13 @@
 // StreamPool's expandable segments: one growing address range per stream and pool
-// kind (the spec's Note [Expandable Segments]). Blocks of such a segment are free,
+// (the spec's Note [Expandable Segments]). Blocks of such a segment are free,
 // allocated, pending or unmapped; mapping turns unmapped blocks into free ones at
 // the lowest address that fits (filling gaps first), unmapping gives whole free
 // pages back to the device.
 #include <algorithm>
 
-#include "engine/device_engine.hpp"
 #include "engine/expandable_segment.hpp"
-#include "engine/segment_map.hpp"
-#include "engine/size_policy.hpp"
 #include "engine/stream_pool.hpp"
+#include "reservoir/errors.hpp"
 #include "util/checks.hpp"
 #include "util/format.hpp"
 
@@ -21,8 +19,8 @@ bool allocatable(const Block* b) {
 }
 }  // namespace
 
-Block* StreamPool::allocate_expandable(std::size_t size, bool small, const Context& context) {
-  Block* c = find_expandable(size, small);
+Block* StreamPool::allocate_expandable(std::size_t size, PoolIndex pool, const Context& context) {
+  Block* c = find_expandable(size, pool);
   if (!c) return nullptr;
   if (c->state == BlockState::unmapped) {
     c = map_block(c, std::min(c->size, size), context);
@@ -41,8 +39,8 @@ Block* StreamPool::allocate_expandable(std::size_t size, bool small, const Conte
 // The lowest-address run of free and unmapped blocks with room for size bytes
 // (starting at a free block just before an unmapped one when there is one), or a
 // new segment's single unmapped block.
-Block* StreamPool::find_expandable(std::size_t size, bool small) {
-  for (Block* u : unmapped_[small ? 0 : 1]) {
+Block* StreamPool::find_expandable(std::size_t size, PoolIndex pool) {
+  for (Block* u : unmapped_[pool]) {
     Block* start = u->prev && u->prev->state == BlockState::free ? u->prev : u;
     std::size_t room = 0;
     for (Block* b = start; room < size && allocatable(b); b = b->next) room += b->size;
@@ -50,42 +48,51 @@ Block* StreamPool::find_expandable(std::size_t size, bool small) {
   }
   // More than the device has can never be mapped: out of memory, not a device error.
   MemoryInfo info;
-  if (engine_.backend().memory_info(engine_.device(), &info) == DeviceStatus::ok &&
+  if (services_.backend.memory_info(services_.device, &info) == DeviceStatus::ok &&
       size > info.total)
     return nullptr;
-  Segment* seg = new_expandable_segment(small, size);
+  Segment* seg = new_expandable_segment(pool, size);
   return seg ? seg->head : nullptr;
 }
 
-Segment* StreamPool::new_expandable_segment(bool small, std::size_t at_least) {
-  std::size_t page = small ? SizePolicy::kSmallBuffer : SizePolicy::kLargeBuffer;
+// Address space each new expandable segment reserves (expandable_segments_reserve,
+// else device memory plus 1/8).
+std::size_t StreamPool::expandable_reserve() {
+  const PoolSettings& s = services_.settings;
+  if (s.expandable_reserve) return s.expandable_reserve;
+  MemoryInfo info;
+  if (services_.backend.memory_info(services_.device, &info) != DeviceStatus::ok)
+    throw DeviceError("reservoir: reading memory info of device " +
+                      std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  if (s.expandable_reserve_fraction > 0)
+    return static_cast<std::size_t>(s.expandable_reserve_fraction *
+                                    static_cast<double>(info.total));
+  return info.total + info.total / 8;
+}
+
+Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least) {
+  std::size_t page = pool == kSmallPool ? SizePolicy::kSmallBuffer : SizePolicy::kLargeBuffer;
   std::size_t granularity = 0;
-  if (engine_.backend().granularity(engine_.device(), &granularity) == DeviceStatus::ok &&
+  if (services_.backend.granularity(services_.device, &granularity) == DeviceStatus::ok &&
       granularity > 0 && page % granularity != 0)
     page = (page + granularity - 1) / granularity * granularity;
   // A request larger than the configured reservation gets a segment of its own size.
   auto* vm =
-      new ExpandableSegment(engine_.backend(), engine_.device(), page,
-                            std::max(engine_.expandable_reserve(), at_least), engine_.peers());
-  Segment* seg = engine_.new_segment();
+      new ExpandableSegment(services_.backend, services_.device, page,
+                            std::max(expandable_reserve(), at_least), services_.peers.list());
+  Segment* seg = services_.segments.make();
   seg->set_range(vm->base(), vm->size());
-  seg->mapped_bytes = 0;
-  seg->set_owner(this);
-  seg->small = small;
+  seg->pool = pool;
   seg->expandable = true;
   seg->vm = vm;
-  Block* b = new_block();
-  b->address = seg->base;
-  b->size = seg->size;
-  b->segment = seg;
-  b->state = BlockState::unmapped;
-  b->unmapped_at = unmapped_set(b).insert(b).first;
+  Block* b = new_block(seg->base, seg->size, seg, BlockState::unmapped);
+  index_unmapped(b);
   seg->head = b;
-  seg->next_in_pool = segments_;
-  if (segments_) segments_->prev_in_pool = seg;
-  segments_ = seg;
-  engine_.segments().insert(seg);
-  counters_.add(kSegment, small ? 0 : 1, 1);
+  seg->set_owner(this);
+  link_segment(seg);
+  services_.segments.publish(seg);
+  counters_.add<kSegment>(pool, 1);
   return seg;
 }
 
@@ -96,58 +103,36 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   Segment* seg = b->segment;
   const std::size_t page = seg->vm->page_size();
   const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
-  if (!engine_.reserve(want)) return nullptr;
+  if (!services_.budget.reserve(want)) return nullptr;
   std::size_t mapped = 0;
   try {
     mapped = seg->vm->map(b->address, want);
   } catch (...) {
-    engine_.unreserve(want);  // nothing was mapped
+    services_.budget.unreserve(want);  // nothing was mapped
     throw;
   }
   if (mapped == 0) {
-    engine_.unreserve(want);
+    services_.budget.unreserve(want);
     return nullptr;
   }
-  unmapped_set(b).erase(b->unmapped_at);
+  unindex_unmapped(b);
   if (mapped < b->size) {  // the rest stays unmapped, after b
-    Block* rest = new_block();
-    rest->address = b->address + mapped;
-    rest->size = b->size - mapped;
-    rest->segment = seg;
-    rest->state = BlockState::unmapped;
+    Block* rest = new_block(b->address + mapped, b->size - mapped, seg, BlockState::unmapped);
     rest->prev = b;
     rest->next = b->next;
     if (rest->next) rest->next->prev = rest;
     b->next = rest;
     b->size = mapped;
-    rest->unmapped_at = unmapped_set(rest).insert(rest).first;
+    index_unmapped(rest);
   }
   const std::uintptr_t mapped_at = b->address;
   b->state = BlockState::pending;  // neither free nor unmapped while merging
-  Block* keep = b;
-  bool indexed = false;
-  if (keep->prev && keep->prev->state == BlockState::free) {
-    keep = merge_into(keep->prev, b);
-    indexed = true;
-  }
-  if (keep->next && keep->next->state == BlockState::free) {
-    if (indexed) {
-      merge_into(keep, keep->next);
-    } else {
-      Block* next = keep->next;
-      merge_into(next, keep);
-      keep = next;
-      indexed = true;
-    }
-  }
-  if (indexed)
-    index_reposition(keep);
-  else
-    index_insert(keep);
+  std::int64_t merged = 0, merged_bytes = 0;
+  Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
   seg->mapped_bytes += mapped;
-  counters_.add(kReservedBytes, seg->small ? 0 : 1, static_cast<std::int64_t>(mapped));
-  engine_.count_device_alloc();
-  engine_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
+  counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
+  DeviceCounters::bump(services_.counters.device_allocs);
+  if (tracing()) services_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
   return keep;
 }
 
@@ -159,21 +144,18 @@ bool StreamPool::unmap_block(Block* b) {
   if (inner.second == 0) return false;
   // Unmapping does not wait for the device: work on this stream may still use the
   // pages (freed blocks are reused in stream order), so wait for it.
-  if (engine_.backend().synchronize_stream(engine_.device(), stream_) != DeviceStatus::ok)
+  if (services_.backend.synchronize_stream(services_.device, stream_) != DeviceStatus::ok)
     throw DeviceError("reservoir: synchronizing the stream before unmapping on device " +
-                      std::to_string(engine_.device()) +
-                      " failed: " + engine_.backend().last_error());
+                      std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
   std::string error;
   auto [start, length] = seg->vm->unmap(inner.first, inner.second, &error);
   if (length > 0) {
-    index_erase(b);
+    unindex_free(b);
     const std::size_t before = start - b->address;
     const std::size_t after = b->size - before - length;
-    if (before > 0) {
-      Block* f = new_block();
-      f->address = b->address;
-      f->size = before;
-      f->segment = seg;
+    if (before > 0) {  // the free head that stays mapped
+      Block* f = new_block(b->address, before, seg, BlockState::free);
       f->prev = b->prev;
       if (f->prev)
         f->prev->next = f;
@@ -181,37 +163,27 @@ bool StreamPool::unmap_block(Block* b) {
         seg->head = f;
       f->next = b;
       b->prev = f;
-      index_insert(f);
+      index_free(f);
     }
-    if (after > 0) {
-      Block* f = new_block();
-      f->address = start + length;
-      f->size = after;
-      f->segment = seg;
+    if (after > 0) {  // the free tail that stays mapped
+      Block* f = new_block(start + length, after, seg, BlockState::free);
       f->next = b->next;
       if (f->next) f->next->prev = f;
       f->prev = b;
       b->next = f;
-      index_insert(f);
+      index_free(f);
     }
     b->address = start;
     b->size = length;
     b->state = BlockState::pending;  // neither free nor unmapped while merging
-    Block* keep = b;
-    if (keep->prev && keep->prev->state == BlockState::unmapped) {
-      Block* prev = keep->prev;
-      unmapped_set(prev).erase(prev->unmapped_at);
-      prev->state = BlockState::pending;
-      keep = merge_into(prev, keep);
-    }
-    if (keep->next && keep->next->state == BlockState::unmapped) merge_into(keep, keep->next);
-    keep->state = BlockState::unmapped;
-    keep->unmapped_at = unmapped_set(keep).insert(keep).first;
+    std::int64_t merged = 0, merged_bytes = 0;
+    coalesce(b, BlockState::unmapped, &merged, &merged_bytes);
     seg->mapped_bytes -= length;
-    engine_.unreserve(length);
-    counters_.add(kReservedBytes, seg->small ? 0 : 1, -static_cast<std::int64_t>(length));
-    engine_.count_device_free();
-    engine_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
+    services_.budget.unreserve(length);
+    counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
+    DeviceCounters::bump(services_.counters.device_frees);
+    if (tracing())
+      services_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
   }
   if (!error.empty()) throw DeviceError("reservoir: " + error);
   return length > 0;
@@ -220,23 +192,12 @@ bool StreamPool::unmap_block(Block* b) {
 void StreamPool::release_expandable_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->next && b->state == BlockState::unmapped && seg->mapped_bytes == 0);
-  unmapped_set(b).erase(b->unmapped_at);
+  unindex_unmapped(b);
   delete_block(b);
-  engine_.segments().erase(seg);
   delete seg->vm;
-  if (seg->prev_in_pool)
-    seg->prev_in_pool->next_in_pool = seg->next_in_pool;
-  else
-    segments_ = seg->next_in_pool;
-  if (seg->next_in_pool) seg->next_in_pool->prev_in_pool = seg->prev_in_pool;
-  counters_.add(kSegment, seg->small ? 0 : 1, -1);
-  engine_.recycle_segment(seg);
-}
-
-void StreamPool::add_peer(int device) {
-  Guard guard(lock_);
-  for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
-    if (seg->expandable) seg->vm->add_peer(device);
+  unlink_segment(seg);
+  counters_.add<kSegment>(seg->pool, -1);
+  services_.segments.retire(seg);
 }
 
 }  // namespace reservoir::detail

@@ -6,10 +6,17 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 
 #include "reservoir/config.hpp"
 
 namespace reservoir::detail {
+
+// The two pools of every cache: blocks of requests up to 1 MiB live in 2 MiB
+// segments (small), the rest in larger ones (large). Also the index of per-pool
+// arrays (free sets, statistics).
+enum PoolIndex : std::uint8_t { kSmallPool = 0, kLargePool = 1 };
+inline constexpr int kPoolCount = 2;
 
 class SizePolicy {
  public:
@@ -24,11 +31,14 @@ class SizePolicy {
       : max_split_size_(config.max_split_size),
         max_non_split_rounding_(config.max_non_split_rounding_size),
         divisions_(config.roundup_power2_divisions),
-        expandable_(config.expandable_segments) {}
+        expandable_(config.expandable_segments) {
+    for (std::size_t d : divisions_) any_divisions_ |= d > 1;
+  }
 
   // The block size for a request of size bytes (size > 0).
   std::size_t round(std::size_t size) const noexcept {
     if (size < kMinBlockSize) return kMinBlockSize;
+    if (!any_divisions_) return (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
     std::size_t divisions = divisions_for(size);
     if (divisions > 1 && size > kMinBlockSize * divisions)
       return round_to_power2_division(size, divisions);
@@ -36,6 +46,9 @@ class SizePolicy {
   }
 
   static bool is_small(std::size_t rounded) noexcept { return rounded <= kSmallSize; }
+  static PoolIndex pool_for(std::size_t rounded) noexcept {
+    return rounded <= kSmallSize ? kSmallPool : kLargePool;
+  }
 
   // Size of the device allocation made for a block of rounded bytes.
   static std::size_t segment_size(std::size_t rounded) noexcept {
@@ -46,9 +59,9 @@ class SizePolicy {
 
   // Whether serving size bytes from a free block of block_size leaves a remainder
   // worth keeping as a block of its own.
-  bool should_split(bool small_pool, std::size_t block_size, std::size_t size) const noexcept {
+  bool should_split(PoolIndex pool, std::size_t block_size, std::size_t size) const noexcept {
     std::size_t remaining = block_size - size;
-    if (small_pool || expandable_) return remaining >= kMinBlockSize;
+    if (pool == kSmallPool || expandable_) return remaining >= kMinBlockSize;
     return size < max_split_size_ && remaining > kSmallSize;
   }
 
@@ -88,6 +101,7 @@ class SizePolicy {
   std::size_t max_non_split_rounding_;
   std::array<std::size_t, kRoundupIntervals> divisions_;
   bool expandable_;
+  bool any_divisions_ = false;  // else round() is plain 512-byte rounding
 };
 
 }  // namespace reservoir::detail

@@ -4,28 +4,39 @@
 
 namespace reservoir::detail {
 
+namespace {
+__extension__ typedef __int128 int128;
+
+// The stored kind a reported quantity is (or starts with, for the derived two).
+constexpr int kFirstKind[kReportedKinds] = {
+    kAllocation,      kSegment,        kAllocation,         kInactiveSplit,  kAllocatedBytes,
+    kReservedBytes,   kAllocatedBytes, kInactiveSplitBytes, kRequestedBytes, kOversizeAllocations,
+    kOversizeSegments};
+// The second stored kind of a derived quantity, or -1.
+constexpr int second_kind(int q) {
+  return q == rActive ? kPending : q == rActiveBytes ? kPendingBytes : -1;
+}
+
+std::int64_t reported_all(const ShardCounters* s, int q, int p) {
+  // p: 0 = all, 1 = small, 2 = large
+  if (p == 0) return s->reported(q, 0) + s->reported(q, 1);
+  return s->reported(q, p - 1);
+}
+}  // namespace
+
 ShardCounters::ShardCounters() {
-  for (int k = 0; k < kStatKinds; ++k) {
+  for (int k = 0; k < kStatKinds; ++k)
     for (int p = 0; p < 2; ++p) {
       current[k][p].store(0, std::memory_order_relaxed);
       removed[k][p].store(0, std::memory_order_relaxed);
       base[k][p].store(0, std::memory_order_relaxed);
     }
-    for (int q = 0; q < 3; ++q) {
-      limit[k][q].store(0, std::memory_order_relaxed);
-      high[k][q] = 0;
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p) {
+      limit[q][p].store(0, std::memory_order_relaxed);
+      high[q][p] = 0;
     }
-  }
 }
-
-namespace {
-__extension__ typedef __int128 int128;
-
-std::int64_t current_of(const ShardCounters* s, int kind, int q) {
-  if (q == 0) return s->get(kind, 0) + s->get(kind, 1);
-  return s->get(kind, q - 1);
-}
-}  // namespace
 
 void StatLedger::attach(ShardCounters* shard) {
   std::lock_guard<std::mutex> guard(mutex_);
@@ -44,34 +55,33 @@ void StatLedger::rebalance_locked() {
   const std::size_t n = shards_.size();
   if (n == 0) return;
   std::vector<std::int64_t> cur(n), want(n);
-  for (int k = 0; k < kStatKinds; ++k) {
-    for (int q = 0; q < 3; ++q) {
+  for (int q = 0; q < kReportedKinds; ++q) {
+    for (int p = 0; p < 3; ++p) {
       std::int64_t sum = 0;
       for (std::size_t i = 0; i < n; ++i) {
         ShardCounters* sh = shards_[i];
-        cur[i] = current_of(sh, k, q);
+        cur[i] = reported_all(sh, q, p);
         sum += cur[i];
         if (epoch_ - sh->last_trigger > kClaimLifetime)
-          sh->high[k][q] = cur[i];  // idle: its old high-water mark claims nothing
+          sh->high[q][p] = cur[i];  // idle: its old high-water mark claims nothing
         else
-          sh->high[k][q] = std::max(sh->high[k][q], cur[i]);
+          sh->high[q][p] = std::max(sh->high[q][p], cur[i]);
       }
-      std::int64_t& peak = peak_[k][q];
+      std::int64_t& peak = peak_[q][p];
       peak = std::max(peak, sum);
       std::int64_t headroom = peak - sum;
       std::int64_t wanted = 0;
       for (std::size_t i = 0; i < n; ++i) {
-        want[i] = std::max<std::int64_t>(0, shards_[i]->high[k][q] - cur[i]);
+        want[i] = std::max<std::int64_t>(0, shards_[i]->high[q][p] - cur[i]);
         wanted += want[i];
       }
       for (std::size_t i = 0; i < n; ++i) {
         std::int64_t extra;
-        if (wanted <= headroom) {
+        if (wanted <= headroom)
           extra = want[i] + (headroom - wanted) / static_cast<std::int64_t>(n);
-        } else {
+        else
           extra = static_cast<std::int64_t>(static_cast<int128>(want[i]) * headroom / wanted);
-        }
-        shards_[i]->limit[k][q].store(cur[i] + extra, std::memory_order_relaxed);
+        shards_[i]->limit[q][p].store(cur[i] + extra, std::memory_order_relaxed);
       }
     }
   }
@@ -79,15 +89,15 @@ void StatLedger::rebalance_locked() {
 
 void StatLedger::reset_peaks() {
   std::lock_guard<std::mutex> guard(mutex_);
-  for (int k = 0; k < kStatKinds; ++k) {
-    for (int q = 0; q < 3; ++q) {
+  for (int q = 0; q < kReportedKinds; ++q) {
+    for (int p = 0; p < 3; ++p) {
       std::int64_t sum = 0;
       for (ShardCounters* s : shards_) {
-        std::int64_t c = current_of(s, k, q);
-        s->high[k][q] = c;
+        std::int64_t c = reported_all(s, q, p);
+        s->high[q][p] = c;
         sum += c;
       }
-      peak_[k][q] = sum;
+      peak_[q][p] = sum;
     }
   }
   rebalance_locked();
@@ -96,8 +106,7 @@ void StatLedger::reset_peaks() {
 void StatLedger::reset_accumulated(ShardCounters* shard) {
   for (int k = 0; k < kStatKinds; ++k)
     for (int p = 0; p < 2; ++p) {
-      shard->base[k][p].store(shard->current[k][p].load(std::memory_order_relaxed),
-                              std::memory_order_relaxed);
+      shard->base[k][p].store(shard->get(k, p), std::memory_order_relaxed);
       shard->removed[k][p].store(0, std::memory_order_relaxed);
     }
 }
@@ -108,24 +117,33 @@ void StatLedger::read(DeviceStats* out) {
       &out->allocation,      &out->segment,        &out->active,       &out->inactive_split,
       &out->allocated_bytes, &out->reserved_bytes, &out->active_bytes, &out->inactive_split_bytes,
       &out->requested_bytes};
-  for (int k = 0; k < kStatKinds; ++k) {
+  for (int q = 0; q < kReportedKinds; ++q) {
+    const int first = kFirstKind[q], second = second_kind(q);
     Stat stat[3];
-    for (int q = 0; q < 3; ++q) {
+    for (int p = 0; p < 3; ++p) {
+      const int p0 = p == 0 ? 0 : p - 1, p1 = p == 0 ? 1 : p - 1;
       for (ShardCounters* s : shards_) {
-        stat[q].current += current_of(s, k, q);
-        int p0 = q == 0 ? 0 : q - 1, p1 = q == 0 ? 1 : q - 1;
-        for (int p = p0; p <= p1; ++p) {
-          std::int64_t removed = s->removed[k][p].load(std::memory_order_relaxed);
-          stat[q].allocated += s->current[k][p].load(std::memory_order_relaxed) -
-                               s->base[k][p].load(std::memory_order_relaxed) + removed;
-          stat[q].freed += removed;
+        for (int pool = p0; pool <= p1; ++pool) {
+          auto base_of = [&](int k) { return s->base[k][pool].load(std::memory_order_relaxed); };
+          auto removed_of = [&](int k) {
+            return s->removed[k][pool].load(std::memory_order_relaxed);
+          };
+          const std::int64_t current = s->reported(q, pool);
+          // Every increase of a derived quantity is an increase of its first kind
+          // (the second only receives transfers from the first).
+          const std::int64_t added = s->get(first, pool) - base_of(first) + removed_of(first);
+          std::int64_t base = base_of(first);
+          if (second >= 0) base += base_of(second);
+          stat[p].current += current;
+          stat[p].allocated += added;
+          stat[p].freed += added - (current - base);
         }
       }
-      stat[q].peak = std::max(peak_[k][q], stat[q].current);
+      stat[p].peak = std::max(peak_[q][p], stat[p].current);
     }
-    if (k < 9) {
-      for (int q = 0; q < 3; ++q) arrays[k]->pool[q] = stat[q];
-    } else if (k == kOversizeAllocations) {
+    if (q < 9) {
+      for (int p = 0; p < 3; ++p) arrays[q]->pool[p] = stat[p];
+    } else if (q == rOversizeAllocations) {
       out->oversize_allocations = stat[0];
     } else {
       out->oversize_segments = stat[0];

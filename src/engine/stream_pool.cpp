@@ -1,14 +1,12 @@
-// StreamPool: allocation, free, split/merge and the pool's rungs of the
-// out-of-memory ladder. See stream_pool.hpp for the invariants.
+// StreamPool: allocation, free, split and merge, pending frees, and the pool's
+// rungs of the out-of-memory ladder. See stream_pool.hpp for the invariants.
 #include "engine/stream_pool.hpp"
 
 #include <algorithm>
 #include <new>
 
-#include "engine/device_engine.hpp"
 #include "engine/expandable_segment.hpp"
-#include "engine/segment_map.hpp"
-#include "engine/size_policy.hpp"
+#include "reservoir/errors.hpp"
 #include "util/checks.hpp"
 #include "util/format.hpp"
 
@@ -17,13 +15,10 @@ namespace reservoir::detail {
 namespace {
 // std::set<Block*> nodes are 40 bytes with libstdc++; leave room for other layouts.
 constexpr std::size_t kSetNodeSize = 64;
-inline int pool_of(const Block* b) {
-  return b->segment->small ? 0 : 1;
-}
 }  // namespace
 
-StreamPool::StreamPool(DeviceEngine& engine, StreamHandle stream)
-    : engine_(engine),
+StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
+    : services_(services),
       stream_(stream),
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
@@ -35,100 +30,68 @@ StreamPool::StreamPool(DeviceEngine& engine, StreamHandle stream)
 StreamPool::~StreamPool() {
   // The engine is going away: return every segment, whatever its blocks hold.
   for (auto& q : pending_queues_)
-    for (Pending& p : q.entries) engine_.events().release(p.event);
-  free_[0].clear();
-  free_[1].clear();
-  unmapped_[0].clear();
-  unmapped_[1].clear();
+    for (Pending& p : q.entries) services_.events.release(p.event);
+  for (int p = 0; p < kPoolCount; ++p) {
+    free_[p].clear();
+    unmapped_[p].clear();
+  }
   Segment* seg = segments_;
   while (seg) {
     Segment* next = seg->next_in_pool;
     if (seg->expandable)
       delete seg->vm;  // unmaps its pages and releases the range
     else
-      (void)engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
+      (void)services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
                                          seg->size);
-    engine_.segments().erase(seg);
-    engine_.unreserve(seg->mapped_bytes);
+    services_.budget.unreserve(seg->mapped_bytes);
     for (Block* b = seg->head; b;) {
       Block* n = b->next;
       delete_block(b);
       b = n;
     }
+    services_.segments.retire(seg);
     seg = next;
   }
 }
 
-// ---------------------------------------------------------------- blocks and index
+// ---------------------------------------------------------------- blocks and indexes
 
-Block* StreamPool::new_block() {
-  return new (block_nodes_.get()) Block();
-}
-
-void StreamPool::delete_block(Block* b) {
-  b->~Block();
-  block_nodes_.put(b);
-}
-
-void StreamPool::index_insert(Block* b) {
-  b->state = BlockState::free;
-  b->gc_stamp = engine_.gc_now();
-  b->free_at = free_set(b).insert(b).first;
-}
-
-void StreamPool::index_erase(Block* b) {
-  free_set(b).erase(b->free_at);
-}
-
-// b's size or address changed while in the set: keep its node when the order still
-// holds (the common case of splitting or merging the same block), else re-insert.
-void StreamPool::index_reposition(Block* b) {
-  FreeSet& set = free_set(b);
-  b->gc_stamp = engine_.gc_now();
-  if (set.size() == 1) return;  // a lone block is always in order
+void StreamPool::reinsert_free(Block* b) {
+  FreeSet& set = free_[b->pool()];
   BySizeThenAddress less;
   auto it = b->free_at;
-  bool ordered = true;
-  if (it != set.begin() && !less(*std::prev(it), b)) ordered = false;
-  auto after = std::next(it);
-  if (ordered && after != set.end() && !less(b, *after)) ordered = false;
-  if (ordered) return;
+  if ((it == set.begin() || less(*std::prev(it), b)) &&
+      (std::next(it) == set.end() || less(b, *std::next(it))))
+    return;
   set.erase(it);
   b->free_at = set.insert(b).first;
 }
 
-// keep absorbs its neighbour gone (adjacent, same segment); gone is deleted.
-Block* StreamPool::merge_into(Block* keep, Block* gone) {
-  if (gone->state == BlockState::free) index_erase(gone);
-  if (gone->state == BlockState::unmapped) unmapped_set(gone).erase(gone->unmapped_at);
-  if (gone == keep->prev) {
-    keep->address = gone->address;
-    keep->prev = gone->prev;
-    if (keep->prev)
-      keep->prev->next = keep;
-    else
-      keep->segment->head = keep;
-  } else {
-    keep->next = gone->next;
-    if (keep->next) keep->next->prev = keep;
-  }
-  keep->size += gone->size;
-  delete_block(gone);
-  return keep;
+void StreamPool::link_segment(Segment* seg) {
+  seg->prev_in_pool = nullptr;
+  seg->next_in_pool = segments_;
+  if (segments_) segments_->prev_in_pool = seg;
+  segments_ = seg;
+}
+
+void StreamPool::unlink_segment(Segment* seg) {
+  if (seg->prev_in_pool)
+    seg->prev_in_pool->next_in_pool = seg->next_in_pool;
+  else
+    segments_ = seg->next_in_pool;
+  if (seg->next_in_pool) seg->next_in_pool->prev_in_pool = seg->prev_in_pool;
 }
 
 // ---------------------------------------------------------------- allocation
 
-Block* StreamPool::find_free(bool small, std::size_t size) {
-  FreeSet& set = free_[small ? 0 : 1];
-  if (!small && engine_.gc_enabled()) engine_.gc_tick();
+RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) {
+  FreeSet& set = free_[pool];
+  if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();
   if (set.empty()) return nullptr;
-  Block key;
-  key.size = size;
-  auto it = set.lower_bound(&key);
+  auto it = set.lower_bound(SizeKey{size});
   if (it == set.end()) return nullptr;
   if ((*it)->segment->expandable) {
-    if (engine_.policy().expandable()) {
+    if (policy().expandable()) {
       // Best fit counts the unmapped room after a block of an expandable segment:
       // prefer a block that would not grow into the segment's open end.
       auto room = [](const Block* b) {
@@ -146,247 +109,204 @@ Block* StreamPool::find_free(bool small, std::size_t size) {
     }
   }
   Block* b = *it;
-  if (!engine_.policy().may_serve(b->size, size)) return nullptr;
+  if (!policy().may_serve(b->size, size)) return nullptr;
   return b;
 }
 
-std::uintptr_t StreamPool::allocate(std::size_t requested) {
-  // The user's context recorder may be slow or take its own locks: call it first.
-  Context context;
-  if (__builtin_expect(engine_.history().active(), 0))
-    context = engine_.history().gather(ContextLevel::state);
+std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context) {
   Guard guard(lock_);
   if (pending_blocks_ != 0) process_events(false);
-  const std::size_t size = engine_.policy().round(requested);
-  const bool small = SizePolicy::is_small(size);
-  Block* b = find_free(small, size);
-  if (!b) b = allocate_slow(guard, requested, size, small, context);
-  Block* out = take(b, size, requested, small, context);
-  std::uintptr_t address = out->address;
+  const std::size_t size = policy().round(requested);
+  const PoolIndex pool = SizePolicy::pool_for(size);
+  Block* b = find_free(pool, size);
+  if (!b) return 0;
+  std::uintptr_t address = hand_out(b, size, requested, context);
   finish_operation();
   return address;
 }
 
-Block* StreamPool::allocate_slow(Guard& guard, std::size_t requested, std::size_t size, bool small,
-                                 const Context& context) {
-  // Rung 1: the program's free-memory callbacks (outside the lock: they may free
-  // memory through this allocator).
-  if (engine_.has_free_memory_callbacks()) {
-    guard.unlock();
-    bool freed = engine_.run_free_memory_callbacks();
-    guard.lock();
-    if (freed)
-      if (Block* b = find_free(small, size)) return b;
-  }
-  // Rung 2: age-based garbage collection of cached blocks.
-  if (engine_.gc_enabled()) {
-    guard.unlock();
-    engine_.garbage_collect();
-    guard.lock();
-  }
-  // Rung 3: a new segment.
-  if (Block* b = allocate_segment(guard, size, small, false, context)) return b;
-  // Rung 4: release cached oversize blocks of this pool, retry.
-  if (release_oversize(size, small))
-    if (Block* b = allocate_segment(guard, size, small, false, context)) return b;
-  // Rung 5: wait for pending frees and release every unsplit cached segment of every
-  // stream, retry. Frees completed meanwhile may already satisfy the request.
-  guard.unlock();
-  engine_.release_cached_everywhere();
-  guard.lock();
-  if (pending_blocks_ != 0) process_events(false);
-  if (Block* b = find_free(small, size)) return b;
-  if (Block* b = allocate_segment(guard, size, small, true, context)) return b;
-  // Rung 6: out of memory.
-  guard.unlock();
-  engine_.raise_out_of_memory(*this, requested, SizePolicy::segment_size(size));
+std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retry,
+                                                const Context& context) {
+  Guard guard(lock_);
+  const std::size_t size = policy().round(requested);
+  Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
+  if (!b) return 0;
+  std::uintptr_t address = hand_out(b, size, requested, context);
+  finish_operation();
+  return address;
 }
 
-Block* StreamPool::allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
-                                    const Context& context) {
-  if (retry) engine_.count_retry();
-  if (engine_.policy().expandable()) return allocate_expandable(size, small, context);
+std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
+  Guard guard(lock_);
+  if (pending_blocks_ != 0) process_events(false);
+  const std::size_t size = policy().round(requested);
+  const PoolIndex pool = SizePolicy::pool_for(size);
+  Block* b = find_free(pool, size);
+  if (!b) b = new_segment_block(guard, size, pool, true, context);
+  if (!b) return 0;
+  std::uintptr_t address = hand_out(b, size, requested, context);
+  finish_operation();
+  return address;
+}
+
+// A free block holding the request: a new device allocation (or, for expandable
+// segments, newly mapped pages). nullptr when the device or the budget has no room.
+Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
+                                     const Context& context) {
+  if (retry) DeviceCounters::bump(services_.counters.alloc_retries);
+  if (policy().expandable()) return allocate_expandable(size, pool, context);
   const std::size_t alloc_size = SizePolicy::segment_size(size);
-  if (!engine_.reserve(alloc_size)) return nullptr;  // over the memory fraction
+  if (!services_.budget.reserve(alloc_size)) return nullptr;  // over the memory fraction
   void* ptr = nullptr;
   DeviceStatus status;
-  if (engine_.config().release_lock_on_cudamalloc) {
+  if (services_.settings.release_lock_on_device_alloc) {
     guard.unlock();
-    status = engine_.backend().allocate(engine_.device(), alloc_size, &ptr);
+    status = services_.backend.allocate(services_.device, alloc_size, &ptr);
     guard.lock();
   } else {
-    status = engine_.backend().allocate(engine_.device(), alloc_size, &ptr);
+    status = services_.backend.allocate(services_.device, alloc_size, &ptr);
   }
   if (status != DeviceStatus::ok) {
-    engine_.unreserve(alloc_size);
+    services_.budget.unreserve(alloc_size);
     if (status == DeviceStatus::out_of_memory) return nullptr;
     throw DeviceError("reservoir: allocating a segment of " + format_size(alloc_size) +
-                      " on device " + std::to_string(engine_.device()) + " (" +
-                      engine_.backend().name() + ") failed: " + engine_.backend().last_error());
+                      " on device " + std::to_string(services_.device) + " (" +
+                      services_.backend.name() + ") failed: " + services_.backend.last_error());
   }
-  Segment* seg = engine_.new_segment();
+  Segment* seg = services_.segments.make();
   seg->set_range(reinterpret_cast<std::uintptr_t>(ptr), alloc_size);
   seg->mapped_bytes = alloc_size;
-  seg->set_owner(this);
-  seg->small = small;
-  seg->expandable = false;
-  Block* b = new_block();
-  b->address = seg->base;
-  b->size = alloc_size;
-  b->segment = seg;
-  seg->head = b;
-  seg->prev_in_pool = nullptr;
-  seg->next_in_pool = segments_;
-  if (segments_) segments_->prev_in_pool = seg;
-  segments_ = seg;
-  engine_.segments().insert(seg);
-  index_insert(b);
-  const int pool = small ? 0 : 1;
-  counters_.add(kSegment, pool, 1);
-  counters_.add(kReservedBytes, pool, static_cast<std::int64_t>(alloc_size));
-  seg->oversize = alloc_size >= engine_.policy().max_split_size();
-  if (seg->oversize) counters_.add(kOversizeSegments, pool, 1);
-  engine_.count_device_alloc();
+  seg->pool = pool;
   seg->context = context;
-  engine_.trace(TraceAction::segment_alloc, seg->base, alloc_size, stream_, context);
+  Block* b = new_block(seg->base, alloc_size, seg, BlockState::free);
+  seg->head = b;
+  seg->set_owner(this);
+  link_segment(seg);
+  services_.segments.publish(seg);
+  index_free(b);
+  counters_.add<kSegment>(pool, 1);
+  counters_.add<kReservedBytes>(pool, static_cast<std::int64_t>(alloc_size));
+  seg->oversize = alloc_size >= policy().max_split_size();
+  if (seg->oversize) counters_.add<kOversizeSegments>(pool, 1);
+  DeviceCounters::bump(services_.counters.device_allocs);
+  if (tracing())
+    services_.trace(TraceAction::segment_alloc, seg->base, alloc_size, stream_, context);
   return b;
 }
 
 // Serves size bytes from the free block b, splitting off the remainder when the
-// policy says so; returns the allocated block.
-Block* StreamPool::take(Block* b, std::size_t size, std::size_t requested, bool small,
-                        const Context& context) {
-  const SizePolicy& policy = engine_.policy();
-  const int pool = pool_of(b);
-  const bool expandable = b->segment->expandable;
+// policy says so; returns the address handed to the program.
+RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
+                                                     std::size_t requested,
+                                                     const Context& context) {
+  const PoolIndex pool = b->pool();
+  const bool counts_split = !b->segment->expandable;  // PyTorch counts none in expandable
   const bool already_split = b->is_split();
   Block* out;
-  if (policy.should_split(small, b->size, size)) {
-    Block* a = new_block();
-    a->address = b->address;
-    a->size = size;
-    a->segment = b->segment;
-    a->prev = b->prev;
-    if (a->prev)
-      a->prev->next = a;
+  if (policy().should_split(pool, b->size, size)) {
+    out = new_block(b->address, size, b->segment, BlockState::allocated);
+    out->prev = b->prev;
+    if (out->prev)
+      out->prev->next = out;
     else
-      b->segment->head = a;
-    a->next = b;
-    b->prev = a;
+      b->segment->head = out;
+    out->next = b;
+    b->prev = out;
     b->address += size;
     b->size -= size;
-    index_reposition(b);
-    if (!expandable) {
+    reposition_free(b);
+    if (counts_split) {
       if (already_split) {
-        counters_.add(kInactiveSplitBytes, pool, -static_cast<std::int64_t>(size));
+        counters_.add<kInactiveSplitBytes>(pool, -static_cast<std::int64_t>(size));
       } else {
-        counters_.add(kInactiveSplitBytes, pool, static_cast<std::int64_t>(b->size));
-        counters_.add(kInactiveSplit, pool, 1);
+        counters_.add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
+        counters_.add<kInactiveSplit>(pool, 1);
       }
     }
-    out = a;
   } else {
-    index_erase(b);
-    if (already_split && !expandable) {
-      counters_.add(kInactiveSplitBytes, pool, -static_cast<std::int64_t>(b->size));
-      counters_.add(kInactiveSplit, pool, -1);
+    unindex_free(b);
+    if (already_split && counts_split) {
+      counters_.add<kInactiveSplitBytes>(pool, -static_cast<std::int64_t>(b->size));
+      counters_.add<kInactiveSplit>(pool, -1);
     }
     out = b;
+    out->state = BlockState::allocated;
   }
-  out->state = BlockState::allocated;
   out->requested = requested;
   allocated_.insert(out->address, out);
-  const auto bytes = static_cast<std::int64_t>(out->size);
-  counters_.add(kAllocation, pool, 1);
-  counters_.add(kAllocatedBytes, pool, bytes);
-  counters_.add(kActive, pool, 1);
-  counters_.add(kActiveBytes, pool, bytes);
-  counters_.add(kRequestedBytes, pool, static_cast<std::int64_t>(requested));
-  out->oversize = out->size >= policy.max_split_size();
-  if (out->oversize) counters_.add(kOversizeAllocations, pool, 1);
-  if (__builtin_expect(engine_.history().active(), 0)) {
-    engine_.trace(TraceAction::alloc, out->address, requested, stream_,
-                  engine_.history().level() >= ContextLevel::alloc ? context : nullptr);
-    out->context = context;
+  counters_.on_allocate(pool, static_cast<std::int64_t>(out->size),
+                        static_cast<std::int64_t>(requested));
+  out->oversize = out->size >= policy().max_split_size();
+  if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+  if (__builtin_expect(tracing(), 0)) {
+    services_.trace(TraceAction::alloc, out->address, requested, stream_,
+                    services_.history.level() >= ContextLevel::alloc ? context : nullptr);
+    if (context) out->extra().context = context;
   }
-  return out;
+  return out->address;
 }
 
 // ---------------------------------------------------------------- free
 
 bool StreamPool::free(std::uintptr_t address) {
-  Context context;
-  if (__builtin_expect(engine_.history().active(), 0))
-    context = engine_.history().gather(ContextLevel::all);
+  if (RESERVOIR_UNLIKELY(tracing())) return free_traced(address);
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  if (__builtin_expect(engine_.history().active(), 0))
-    engine_.trace(TraceAction::free_requested, b->address, b->requested, stream_,
-                  context ? context : b->context);
-  const int pool = pool_of(b);
-  counters_.add(kAllocation, pool, -1);
-  counters_.add(kAllocatedBytes, pool, -static_cast<std::int64_t>(b->size));
-  if (b->oversize) counters_.add(kOversizeAllocations, pool, -1);
-  if (b->uses.empty())
-    free_block(b);
-  else
-    defer_free(b);
+  release_block(b);
   finish_operation();
   return true;
 }
 
-// The block's memory is free for reuse on this stream: merge with free neighbours
-// and put the result in the free set.
-void StreamPool::free_block(Block* b) {
-  const int pool = pool_of(b);
-  if (__builtin_expect(engine_.history().active(), 0))
-    engine_.trace(TraceAction::free_completed, b->address, b->requested, stream_, b->context);
-  b->context.reset();
-  const bool expandable = b->segment->expandable;
-  counters_.add(kActive, pool, -1);
-  counters_.add(kActiveBytes, pool, -static_cast<std::int64_t>(b->size));
-  counters_.add(kRequestedBytes, pool, -static_cast<std::int64_t>(b->requested));
+// free() with history on: the context is gathered before the lock (the user's
+// recorder may be slow), and the request is recorded.
+bool StreamPool::free_traced(std::uintptr_t address) {
+  Context context = services_.history.gather(ContextLevel::all);
+  Guard guard(lock_);
+  Block* b = allocated_.erase(address);
+  if (!b) return false;
+  services_.trace(TraceAction::free_requested, b->address, b->requested, stream_,
+                  context ? context : b->context());
+  release_block(b);
+  finish_operation();
+  return true;
+}
+
+// The program gave b back (it is out of the allocated map): free it now, or once the
+// other streams that used it are done.
+RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
+  const PoolIndex pool = b->pool();
+  if (b->oversize) counters_.add<kOversizeAllocations>(pool, -1);
+  const auto bytes = static_cast<std::int64_t>(b->size);
+  const auto requested = static_cast<std::int64_t>(b->requested);
+  if (RESERVOIR_LIKELY(!b->extras || b->extras->uses.empty())) {
+    counters_.on_free(pool, bytes, requested);
+    free_block(b);
+  } else {
+    counters_.on_defer(pool, bytes);
+    defer_free(b);
+  }
+}
+
+// The block's memory is free for reuse on this stream (its counters are settled):
+// merge with free neighbours and put the result in the free set.
+RESERVOIR_INLINE void StreamPool::free_block(Block* b) {
+  const PoolIndex pool = b->pool();
+  if (__builtin_expect(tracing(), 0))
+    services_.trace(TraceAction::free_completed, b->address, b->requested, stream_, b->context());
+  if (b->extras) b->extras.reset();
   b->requested = 0;
-  // b keeps its old state until it is indexed or absorbed, so merge_into() knows it
-  // is not in the free set.
-  std::int64_t split_blocks = 0, split_bytes = 0;
-  Block* keep = b;
-  bool indexed = false;
-  if (b->prev && b->prev->state == BlockState::free) {
-    split_blocks -= 1;
-    split_bytes -= static_cast<std::int64_t>(b->prev->size);
-    Block* prev = b->prev;
-    prev->size += b->size;  // prev absorbs b and keeps its place in the set
-    prev->next = b->next;
-    if (prev->next) prev->next->prev = prev;
-    delete_block(b);
-    keep = prev;
-    indexed = true;
-  }
-  if (keep->next && keep->next->state == BlockState::free) {
-    Block* next = keep->next;
-    split_blocks -= 1;
-    split_bytes -= static_cast<std::int64_t>(next->size);
-    if (indexed) {
-      merge_into(keep, next);
-    } else {
-      merge_into(next, keep);  // next keeps its node; its key grows
-      keep = next;
-      indexed = true;
+  std::int64_t merged = 0, merged_bytes = 0;
+  Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
+  if (!keep->segment->expandable) {
+    // The merged neighbours were inactive split blocks; the survivor is one if split.
+    std::int64_t split_blocks = -merged, split_bytes = -merged_bytes;
+    if (keep->is_split()) {
+      split_blocks += 1;
+      split_bytes += static_cast<std::int64_t>(keep->size);
     }
-  }
-  if (indexed)
-    index_reposition(keep);
-  else
-    index_insert(keep);
-  if (keep->is_split()) {
-    split_blocks += 1;
-    split_bytes += static_cast<std::int64_t>(keep->size);
-  }
-  if (!expandable) {
-    if (split_blocks) counters_.add(kInactiveSplit, pool, split_blocks);
-    if (split_bytes) counters_.add(kInactiveSplitBytes, pool, split_bytes);
+    if (split_blocks) counters_.add<kInactiveSplit>(pool, split_blocks);
+    if (split_bytes) counters_.add<kInactiveSplitBytes>(pool, split_bytes);
   }
 }
 
@@ -395,15 +315,15 @@ void StreamPool::free_block(Block* b) {
 void StreamPool::defer_free(Block* b) {
   b->state = BlockState::pending;
   std::string failure;
-  for (StreamHandle s : b->uses) {
+  for (StreamHandle s : b->extras->uses) {
     EventHandle e = 0;
     try {
-      e = engine_.events().acquire();
+      e = services_.events.acquire();
     } catch (const DeviceError& err) {
       failure = err.what();
     }
     if (failure.empty()) {
-      if (engine_.backend().record_event(engine_.device(), e, s) == DeviceStatus::ok) {
+      if (services_.backend.record_event(services_.device, e, s) == DeviceStatus::ok) {
         auto q = std::find_if(pending_queues_.begin(), pending_queues_.end(),
                               [s](const UseQueue& u) { return u.stream == s; });
         if (q == pending_queues_.end()) {
@@ -414,29 +334,32 @@ void StreamPool::defer_free(Block* b) {
         ++b->event_count;
         continue;
       }
-      failure = "recording an event: " + engine_.backend().last_error();
-      engine_.events().release(e);
+      failure = "recording an event: " + services_.backend.last_error();
+      services_.events.release(e);
     }
     // No event: wait for the stream instead; if even that fails the block can
     // never be proven unused, so it is kept out of circulation (stranded).
-    if (engine_.backend().synchronize_stream(engine_.device(), s) == DeviceStatus::ok) {
+    if (services_.backend.synchronize_stream(services_.device, s) == DeviceStatus::ok) {
       failure.clear();
       continue;
     }
     break;
   }
-  b->uses.clear();
+  b->extras->uses.clear();
   if (!failure.empty()) {
     stranded_.push_back(b);
     throw DeviceError("reservoir: deferring the free of " +
                       format_pointer(reinterpret_cast<void*>(b->address)) + " on device " +
-                      std::to_string(engine_.device()) + " failed (" + failure +
+                      std::to_string(services_.device) + " failed (" + failure +
                       "); the block is kept unused");
   }
-  if (b->event_count == 0)
+  if (b->event_count == 0) {
+    counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+                              static_cast<std::int64_t>(b->requested));
     free_block(b);
-  else
+  } else {
     ++pending_blocks_;
+  }
 }
 
 // Completes pending frees whose events have passed; with wait, waits for every one.
@@ -445,18 +368,21 @@ void StreamPool::process_events(bool wait) {
   for (UseQueue& q : pending_queues_) {
     while (!q.entries.empty()) {
       Pending p = q.entries.front();
-      DeviceStatus status = wait ? engine_.backend().synchronize_event(engine_.device(), p.event)
-                                 : engine_.backend().query_event(engine_.device(), p.event);
+      DeviceStatus status = wait ? services_.backend.synchronize_event(services_.device, p.event)
+                                 : services_.backend.query_event(services_.device, p.event);
       if (status == DeviceStatus::not_ready) break;
       if (status != DeviceStatus::ok)
         throw DeviceError(std::string("reservoir: ") + (wait ? "synchronizing" : "querying") +
-                          " an event on device " + std::to_string(engine_.device()) +
-                          " failed: " + engine_.backend().last_error());
+                          " an event on device " + std::to_string(services_.device) +
+                          " failed: " + services_.backend.last_error());
       q.entries.pop_front();
-      engine_.events().release(p.event);
-      if (--p.block->event_count == 0) {
+      services_.events.release(p.event);
+      Block* b = p.block;
+      if (--b->event_count == 0) {
         --pending_blocks_;
-        free_block(p.block);
+        counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+                                  static_cast<std::int64_t>(b->requested));
+        free_block(b);
       }
     }
   }
@@ -478,8 +404,9 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
   Guard guard(lock_);
   Block* b = allocated_.find(address);
   if (!b) return false;
-  if (other != stream_ && std::find(b->uses.begin(), b->uses.end(), other) == b->uses.end())
-    b->uses.push_back(other);
+  if (other == stream_) return true;
+  auto& uses = b->extra().uses;
+  if (std::find(uses.begin(), uses.end(), other) == uses.end()) uses.push_back(other);
   return true;
 }
 
@@ -488,27 +415,22 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
-  engine_.trace(TraceAction::segment_free, seg->base, seg->size, stream_, seg->context);
-  if (engine_.backend().deallocate(engine_.device(), reinterpret_cast<void*>(seg->base),
+  if (tracing())
+    services_.trace(TraceAction::segment_free, seg->base, seg->size, stream_, seg->context);
+  if (services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
                                    seg->size) != DeviceStatus::ok)
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +
-                      std::to_string(engine_.device()) +
-                      " failed: " + engine_.backend().last_error());
-  index_erase(b);
+                      std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  unindex_free(b);
   delete_block(b);
-  engine_.segments().erase(seg);
-  if (seg->prev_in_pool)
-    seg->prev_in_pool->next_in_pool = seg->next_in_pool;
-  else
-    segments_ = seg->next_in_pool;
-  if (seg->next_in_pool) seg->next_in_pool->prev_in_pool = seg->prev_in_pool;
-  const int pool = seg->small ? 0 : 1;
-  counters_.add(kSegment, pool, -1);
-  counters_.add(kReservedBytes, pool, -static_cast<std::int64_t>(seg->size));
-  if (seg->oversize) counters_.add(kOversizeSegments, pool, -1);
-  engine_.unreserve(seg->size);
-  engine_.count_device_free();
-  engine_.recycle_segment(seg);
+  unlink_segment(seg);
+  counters_.add<kSegment>(seg->pool, -1);
+  counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(seg->size));
+  if (seg->oversize) counters_.add<kOversizeSegments>(seg->pool, -1);
+  services_.budget.unreserve(seg->size);
+  DeviceCounters::bump(services_.counters.device_frees);
+  services_.segments.retire(seg);
 }
 
 std::size_t StreamPool::release_cached() {
@@ -540,15 +462,14 @@ std::size_t StreamPool::release_cached() {
   return released;
 }
 
-// The spec's release_available_cached_blocks: free one cached oversize block large
-// enough for the request, or else the largest ones until enough was freed.
-bool StreamPool::release_oversize(std::size_t size, bool small) {
-  const SizePolicy& policy = engine_.policy();
-  if (!policy.has_max_split_size()) return false;
-  FreeSet& set = free_[small ? 0 : 1];
-  Block key;
-  key.size = std::max(size, policy.max_split_size());
-  auto it = set.lower_bound(&key);
+bool StreamPool::release_oversize(std::size_t requested) {
+  const SizePolicy& p = policy();
+  if (!p.has_max_split_size()) return false;
+  Guard guard(lock_);
+  const std::size_t size = p.round(requested);
+  FreeSet& set = free_[SizePolicy::pool_for(size)];
+  const std::size_t key = std::max(size, p.max_split_size());
+  auto it = set.lower_bound(SizeKey{key});
   std::vector<Segment*> victims;
   bool enough;
   if (it != set.end() && !(*it)->segment->expandable) {
@@ -556,10 +477,11 @@ bool StreamPool::release_oversize(std::size_t size, bool small) {
     victims.push_back((*it)->segment);
     enough = true;
   } else {
+    // Else the largest ones, from the top, until enough is released.
     if (it == set.begin()) return false;
     std::size_t released = 0;
     --it;
-    while (released < key.size && (*it)->size >= policy.max_split_size()) {
+    while (released < key && (*it)->size >= p.max_split_size()) {
       Block* b = *it;
       bool first = it == set.begin();
       if (!first) --it;
@@ -569,157 +491,15 @@ bool StreamPool::release_oversize(std::size_t size, bool small) {
       }
       if (first) break;
     }
-    enough = released >= key.size;
-  }
-  for (Segment* seg : victims) release_segment(seg);
-  return enough;
-}
-
-// ---------------------------------------------------------------- queries
-
-std::size_t StreamPool::largest_free_block(bool small) {
-  Guard guard(lock_);
-  const FreeSet& set = free_[small ? 0 : 1];
-  return set.empty() ? 0 : (*set.rbegin())->size;
-}
-
-std::size_t StreamPool::cached_bytes() {
-  Guard guard(lock_);
-  std::size_t total = 0;
-  for (const FreeSet& set : free_)
-    for (const Block* b : set) total += b->size;
-  return total;
-}
-
-bool StreamPool::block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) {
-  Guard guard(lock_);
-  Block* b = allocated_.find(address);
-  if (!b) return false;
-  if (size) *size = b->size;
-  if (requested) *requested = b->requested;
-  return true;
-}
-
-bool StreamPool::segment_of(std::uintptr_t address, BaseAllocation* out) {
-  Guard guard(lock_);
-  for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
-    if (address >= seg->base && address - seg->base < seg->size) {
-      if (seg->expandable)
-        throw InvalidArgumentError(
-            "reservoir: " + format_pointer(reinterpret_cast<void*>(address)) +
-            " lies in an expandable segment, which has no single base allocation (and cannot "
-            "be shared with other processes); allocate it with expandable_segments:False");
-      out->base = reinterpret_cast<void*>(seg->base);
-      out->size = seg->size;
-      return true;
-    }
-  }
-  return false;
-}
-
-std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
-  Guard guard(lock_);
-  std::size_t active_total = 0;
-  const int device = engine_.device();
-  for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
-    SegmentInfo* info = nullptr;
-    for (Block* b = seg->head; b; b = b->next) {
-      if (!b->mapped()) {  // expandable: each mapped run is reported as a segment
-        info = nullptr;
-        continue;
-      }
-      if (!info) {
-        out->emplace_back();
-        info = &out->back();
-        info->device = device;
-        info->address = b->address;
-        info->stream = stream_;
-        info->is_large = !seg->small;
-        info->is_expandable = seg->expandable;
-        info->context = seg->context;
-      }
-      BlockInfo block;
-      block.address = b->address;
-      block.size = b->size;
-      block.context = b->context;
-      if (b->state == BlockState::allocated) {
-        block.state = BlockStateInfo::active_allocated;
-        block.requested_size = b->requested;
-        info->allocated_size += b->size;
-      } else if (b->state == BlockState::pending) {
-        block.state = BlockStateInfo::active_pending_free;
-        block.requested_size = b->requested;
-      }
-      if (block.state != BlockStateInfo::inactive) {
-        info->active_size += b->size;
-        info->requested_size += b->requested;
-        active_total += b->size;
-      }
-      info->total_size += b->size;
-      info->blocks.push_back(std::move(block));
-    }
-  }
-  return active_total;
-}
-
-std::string StreamPool::explain_not_allocated(std::uintptr_t address) {
-  Guard guard(lock_);
-  for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
-    if (address < seg->base || address - seg->base >= seg->size) continue;
-    for (Block* b = seg->head; b; b = b->next) {
-      if (address < b->address || address - b->address >= b->size) continue;
-      std::string where = format_pointer(reinterpret_cast<void*>(b->address));
-      switch (b->state) {
-        case BlockState::allocated:
-          return "it points " + std::to_string(address - b->address) +
-                 " bytes inside the allocated block at " + where + " (" + format_size(b->size) +
-                 "); free the pointer that allocate() returned";
-        case BlockState::pending:
-          return "the block at " + where +
-                 " was already freed (it waits for work on other streams); double free?";
-        default:
-          return "no block is allocated there: it was freed already (double free?) or never "
-                 "handed out";
-      }
-    }
-  }
-  return "no Reservoir segment holds it any more";
-}
-
-void StreamPool::gc_scan(std::uint64_t now, GcTally* tally) {
-  Guard guard(lock_);
-  for (const Block* b : free_[1]) {
-    if (b->is_split() || b->segment->expandable) continue;
-    tally->total_age += now - b->gc_stamp;
-    tally->count += 1;
-  }
-}
-
-void StreamPool::gc_release(std::uint64_t now, double age_threshold, GcTally* tally) {
-  Guard guard(lock_);
-  std::vector<Segment*> victims;
-  for (const Block* b : free_[1]) {
-    if (b->is_split() || b->segment->expandable) continue;
-    std::uint64_t age = now - b->gc_stamp;
-    if (static_cast<double>(age) >= age_threshold) {
-      victims.push_back(b->segment);
-      tally->total_age -= age;
-      tally->count -= 1;
-      tally->reclaimed += b->size;
-      tally->freed_any = true;
-    }
+    enough = released >= key;
   }
   for (Segment* seg : victims) release_segment(seg);
   finish_operation();
-}
-
-void StreamPool::reset_accumulated() {
-  Guard guard(lock_);
-  StatLedger::reset_accumulated(&counters_);
+  return enough;
 }
 
 void StreamPool::finish_operation() {
-  if (counters_.over) engine_.ledger().rebalance(&counters_);
+  if (counters_.over) services_.ledger.rebalance(&counters_);
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);

@@ -3,42 +3,44 @@
 //
 // It owns, under one Lock:
 //   - the segments allocated for its stream, and their blocks (block.hpp);
-//   - free blocks by pool kind in best-fit order (FreeSet) and, for expandable
+//   - free blocks per pool in best-fit order (FreeSet) and, for expandable
 //     segments, unmapped blocks by address (AddressSet);
 //   - the allocated blocks by address (AddressMap);
 //   - pending frees: blocks freed by the program but used on other streams, in one
 //     FIFO queue per using stream, so a slow stream never delays frees on another;
-//   - its statistics counters (ShardCounters, summed by the engine's StatLedger).
+//   - its statistics counters (ShardCounters, summed by the device's StatLedger).
 // Invariants (checked by validate()):
-//   counters.allocated_bytes[pool] == sum of sizes of allocated blocks in pool
-//   counters.active_bytes[pool] == allocated_bytes + sum of sizes of pending blocks
-//   counters.reserved_bytes[pool] == sum of mapped bytes of its segments in pool
-//   |free_[pool]| == number of free blocks in pool segments; |allocated_| == allocated blocks
-//   pending_blocks_ == number of pending blocks with event_count > 0
-// Locking: public members take the lock; a member never takes another pool's lock
-// while holding its own (cross-pool work goes through DeviceEngine after unlocking).
+//   counters.allocation[p] == number of allocated blocks in pool p segments,
+//   counters.allocated_bytes[p] == sum of their sizes,
+//   counters.pending[p], pending_bytes[p] == the same for pending blocks,
+//   counters.requested_bytes[p] == sum of requested sizes of allocated and pending blocks,
+//   counters.reserved_bytes[p] == sum of mapped bytes of its segments in pool p,
+//   |free_[p]| == number of free blocks in pool p segments; |allocated_| == allocated blocks,
+//   pending_blocks_ == number of pending blocks with event_count > 0.
+// It depends only on PoolServices (calls go one way: the engine and the
+// out-of-memory ladder call the pool; the pool calls nothing above it).
+// Locking: public members take the lock; a member never takes another pool's lock.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <new>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "engine/block.hpp"
+#include "engine/block_owner.hpp"
+#include "engine/pool_services.hpp"
 #include "engine/stat_ledger.hpp"
-#include "reservoir/allocator.hpp"
 #include "reservoir/history.hpp"
 #include "util/address_map.hpp"
+#include "util/compiler.hpp"
 #include "util/lock.hpp"
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
-
-class DeviceEngine;
-class SizePolicy;
 
 // Totals a validation pass accumulates across pools.
 struct ValidationTotals {
@@ -55,9 +57,9 @@ struct GcTally {
 };
 
 // Cache-line aligned so that pools of different streams never share a line.
-class alignas(64) StreamPool {
+class alignas(64) StreamPool final : public BlockOwner {
  public:
-  StreamPool(DeviceEngine& engine, StreamHandle stream);
+  StreamPool(PoolServices& services, StreamHandle stream);
   ~StreamPool();  // returns every segment to the device
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
@@ -66,38 +68,37 @@ class alignas(64) StreamPool {
   ShardCounters& counters() noexcept { return counters_; }
   Lock& lock() noexcept { return lock_; }
 
-  // ---- Program requests ----
-  // Returns the address of a block of at least requested bytes (requested > 0).
-  // Throws OutOfMemoryError or DeviceError.
-  std::uintptr_t allocate(std::size_t requested);
-  // false: address is not an allocated block of this pool (nothing changed).
-  bool free(std::uintptr_t address);
-  // false: address is not an allocated block of this pool.
-  bool record_use(std::uintptr_t address, StreamHandle other);
-  // Size and requested size of the allocated block at address; false if none.
-  bool block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested);
-  // Why address is not an allocated block here, for error messages.
-  std::string explain_not_allocated(std::uintptr_t address);
-  // The segment holding address (any block state); false if none.
-  // The segment holding address (any block state); false if none. Throws
-  // InvalidArgumentError for expandable segments (they have no single base).
-  bool segment_of(std::uintptr_t address, BaseAllocation* out);
-  // Grants device access to the mapped pages of every expandable segment.
-  void add_peer(int device);
-  // Appends this pool's segments and blocks; returns the active bytes.
-  std::size_t snapshot(std::vector<SegmentInfo>* out);
+  // ---- Allocation: the cache hit, then the rungs of the out-of-memory ladder ----
+  // Each returns the address of a block of at least requested bytes (requested > 0),
+  // or 0 when that step cannot serve it. Device errors throw DeviceError.
+  // From cached blocks only (completing finished pending frees first).
+  std::uintptr_t allocate_cached(std::size_t requested, const Context& context);
+  // From a new device allocation (or newly mapped pages); retry counts a retry.
+  std::uintptr_t allocate_new_segment(std::size_t requested, bool retry, const Context& context);
+  // After a device-wide release: cached blocks freed meanwhile, else a new segment.
+  std::uintptr_t allocate_after_release(std::size_t requested, const Context& context);
+  // Releases cached oversize blocks that could make room for requested bytes (the
+  // spec's release_available_cached_blocks); true when enough was released.
+  bool release_oversize(std::size_t requested);
+
+  // ---- BlockOwner (program requests on existing blocks) ----
+  bool free(std::uintptr_t address) override;
+  bool record_use(std::uintptr_t address, StreamHandle other) override;
+  bool block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) override;
+  bool segment_of(std::uintptr_t address, BaseAllocation* out) override;
+  std::string explain_not_allocated(std::uintptr_t address) override;
 
   // ---- Cache control (called by DeviceEngine; each takes the lock) ----
-  // Completes pending frees whose events have completed.
-  void process_events_now();
-  // Waits for every pending free's events and completes it.
-  void synchronize_pending();
-  // Returns every free, unsplit segment to the device; bytes released.
-  std::size_t release_cached();
-  std::size_t largest_free_block(bool small);
+  void process_events_now();     // completes pending frees whose events have completed
+  void synchronize_pending();    // waits for every pending free's events and completes it
+  std::size_t release_cached();  // every free, unsplit segment and free page; bytes released
+  std::size_t largest_free_block(PoolIndex pool);
   std::size_t cached_bytes();
   void gc_scan(std::uint64_t now, GcTally* tally);
   void gc_release(std::uint64_t now, double age_threshold, GcTally* tally);
+  void add_peer(int device);  // grants device access to every mapped expandable page
+  // Appends this pool's segments and blocks; returns the active bytes.
+  std::size_t snapshot(std::vector<SegmentInfo>* out);
   void validate(ValidationTotals* totals);
   void reset_accumulated();
 
@@ -112,51 +113,156 @@ class alignas(64) StreamPool {
     std::deque<Pending> entries;
   };
 
-  Block* find_free(bool small, std::size_t size);
-  Block* allocate_slow(Guard& guard, std::size_t requested, std::size_t size, bool small,
-                       const Context& context);
-  Block* allocate_segment(Guard& guard, std::size_t size, bool small, bool retry,
+  const SizePolicy& policy() const noexcept { return services_.policy(); }
+  bool tracing() const noexcept { return services_.history.active(); }
+  // ---- blocks and their indexes ----
+  // (the small ones are defined inline at the end of this header: they are the hot path)
+  Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
+  void delete_block(Block* b);
+  void index_free(Block* b);  // b becomes free: into its pool's free set
+  void unindex_free(Block* b) { free_[b->pool()].erase(b->free_at); }
+  void reposition_free(Block* b);  // b's size or address changed while in the free set
+  void reinsert_free(Block* b);    // reposition_free's slow case
+  void index_unmapped(Block* b);
+  void unindex_unmapped(Block* b) { unmapped_[b->pool()].erase(b->unmapped_at); }
+  // b (in no index) enters state (free or unmapped): merges with neighbours in that
+  // state and leaves one indexed block. Returns it; *absorbed gets the number and
+  // bytes of the neighbours merged in.
+  Block* coalesce(Block* b, BlockState state, std::int64_t* absorbed, std::int64_t* absorbed_bytes);
+  void link_segment(Segment* seg);
+  void unlink_segment(Segment* seg);
+
+  // ---- allocation ----
+  Block* find_free(PoolIndex pool, std::size_t size);
+  std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested,
                           const Context& context);
+  Block* new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
+                           const Context& context);
   // ---- expandable segments (expandable_pool.cpp) ----
-  Block* allocate_expandable(std::size_t size, bool small, const Context& context);
-  Block* find_expandable(std::size_t size, bool small);
-  Segment* new_expandable_segment(bool small, std::size_t at_least);
+  Block* allocate_expandable(std::size_t size, PoolIndex pool, const Context& context);
+  Block* find_expandable(std::size_t size, PoolIndex pool);
+  Segment* new_expandable_segment(PoolIndex pool, std::size_t at_least);
+  std::size_t expandable_reserve();
   Block* map_block(Block* block, std::size_t bytes, const Context& context);
   bool unmap_block(Block* block);
   void release_expandable_segment(Segment* segment);
-  AddressSet& unmapped_set(const Block* b) { return unmapped_[b->segment->small ? 0 : 1]; }
-  bool release_oversize(std::size_t size, bool small);
-  Block* take(Block* block, std::size_t size, std::size_t requested, bool small,
-              const Context& context);
+  // ---- free ----
+  RESERVOIR_COLD bool free_traced(std::uintptr_t address);
+  void release_block(Block* block);
   void free_block(Block* block);
   void defer_free(Block* block);
   void process_events(bool wait);
   void release_segment(Segment* segment);
-  Block* merge_into(Block* keep, Block* gone);
 
-  void index_insert(Block* b);
-  void index_erase(Block* b);
-  void index_reposition(Block* b);
-  FreeSet& free_set(const Block* b) { return free_[b->segment->small ? 0 : 1]; }
-  Block* new_block();
-  void delete_block(Block* b);
   void finish_operation();
   void validate_locked(ValidationTotals* totals);
-  bool mutated_stats_over() const { return counters_.over; }
 
-  DeviceEngine& engine_;
+  PoolServices& services_;
   const StreamHandle stream_;
   Lock lock_;
+  std::size_t pending_blocks_ = 0;
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
-  FreeSet free_[2];         // [0] small pool, [1] large pool
-  AddressSet unmapped_[2];  // unmapped blocks of expandable segments, by address
+  FreeSet free_[kPoolCount];
+  AddressSet unmapped_[kPoolCount];  // unmapped blocks of expandable segments, by address
   AddressMap<Block> allocated_;
   Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
   std::vector<UseQueue> pending_queues_;
-  std::size_t pending_blocks_ = 0;
   std::vector<Block*> stranded_;  // pending forever after a device error
 };
+
+// ---------------------------------------------------------------- hot inline helpers
+
+RESERVOIR_INLINE Block* StreamPool::new_block(std::uintptr_t address, std::size_t size,
+                                              Segment* segment, BlockState state) {
+  Block* b = new (block_nodes_.get()) Block;  // default-init: only what is set below
+  b->address = address;
+  b->size = size;
+  b->prev = b->next = nullptr;
+  b->segment = segment;
+  b->requested = 0;
+  b->state = state;
+  b->oversize = false;
+  b->event_count = 0;
+  b->gc_stamp = 0;
+  return b;
+}
+
+RESERVOIR_INLINE void StreamPool::delete_block(Block* b) {
+  b->~Block();
+  block_nodes_.put(b);
+}
+
+RESERVOIR_INLINE void StreamPool::index_free(Block* b) {
+  b->state = BlockState::free;
+  b->gc_stamp = services_.gc.now();
+  b->free_at = free_[b->pool()].insert(b).first;
+}
+
+// Keeps b's node when the order still holds (the common case of splitting or merging
+// the same block), else re-inserts it.
+RESERVOIR_INLINE void StreamPool::reposition_free(Block* b) {
+  b->gc_stamp = services_.gc.now();
+  if (free_[b->pool()].size() != 1) reinsert_free(b);  // a lone block is always in order
+}
+
+RESERVOIR_INLINE void StreamPool::index_unmapped(Block* b) {
+  b->state = BlockState::unmapped;
+  b->unmapped_at = unmapped_[b->pool()].insert(b).first;
+}
+
+// The one merge routine (free blocks, newly mapped pages, newly unmapped pages). A
+// neighbour that absorbs b keeps its index node: in the free set it is repositioned;
+// in the address-ordered unmapped set its order cannot change (b is adjacent).
+RESERVOIR_INLINE Block* StreamPool::coalesce(Block* b, BlockState state, std::int64_t* absorbed,
+                                             std::int64_t* absorbed_bytes) {
+  const bool to_free = state == BlockState::free;
+  Block* keep = nullptr;  // the indexed survivor, once there is one
+  if (b->prev && b->prev->state == state) {
+    Block* prev = b->prev;
+    *absorbed += 1;
+    *absorbed_bytes += static_cast<std::int64_t>(prev->size);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (prev->next) prev->next->prev = prev;
+    delete_block(b);
+    keep = b = prev;
+  }
+  if (b->next && b->next->state == state) {
+    Block* next = b->next;
+    *absorbed += 1;
+    *absorbed_bytes += static_cast<std::int64_t>(next->size);
+    if (keep) {  // b (indexed) absorbs next, which leaves its index
+      if (to_free)
+        unindex_free(next);
+      else
+        unindex_unmapped(next);
+      b->size += next->size;
+      b->next = next->next;
+      if (b->next) b->next->prev = b;
+      delete_block(next);
+    } else {  // next absorbs b and keeps its node
+      next->address = b->address;
+      next->size += b->size;
+      next->prev = b->prev;
+      if (next->prev)
+        next->prev->next = next;
+      else
+        next->segment->head = next;
+      delete_block(b);
+      keep = b = next;
+    }
+  }
+  if (!keep) {
+    if (to_free)
+      index_free(b);
+    else
+      index_unmapped(b);
+  } else if (to_free) {
+    reposition_free(b);
+  }
+  return b;
+}
 
 }  // namespace reservoir::detail

@@ -4,12 +4,6 @@
 namespace reservoir::testing {
 namespace {
 
-TEST_P(Conformance, SizeZeroIsNullAndNullFreeIsIgnored) {
-  EXPECT_EQ(alloc(0), nullptr);
-  EXPECT_NO_THROW(free(nullptr));
-  EXPECT_EQ(stats().num_device_alloc, 0);
-}
-
 TEST_P(Conformance, SizesRoundTo512Bytes) {
   struct {
     std::size_t request, block;

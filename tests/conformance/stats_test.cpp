@@ -100,13 +100,32 @@ TEST_P(Conformance, ConfigurationChangesAtRunTime) {
   free(p), free(q), free(r);
 }
 
-TEST_P(Conformance, SummaryTableNamesTheRows) {
-  void* p = alloc(MiB);
+// The table's rows carry the statistics' values (current, peak, allocated, freed),
+// not only their labels.
+TEST_P(Conformance, SummaryTableShowsTheStatistics) {
+  void* big = alloc(3 * MiB);  // large pool: a 20 MiB segment
+  void* small = alloc(1000);   // small pool: 1024 bytes in a 2 MiB segment
+  free(big);
   std::string table = a().summary(0);
-  for (const char* row : {"Allocated memory", "Reserved memory", "Requested memory",
-                          "Non-releasable memory", "Allocations", "from large pool"})
-    EXPECT_NE(table.find(row), std::string::npos) << row;
-  free(p);
+  auto row = [&](const std::string& label) {
+    std::size_t at = table.find("| " + label);
+    EXPECT_NE(at, std::string::npos) << label << "\n" << table;
+    return at == std::string::npos ? std::string() : table.substr(at, table.find('\n', at) - at);
+  };
+  // Allocated memory: 1024 B now, peak 3 MiB + 1024 B, 3 MiB + 1024 B allocated, 3 MiB freed.
+  const std::string allocated = row("Allocated memory");
+  EXPECT_NE(allocated.find("1.00 KiB"), std::string::npos) << allocated;
+  EXPECT_NE(allocated.find("3.00 MiB"), std::string::npos) << allocated;
+  const std::string reserved = row("Reserved memory");
+  EXPECT_NE(reserved.find("22.00 MiB"), std::string::npos) << reserved;
+  const std::string requested = row("Requested memory");
+  EXPECT_NE(requested.find("1000 bytes"), std::string::npos) << requested;
+  const std::string allocations = row("Allocations");
+  EXPECT_NE(allocations.find("|            1 |            2 |            2 |            1 |"),
+            std::string::npos)
+      << allocations;
+  EXPECT_NE(table.find("from large pool"), std::string::npos) << table;
+  free(small);
 }
 
 }  // namespace

@@ -70,47 +70,6 @@ TEST_P(Conformance, EmptyCacheWaitsForPendingFreesAndReleasesThem) {
   }
 }
 
-TEST_P(Conformance, InvalidPointersAreRejectedAndChangeNothing) {
-  void* p = alloc(4096);
-  void* q = alloc(4096);
-  free(q);
-  DeviceStats before = stats();
-  int local = 0;
-  auto expect_invalid = [&](void* bad, const char* what) {
-    try {
-      free(bad);
-      ADD_FAILURE() << what << ": no error";
-    } catch (const InvalidPointerError& e) {
-      char hex[32];
-      std::snprintf(hex, sizeof hex, "%p", bad);
-      EXPECT_NE(std::string(e.what()).find(hex), std::string::npos)
-          << what << ": message does not name the pointer: " << e.what();
-    }
-  };
-  expect_invalid(&local, "foreign pointer");
-  expect_invalid(q, "double free");
-  expect_invalid(static_cast<char*>(p) + 100, "interior pointer");
-  EXPECT_THROW(a().record_stream(q, stream_), InvalidPointerError);
-  DeviceStats after = stats();
-  EXPECT_EQ(after.allocated_bytes.all().current, before.allocated_bytes.all().current);
-  EXPECT_EQ(after.allocation.all().allocated, before.allocation.all().allocated);
-  EXPECT_EQ(after.allocation.all().freed, before.allocation.all().freed);
-  a().validate();
-  free(p);
-}
-
-TEST_P(Conformance, HugeSizesFailBeforeAnyDeviceCall) {
-  std::size_t device_allocs = stats().num_device_alloc;
-  EXPECT_THROW(alloc(std::size_t{1} << 60), OutOfMemoryError);
-  EXPECT_THROW(alloc(~std::size_t{0}), std::bad_alloc);
-  EXPECT_EQ(stats().num_device_alloc, static_cast<std::int64_t>(device_allocs));
-}
-
-TEST_P(Conformance, UnknownDeviceIsAnError) {
-  EXPECT_THROW(a().allocate(512, stream_, 4096), InvalidArgumentError);
-  EXPECT_THROW(a().stats(4096), InvalidArgumentError);
-}
-
 TEST_P(Conformance, ThreadsOnTheirOwnStreamsAllocateConcurrently) {
   constexpr int kThreads = 8;
   constexpr int kOps = 3000;
@@ -119,10 +78,14 @@ TEST_P(Conformance, ThreadsOnTheirOwnStreamsAllocateConcurrently) {
   a();
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};
+  // Each thread's own high-water mark of the (rounded) bytes it holds: the device's
+  // peak can be no lower than any of them and no higher than their sum.
+  std::vector<std::int64_t> thread_peak(kThreads, 0);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(1234 + t);
       std::vector<void*> live;
+      std::int64_t held = 0;
       try {
         for (int i = 0; i < kOps; ++i) {
           if (live.empty() || (live.size() < 64 && rng() % 2)) {
@@ -130,8 +93,11 @@ TEST_P(Conformance, ThreadsOnTheirOwnStreamsAllocateConcurrently) {
             // Every third allocation lands on a neighbour's stream, freed from here.
             StreamHandle s = (i % 3 == 0) ? streams[(t + 1) % kThreads] : streams[t];
             live.push_back(a().allocate(size + rng() % size, s, 0));
+            held += static_cast<std::int64_t>(a().block_size(live.back()));
+            thread_peak[t] = std::max(thread_peak[t], held);
           } else {
             std::size_t k = rng() % live.size();
+            held -= static_cast<std::int64_t>(a().block_size(live[k]));
             a().deallocate(live[k]);
             live[k] = live.back();
             live.pop_back();
@@ -150,7 +116,12 @@ TEST_P(Conformance, ThreadsOnTheirOwnStreamsAllocateConcurrently) {
   DeviceStats s = stats();
   EXPECT_EQ(s.allocated_bytes.all().current, 0);
   EXPECT_EQ(s.allocation.all().allocated, s.allocation.all().freed);
-  EXPECT_GE(s.allocated_bytes.all().peak, static_cast<std::int64_t>(256));
+  std::int64_t sum = 0;
+  for (std::int64_t p : thread_peak) {
+    EXPECT_GE(s.allocated_bytes.all().peak, p);
+    sum += p;
+  }
+  EXPECT_LE(s.allocated_bytes.all().peak, sum);
 }
 
 }  // namespace

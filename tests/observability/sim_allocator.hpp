@@ -1,5 +1,5 @@
-// Shared helpers of the observability tests: an Allocator over its own SimBackend,
-// temporary files, and running the Python checker (check_snapshot.py).
+// Shared helpers of the observability tests: temporary files, and running the Python
+// checker (check_snapshot.py); SimAllocator comes from tests/support.
 #pragma once
 
 #include <sys/wait.h>
@@ -14,18 +14,11 @@
 #include <vector>
 
 #include "reservoir/allocator.hpp"
-#include "reservoir/sim_backend.hpp"
+#include "support/sim_allocator.hpp"
 
 namespace reservoir::test {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-struct SimAllocator {
-  explicit SimAllocator(const std::string& config = "", SimOptions options = {})
-      : sim(std::make_shared<SimBackend>(options)), a(sim, Config::parse(config)) {}
-  std::shared_ptr<SimBackend> sim;
-  Allocator a;
-};
 
 inline std::vector<std::string> actions(const std::vector<TraceEntry>& entries) {
   std::vector<std::string> out;

@@ -120,6 +120,23 @@ TEST_F(BadInput, UnknownDeviceIndex) {
   }
 }
 
+// Streams are opaque: every handle value is a stream of its own, including the ones
+// an empty-slot encoding could confuse (0, UINTPTR_MAX = (uintptr_t)-1).
+TEST_F(BadInput, EveryStreamHandleIsServed) {
+  const StreamHandle handles[] = {0, 1, ~StreamHandle{0}, ~StreamHandle{0} - 1,
+                                  StreamHandle{1} << 63};
+  std::vector<void*> blocks;
+  for (StreamHandle s : handles) blocks.push_back(a_.allocate(4 * MiB, s, 0));
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    for (std::size_t j = i + 1; j < blocks.size(); ++j) EXPECT_NE(blocks[i], blocks[j]);
+  for (void* p : blocks) a_.deallocate(p);
+  // Each stream kept its own cache: a second round is served from it.
+  const std::int64_t device_allocs = a_.stats(0).num_device_alloc;
+  for (StreamHandle s : handles) a_.deallocate(a_.allocate(4 * MiB, s, 0));
+  EXPECT_EQ(a_.stats(0).num_device_alloc, device_allocs);
+  a_.validate();
+}
+
 // -1 means the current device; other negative indices are not devices.
 TEST_F(BadInput, NegativeDeviceIndexOtherThanMinusOne) {
   for (int d : {-2, std::numeric_limits<int>::min()}) {

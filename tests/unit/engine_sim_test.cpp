@@ -3,24 +3,21 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <future>
 #include <thread>
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/sim_backend.hpp"
+#include "support/sim_allocator.hpp"
 
 namespace reservoir {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
 
-struct SimAllocator {
-  explicit SimAllocator(const std::string& config = "", SimOptions options = {})
-      : sim(std::make_shared<SimBackend>(options)), a(sim, Config::parse(config)) {}
-  std::shared_ptr<SimBackend> sim;
-  Allocator a;
-};
+using test::SimAllocator;
 
 TEST(EngineOnSim, DeviceOutOfMemoryWalksTheLadderThenThrows) {
   SimOptions o;
@@ -92,26 +89,34 @@ TEST(EngineOnSim, EventsArePooledNotCreatedPerFree) {
 }
 
 TEST(EngineOnSim, ReleaseLockOnCudaMallocLetsTheStreamGoOn) {
-  SimAllocator s("release_lock_on_cudamalloc:True");
-  void* warm = s.a.allocate(4096, 1, 0);  // a cached small segment on stream 1
-  std::promise<void> entered;
-  std::promise<void> go;
-  std::shared_future<void> go_f = go.get_future().share();
-  std::atomic<bool> first{true};
-  s.sim->set_allocate_hook([&] {
-    if (first.exchange(false)) {
-      entered.set_value();
-      go_f.wait();
-    }
-  });
-  std::thread slow([&] { s.a.deallocate(s.a.allocate(64 * MiB, 1, 0)); });
-  entered.get_future().wait();             // the device allocation is in progress
-  void* quick = s.a.allocate(8192, 1, 0);  // same stream, from cache: must not wait
-  s.a.deallocate(quick);
-  go.set_value();
-  slow.join();
-  s.a.deallocate(warm);
-  s.a.validate();
+  for (bool release : {true, false}) {
+    SimAllocator s(release ? "release_lock_on_cudamalloc:True" : "");
+    void* warm = s.a.allocate(4096, 1, 0);  // a cached small segment on stream 1
+    std::promise<void> entered;
+    std::promise<void> go;
+    std::shared_future<void> go_f = go.get_future().share();
+    std::atomic<bool> first{true};
+    s.sim->set_allocate_hook([&] {
+      if (first.exchange(false)) {
+        entered.set_value();
+        go_f.wait();
+      }
+    });
+    std::thread slow([&] { s.a.deallocate(s.a.allocate(64 * MiB, 1, 0)); });
+    entered.get_future().wait();  // the device allocation is in progress
+    // Same stream, from cache: with the setting it is served while the device call
+    // blocks; without it, it waits for the call (the pool's lock is held).
+    auto quick = std::async(std::launch::async, [&] { s.a.deallocate(s.a.allocate(8192, 1, 0)); });
+    const bool served = quick.wait_for(std::chrono::milliseconds(release ? 5000 : 200)) ==
+                        std::future_status::ready;
+    EXPECT_EQ(served, release) << (release ? "the cache hit waited for the device call"
+                                           : "the cache hit ran during the device call");
+    go.set_value();
+    quick.wait();
+    slow.join();
+    s.a.deallocate(warm);
+    s.a.validate();
+  }
 }
 
 TEST(EngineOnSim, UncachedModeCallsTheDeviceEveryTime) {

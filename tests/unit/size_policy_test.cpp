@@ -26,15 +26,15 @@ TEST(SizePolicy, SegmentSizes) {
 
 TEST(SizePolicy, SplitRules) {
   SizePolicy p{Config{}};
-  EXPECT_TRUE(p.should_split(true, 2 * MiB, 2 * MiB - 512));  // small: >= 512 left
-  EXPECT_FALSE(p.should_split(true, 2 * MiB, 2 * MiB - 256));
-  EXPECT_TRUE(p.should_split(false, 20 * MiB, 18 * MiB));  // large: > 1 MiB left
-  EXPECT_FALSE(p.should_split(false, 20 * MiB, 19 * MiB));
+  EXPECT_TRUE(p.should_split(detail::kSmallPool, 2 * MiB, 2 * MiB - 512));  // small: >= 512 left
+  EXPECT_FALSE(p.should_split(detail::kSmallPool, 2 * MiB, 2 * MiB - 256));
+  EXPECT_TRUE(p.should_split(detail::kLargePool, 20 * MiB, 18 * MiB));  // large: > 1 MiB left
+  EXPECT_FALSE(p.should_split(detail::kLargePool, 20 * MiB, 19 * MiB));
   SizePolicy capped{Config::parse("max_split_size_mb:64")};
-  EXPECT_FALSE(capped.should_split(false, 200 * MiB, 64 * MiB));  // oversize: never
-  EXPECT_TRUE(capped.should_split(false, 200 * MiB, 63 * MiB));
+  EXPECT_FALSE(capped.should_split(detail::kLargePool, 200 * MiB, 64 * MiB));  // oversize: never
+  EXPECT_TRUE(capped.should_split(detail::kLargePool, 200 * MiB, 63 * MiB));
   SizePolicy expandable{Config::parse("expandable_segments:True")};
-  EXPECT_TRUE(expandable.should_split(false, 20 * MiB, 19 * MiB));
+  EXPECT_TRUE(expandable.should_split(detail::kLargePool, 20 * MiB, 19 * MiB));
 }
 
 TEST(SizePolicy, OversizeServing) {

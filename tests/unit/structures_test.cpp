@@ -68,7 +68,7 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   ledger.attach(&s1);
   ledger.attach(&s2);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
-    s.add(kAllocatedBytes, 1, delta);
+    s.add<kAllocatedBytes>(1, delta);
     if (s.over) ledger.rebalance(&s);
   };
   std::mt19937_64 rng(3);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/driver_api.hpp"
@@ -159,6 +160,28 @@ struct CudaBackend::State {
     return DeviceStatus::ok;
   }
 
+  // The one shape of every driver call: validate the device (and its VMM support when
+  // asked), make its primary context current for the call, run call() (a CUresult),
+  // and turn a failure into a status whose message describe() builds (only then).
+  // The result `soft` is answered as soft_status instead of an error (out of memory,
+  // not ready).
+  template <typename Call, typename Describe>
+  DeviceStatus drive(int device, const char* name, bool needs_vmm, Call&& call, Describe&& describe,
+                     CUresult soft = CUDA_SUCCESS, DeviceStatus soft_status = DeviceStatus::ok) {
+    ContextScope scope(*api);
+    if (DeviceStatus st = enter(device, scope, name); st != DeviceStatus::ok) return st;
+    if (needs_vmm && !vmm[device]) return no_vmm(device, name);
+    const CUresult r = call();
+    if (r == CUDA_SUCCESS) return DeviceStatus::ok;
+    if (soft != CUDA_SUCCESS && r == soft) return soft_status;
+    return error(r, describe(), device);
+  }
+  template <typename Call>
+  DeviceStatus drive(int device, const char* name, bool needs_vmm, Call&& call) {
+    return drive(device, name, needs_vmm, std::forward<Call>(call),
+                 [name] { return std::string(name); });
+  }
+
   DeviceStatus no_vmm(int device, const char* call) const {
     return CudaBackend::fail(DeviceStatus::unsupported,
                              std::string(call) + ": device " + std::to_string(device) +
@@ -272,12 +295,11 @@ DeviceStatus CudaBackend::current_device(int* device) {
 }
 
 DeviceStatus CudaBackend::memory_info(int device, MemoryInfo* info) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuMemGetInfo"); st != DeviceStatus::ok) return st;
   std::size_t free_bytes = 0, total_bytes = 0;
-  CUresult r = s.api->MemGetInfo(&free_bytes, &total_bytes);
-  if (r != CUDA_SUCCESS) return s.error(r, "cuMemGetInfo", device);
+  DeviceStatus st = state_->drive(device, "cuMemGetInfo", false, [&] {
+    return state_->api->MemGetInfo(&free_bytes, &total_bytes);
+  });
+  if (st != DeviceStatus::ok) return st;
   info->free = free_bytes;
   info->total = total_bytes;
   return DeviceStatus::ok;
@@ -287,19 +309,18 @@ DeviceStatus CudaBackend::memory_info(int device, MemoryInfo* info) {
 
 DeviceStatus CudaBackend::allocate(int device, std::size_t size, void** ptr) {
   State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuMemAlloc"); st != DeviceStatus::ok) return st;
   CUdeviceptr d = 0;
-  CUresult r = s.api->MemAlloc(&d, size);
   // The driver API keeps no sticky "last error" (unlike cudaGetLastError), so an
   // out-of-memory answer leaves nothing behind to clear.
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) return DeviceStatus::out_of_memory;
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuMemAlloc(" + std::to_string(size) + " bytes)", device);
+  DeviceStatus st = s.drive(
+      device, "cuMemAlloc", false, [&] { return s.api->MemAlloc(&d, size); },
+      [&] { return "cuMemAlloc(" + std::to_string(size) + " bytes)"; }, CUDA_ERROR_OUT_OF_MEMORY,
+      DeviceStatus::out_of_memory);
+  if (st != DeviceStatus::ok) return st;
   // The engine relies on this alignment (the driver gives it; check, never assume).
   const std::uintptr_t need = size >= kLargeAlignment ? kLargeAlignment : kSegmentAlignment;
   if (static_cast<std::uintptr_t>(d) % need != 0) {
-    s.api->MemFree(d);
+    (void)s.drive(device, "cuMemFree", false, [&] { return s.api->MemFree(d); });
     return fail(DeviceStatus::error, "cuMemAlloc(" + std::to_string(size) + " bytes) on device " +
                                          std::to_string(device) + " returned " + hex(to_ptr(d)) +
                                          ", not aligned to " + std::to_string(need) + " bytes");
@@ -310,123 +331,84 @@ DeviceStatus CudaBackend::allocate(int device, std::size_t size, void** ptr) {
 
 DeviceStatus CudaBackend::deallocate(int device, void* ptr, std::size_t size) {
   State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuMemFree"); st != DeviceStatus::ok) return st;
   // cuMemFree only "may" synchronize; the contract says work using the range completes
   // first, so wait for the device explicitly (cudaFree's behaviour).
-  CUresult r = s.api->CtxSynchronize();
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuCtxSynchronize (before cuMemFree(" + hex(ptr) + "))", device);
-  r = s.api->MemFree(to_dptr(ptr));
-  if (r != CUDA_SUCCESS) {
-    return s.error(r, "cuMemFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
-  }
-  return DeviceStatus::ok;
+  return s.drive(
+      device, "cuMemFree", false,
+      [&] {
+        CUresult r = s.api->CtxSynchronize();
+        return r != CUDA_SUCCESS ? r : s.api->MemFree(to_dptr(ptr));
+      },
+      [&] {
+        return "cuCtxSynchronize + cuMemFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)";
+      });
 }
 
 // ---- Events -------------------------------------------------------------------
 
 DeviceStatus CudaBackend::create_event(int device, EventHandle* event) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuEventCreate"); st != DeviceStatus::ok) return st;
   CUevent ev = nullptr;
-  CUresult r = s.api->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
-  if (r != CUDA_SUCCESS) return s.error(r, "cuEventCreate", device);
-  *event = reinterpret_cast<EventHandle>(ev);
-  return DeviceStatus::ok;
+  DeviceStatus st = state_->drive(device, "cuEventCreate", false, [&] {
+    return state_->api->EventCreate(&ev, CU_EVENT_DISABLE_TIMING);
+  });
+  if (st == DeviceStatus::ok) *event = reinterpret_cast<EventHandle>(ev);
+  return st;
 }
 
 DeviceStatus CudaBackend::destroy_event(int device, EventHandle event) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuEventDestroy"); st != DeviceStatus::ok) return st;
-  CUresult r = s.api->EventDestroy(to_event(event));
-  if (r != CUDA_SUCCESS) return s.error(r, "cuEventDestroy", device);
-  return DeviceStatus::ok;
+  return state_->drive(device, "cuEventDestroy", false,
+                       [&] { return state_->api->EventDestroy(to_event(event)); });
 }
 
 DeviceStatus CudaBackend::record_event(int device, EventHandle event, StreamHandle stream) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuEventRecord"); st != DeviceStatus::ok) return st;
-  CUresult r = s.api->EventRecord(to_event(event), to_stream(stream));
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuEventRecord(stream " + hex(to_stream(stream)) + ")", device);
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuEventRecord", false,
+      [&] { return state_->api->EventRecord(to_event(event), to_stream(stream)); },
+      [&] { return "cuEventRecord(stream " + hex(to_stream(stream)) + ")"; });
 }
 
 DeviceStatus CudaBackend::query_event(int device, EventHandle event) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuEventQuery"); st != DeviceStatus::ok) return st;
-  CUresult r = s.api->EventQuery(to_event(event));
-  if (r == CUDA_SUCCESS) return DeviceStatus::ok;
-  if (r == CUDA_ERROR_NOT_READY) return DeviceStatus::not_ready;
-  return s.error(r, "cuEventQuery", device);
+  return state_->drive(
+      device, "cuEventQuery", false, [&] { return state_->api->EventQuery(to_event(event)); },
+      [] { return std::string("cuEventQuery"); }, CUDA_ERROR_NOT_READY, DeviceStatus::not_ready);
 }
 
 DeviceStatus CudaBackend::synchronize_event(int device, EventHandle event) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuEventSynchronize"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->EventSynchronize(to_event(event));
-  if (r != CUDA_SUCCESS) return s.error(r, "cuEventSynchronize", device);
-  return DeviceStatus::ok;
+  return state_->drive(device, "cuEventSynchronize", false,
+                       [&] { return state_->api->EventSynchronize(to_event(event)); });
 }
 
 DeviceStatus CudaBackend::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuStreamWaitEvent"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->StreamWaitEvent(to_stream(stream), to_event(event), 0);
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuStreamWaitEvent(stream " + hex(to_stream(stream)) + ")", device);
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuStreamWaitEvent", false,
+      [&] { return state_->api->StreamWaitEvent(to_stream(stream), to_event(event), 0); },
+      [&] { return "cuStreamWaitEvent(stream " + hex(to_stream(stream)) + ")"; });
 }
 
 DeviceStatus CudaBackend::synchronize_stream(int device, StreamHandle stream) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuStreamSynchronize"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->StreamSynchronize(to_stream(stream));
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuStreamSynchronize(stream " + hex(to_stream(stream)) + ")", device);
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuStreamSynchronize", false,
+      [&] { return state_->api->StreamSynchronize(to_stream(stream)); },
+      [&] { return "cuStreamSynchronize(stream " + hex(to_stream(stream)) + ")"; });
 }
 
 DeviceStatus CudaBackend::create_stream(int device, StreamHandle* stream) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuStreamCreate"); st != DeviceStatus::ok) return st;
   CUstream created = nullptr;
-  CUresult r = s.api->StreamCreate(&created, CU_STREAM_NON_BLOCKING);
-  if (r != CUDA_SUCCESS) return s.error(r, "cuStreamCreate", device);
-  *stream = reinterpret_cast<StreamHandle>(created);
-  return DeviceStatus::ok;
+  DeviceStatus st = state_->drive(device, "cuStreamCreate", false, [&] {
+    return state_->api->StreamCreate(&created, CU_STREAM_NON_BLOCKING);
+  });
+  if (st == DeviceStatus::ok) *stream = reinterpret_cast<StreamHandle>(created);
+  return st;
 }
 
 DeviceStatus CudaBackend::destroy_stream(int device, StreamHandle stream) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuStreamDestroy"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->StreamDestroy(to_stream(stream));
-  if (r != CUDA_SUCCESS) return s.error(r, "cuStreamDestroy", device);
-  return DeviceStatus::ok;
+  return state_->drive(device, "cuStreamDestroy", false,
+                       [&] { return state_->api->StreamDestroy(to_stream(stream)); });
 }
 
 DeviceStatus CudaBackend::synchronize_device(int device) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuCtxSynchronize"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->CtxSynchronize();
-  if (r != CUDA_SUCCESS) return s.error(r, "cuCtxSynchronize", device);
-  return DeviceStatus::ok;
+  return state_->drive(device, "cuCtxSynchronize", false,
+                       [&] { return state_->api->CtxSynchronize(); });
 }
 
 // ---- Virtual memory -------------------------------------------------------------
@@ -446,101 +428,68 @@ DeviceStatus CudaBackend::granularity(int device, std::size_t* bytes) {
 
 DeviceStatus CudaBackend::reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                                 void** ptr) {
-  State& s = *state_;
-  const char* call = "cuMemAddressReserve";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
   CUdeviceptr d = 0;
-  CUresult r = s.api->MemAddressReserve(&d, size, alignment, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    return s.error(r,
-                   "cuMemAddressReserve(" + std::to_string(size) + " bytes, alignment " +
-                       std::to_string(alignment) + ")",
-                   device);
-  }
-  *ptr = to_ptr(d);
-  return DeviceStatus::ok;
+  DeviceStatus st = state_->drive(
+      device, "cuMemAddressReserve", true,
+      [&] { return state_->api->MemAddressReserve(&d, size, alignment, 0, 0); },
+      [&] {
+        return "cuMemAddressReserve(" + std::to_string(size) + " bytes, alignment " +
+               std::to_string(alignment) + ")";
+      });
+  if (st == DeviceStatus::ok) *ptr = to_ptr(d);
+  return st;
 }
 
 DeviceStatus CudaBackend::release_address_range(int device, void* ptr, std::size_t size) {
-  State& s = *state_;
-  const char* call = "cuMemAddressFree";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
-  CUresult r = s.api->MemAddressFree(to_dptr(ptr), size);
-  if (r != CUDA_SUCCESS) {
-    return s.error(r, "cuMemAddressFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)",
-                   device);
-  }
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuMemAddressFree", true,
+      [&] { return state_->api->MemAddressFree(to_dptr(ptr), size); },
+      [&] { return "cuMemAddressFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)"; });
 }
 
 DeviceStatus CudaBackend::create_physical(int device, std::size_t size, PhysicalHandle* handle) {
   State& s = *state_;
-  const char* call = "cuMemCreate";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
-  CUmemAllocationProp prop = s.physical_properties(device);
   CUmemGenericAllocationHandle h = 0;
-  CUresult r = s.api->MemCreate(&h, size, &prop, 0);
-  if (r == CUDA_ERROR_OUT_OF_MEMORY) return DeviceStatus::out_of_memory;
-  if (r != CUDA_SUCCESS)
-    return s.error(r, "cuMemCreate(" + std::to_string(size) + " bytes)", device);
-  *handle = static_cast<PhysicalHandle>(h);
-  return DeviceStatus::ok;
+  DeviceStatus st = s.drive(
+      device, "cuMemCreate", true,
+      [&] {
+        CUmemAllocationProp prop = s.physical_properties(device);
+        return s.api->MemCreate(&h, size, &prop, 0);
+      },
+      [&] { return "cuMemCreate(" + std::to_string(size) + " bytes)"; }, CUDA_ERROR_OUT_OF_MEMORY,
+      DeviceStatus::out_of_memory);
+  if (st == DeviceStatus::ok) *handle = static_cast<PhysicalHandle>(h);
+  return st;
 }
 
 DeviceStatus CudaBackend::release_physical(int device, PhysicalHandle handle) {
-  State& s = *state_;
-  const char* call = "cuMemRelease";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
-  CUresult r = s.api->MemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
-  if (r != CUDA_SUCCESS) return s.error(r, call, device);
-  return DeviceStatus::ok;
+  return state_->drive(device, "cuMemRelease", true, [&] {
+    return state_->api->MemRelease(static_cast<CUmemGenericAllocationHandle>(handle));
+  });
 }
 
 DeviceStatus CudaBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
-  State& s = *state_;
-  const char* call = "cuMemMap";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
-  CUresult r =
-      s.api->MemMap(to_dptr(ptr), size, 0, static_cast<CUmemGenericAllocationHandle>(handle), 0);
-  if (r != CUDA_SUCCESS) {
-    return s.error(r, "cuMemMap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
-  }
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuMemMap", true,
+      [&] {
+        return state_->api->MemMap(to_dptr(ptr), size, 0,
+                                   static_cast<CUmemGenericAllocationHandle>(handle), 0);
+      },
+      [&] { return "cuMemMap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)"; });
 }
 
 DeviceStatus CudaBackend::unmap(int device, void* ptr, std::size_t size) {
-  State& s = *state_;
-  const char* call = "cuMemUnmap";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
-  CUresult r = s.api->MemUnmap(to_dptr(ptr), size);
-  if (r != CUDA_SUCCESS) {
-    return s.error(r, "cuMemUnmap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)", device);
-  }
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuMemUnmap", true, [&] { return state_->api->MemUnmap(to_dptr(ptr), size); },
+      [&] { return "cuMemUnmap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)"; });
 }
 
 DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, const int* devices,
                                      int count) {
   State& s = *state_;
   const char* call = "cuMemSetAccess";
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  if (!s.vmm[device]) return s.no_vmm(device, call);
   if (count < 0 || (count > 0 && devices == nullptr))
     return fail(DeviceStatus::error, "cuMemSetAccess: bad device list");
-  if (count == 0) return DeviceStatus::ok;
   std::vector<CUmemAccessDesc> desc(static_cast<std::size_t>(count));
   for (int i = 0; i < count; ++i) {
     if (DeviceStatus st = s.check_device(devices[i], call); st != DeviceStatus::ok) return st;
@@ -548,52 +497,46 @@ DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, co
     desc[i].location.id = s.devices[devices[i]];
     desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   }
-  CUresult r = s.api->MemSetAccess(to_dptr(ptr), size, desc.data(), desc.size());
-  if (r != CUDA_SUCCESS) {
-    return s.error(r,
-                   "cuMemSetAccess(" + hex(ptr) + ", " + std::to_string(size) + " bytes, " +
-                       std::to_string(count) + " devices)",
-                   device);
-  }
-  return DeviceStatus::ok;
+  return s.drive(
+      device, call, true,
+      [&] {
+        return count == 0 ? CUDA_SUCCESS
+                          : s.api->MemSetAccess(to_dptr(ptr), size, desc.data(), desc.size());
+      },
+      [&] {
+        return "cuMemSetAccess(" + hex(ptr) + ", " + std::to_string(size) + " bytes, " +
+               std::to_string(count) + " devices)";
+      });
 }
 
 // ---- IPC ------------------------------------------------------------------------
 
 DeviceStatus CudaBackend::export_ipc(int device, void* base, IpcHandle* handle) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuIpcGetMemHandle"); st != DeviceStatus::ok)
-    return st;
   CUipcMemHandle h;
-  CUresult r = s.api->IpcGetMemHandle(&h, to_dptr(base));
-  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcGetMemHandle(" + hex(base) + ")", device);
-  std::memcpy(handle->bytes, &h, sizeof h);
-  return DeviceStatus::ok;
+  DeviceStatus st = state_->drive(
+      device, "cuIpcGetMemHandle", false,
+      [&] { return state_->api->IpcGetMemHandle(&h, to_dptr(base)); },
+      [&] { return "cuIpcGetMemHandle(" + hex(base) + ")"; });
+  if (st == DeviceStatus::ok) std::memcpy(handle->bytes, &h, sizeof h);
+  return st;
 }
 
 DeviceStatus CudaBackend::open_ipc(int device, const IpcHandle& handle, void** ptr) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuIpcOpenMemHandle"); st != DeviceStatus::ok)
-    return st;
   CUipcMemHandle h;
   std::memcpy(&h, handle.bytes, sizeof h);
   CUdeviceptr d = 0;
-  CUresult r = s.api->IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcOpenMemHandle", device);
-  *ptr = to_ptr(d);
-  return DeviceStatus::ok;
+  DeviceStatus st = state_->drive(device, "cuIpcOpenMemHandle", false, [&] {
+    return state_->api->IpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  });
+  if (st == DeviceStatus::ok) *ptr = to_ptr(d);
+  return st;
 }
 
 DeviceStatus CudaBackend::close_ipc(int device, void* ptr) {
-  State& s = *state_;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, "cuIpcCloseMemHandle"); st != DeviceStatus::ok)
-    return st;
-  CUresult r = s.api->IpcCloseMemHandle(to_dptr(ptr));
-  if (r != CUDA_SUCCESS) return s.error(r, "cuIpcCloseMemHandle(" + hex(ptr) + ")", device);
-  return DeviceStatus::ok;
+  return state_->drive(
+      device, "cuIpcCloseMemHandle", false,
+      [&] { return state_->api->IpcCloseMemHandle(to_dptr(ptr)); },
+      [&] { return "cuIpcCloseMemHandle(" + hex(ptr) + ")"; });
 }
 
 // ---- Peer access ----------------------------------------------------------------
@@ -623,12 +566,13 @@ DeviceStatus CudaBackend::enable_peer_access(int device, int peer) {
   if (device == peer) return s.check_device(device, call);
   CUcontext peer_ctx = nullptr;
   if (DeviceStatus st = s.primary_context(peer, &peer_ctx); st != DeviceStatus::ok) return st;
-  ContextScope scope(*s.api);
-  if (DeviceStatus st = s.enter(device, scope, call); st != DeviceStatus::ok) return st;
-  CUresult r = s.api->CtxEnablePeerAccess(peer_ctx, 0);
-  if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
-    return s.error(r, "cuCtxEnablePeerAccess(peer " + std::to_string(peer) + ")", device);
-  return DeviceStatus::ok;
+  return s.drive(
+      device, call, false,
+      [&] {
+        CUresult r = s.api->CtxEnablePeerAccess(peer_ctx, 0);
+        return r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED ? CUDA_SUCCESS : r;
+      },
+      [&] { return "cuCtxEnablePeerAccess(peer " + std::to_string(peer) + ")"; });
 }
 
 std::string CudaBackend::device_name(int device) {

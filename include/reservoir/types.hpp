@@ -1,0 +1,18 @@
+// Handles shared by every layer (util vocabulary): streams, events and physical
+// memory as the device knows them, opaque to the engine.
+#pragma once
+
+#include <cstdint>
+
+namespace reservoir {
+
+// A stream as the device knows it (for CUDA: the cudaStream_t / CUstream value;
+// 0 is the legacy default stream). Opaque to the engine: only compared and hashed.
+// Every value is a valid handle to the engine, UINTPTR_MAX included.
+using StreamHandle = std::uintptr_t;
+// An event created by Backend::create_event. Opaque to the engine.
+using EventHandle = std::uintptr_t;
+// A physical memory allocation (virtual-memory capability; CUmemGenericAllocationHandle).
+using PhysicalHandle = std::uint64_t;
+
+}  // namespace reservoir

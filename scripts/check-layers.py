@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Fails when a source file includes a header of a later layer (src/README.md).
+
+Layers, each depending only on those before it:
+    util -> backend -> engine -> front -> integrations -> tools
+Also: the engine includes no CUDA header. Tests, benchmarks and examples may include
+anything. Every header under include/reservoir/ must have a layer here.
+
+    scripts/check-layers.py [--root DIR]   # exit 1 and a line per violation
+    scripts/check-layers.py --self-test    # proves the check catches violations
+"""
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+LAYERS = ["util", "backend", "engine", "front", "integrations", "tools"]
+
+# Public headers by layer: the vocabulary below the engine is util.
+PUBLIC = {
+    "export.hpp": "util", "types.hpp": "util", "config.hpp": "util", "errors.hpp": "util",
+    "stats.hpp": "util", "hooks.hpp": "util", "history.hpp": "util",
+    "backend.hpp": "backend", "sim_backend.hpp": "backend", "cuda_backend.hpp": "backend",
+    "allocator.hpp": "front", "reservoir.h": "front", "version.hpp": "front",
+}
+SOURCE_DIRS = {"src/util": "util", "src/backend": "backend", "src/engine": "engine",
+               "src/front": "front", "src/integrations": "integrations", "tools": "tools"}
+CUDA_HEADERS = re.compile(r"^(cuda|cuda_runtime|cuda_runtime_api|cudaTypedefs|nvml)\.h$")
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+
+
+def layer_of_header(name, root):
+    """The layer of an included path, or None for system and third-party headers."""
+    if name.startswith("reservoir/"):
+        base = name[len("reservoir/"):]
+        if base not in PUBLIC:
+            return "unknown"
+        return PUBLIC[base]
+    for d, layer in SOURCE_DIRS.items():
+        prefix = d[len("src/"):] + "/" if d.startswith("src/") else d + "/"
+        if name.startswith(prefix) and os.path.exists(os.path.join(root, d, name[len(prefix):])):
+            return layer
+    return None
+
+
+def layer_of_file(rel):
+    if rel.startswith("include/reservoir/"):
+        return PUBLIC.get(rel[len("include/reservoir/"):], "unknown")
+    for d, layer in SOURCE_DIRS.items():
+        if rel.startswith(d + "/"):
+            return layer
+    return None
+
+
+def check(root):
+    problems = []
+    for top in ["include", "src", "tools"]:
+        for dirpath, _, files in os.walk(os.path.join(root, top)):
+            for f in sorted(files):
+                if not f.endswith((".hpp", ".h", ".cpp", ".cc", ".cu")):
+                    continue
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, root).replace(os.sep, "/")
+                mine = layer_of_file(rel)
+                if mine is None:
+                    continue
+                if mine == "unknown":
+                    problems.append(f"{rel}: public header without a layer (add it to "
+                                    "scripts/check-layers.py)")
+                    continue
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    for number, line in enumerate(fh, 1):
+                        m = INCLUDE.match(line)
+                        if not m:
+                            continue
+                        name = m.group(1)
+                        if mine == "engine" and CUDA_HEADERS.match(os.path.basename(name)):
+                            problems.append(f"{rel}:{number}: the engine includes a CUDA header ({name})")
+                            continue
+                        theirs = layer_of_header(name, root)
+                        if theirs == "unknown":
+                            problems.append(f"{rel}:{number}: {name} has no layer")
+                        elif theirs and LAYERS.index(theirs) > LAYERS.index(mine):
+                            problems.append(f"{rel}:{number}: {mine} includes {name} ({theirs}, a later layer)")
+    return problems
+
+
+def self_test():
+    with tempfile.TemporaryDirectory() as root:
+        def write(rel, text):
+            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+            with open(os.path.join(root, rel), "w") as fh:
+                fh.write(text)
+        write("include/reservoir/allocator.hpp", "#pragma once\n")
+        write("include/reservoir/types.hpp", "#pragma once\n")
+        write("src/engine/good.hpp", '#include "reservoir/types.hpp"\n#include <vector>\n')
+        assert check(root) == [], check(root)
+        write("src/engine/bad.hpp", '#include "reservoir/allocator.hpp"\n')
+        write("src/engine/cuda.cpp", "#include <cuda.h>\n")
+        write("src/util/up.hpp", '#include "engine/good.hpp"\n')
+        found = check(root)
+        assert any("bad.hpp:1: engine includes reservoir/allocator.hpp" in p for p in found), found
+        assert any("CUDA header" in p for p in found), found
+        assert any("up.hpp:1: util includes engine/good.hpp" in p for p in found), found
+        assert len(found) == 3, found
+    print("check-layers self-test: ok")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
+    parser.add_argument("--self-test", action="store_true")
+    args = parser.parse_args()
+    if args.self_test:
+        return self_test()
+    problems = check(os.path.abspath(args.root))
+    for p in problems:
+        print(p)
+    if problems:
+        print(f"check-layers: {len(problems)} include(s) break the layer order (src/README.md)")
+        return 1
+    print("check-layers: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+// CachingAllocator: the engine as a whole — every device's DeviceEngine (made on
+// first use), the process-wide SegmentMap that resolves a pointer to the pool owning
+// it, the hooks, the configuration in force and the history settings that engines
+// made later must also get. It owns the free path's lookup-and-retry protocol, so
+// the front only validates arguments, routes and translates errors.
+//
+// Lookup protocol (deallocate, record_stream, block queries): the SegmentMap is read
+// without a lock and may return a segment that another thread released and reused
+// meanwhile; a refusal by the owner is therefore checked against a fresh lookup, and
+// only when that names the same owner is the pointer really invalid.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/block.hpp"
+#include "engine/block_owner.hpp"
+#include "engine/device_engine.hpp"
+#include "engine/memory_resource.hpp"
+#include "engine/segment_map.hpp"
+#include "reservoir/backend.hpp"
+#include "reservoir/config.hpp"
+#include "reservoir/history.hpp"
+
+namespace reservoir::detail {
+
+class CachingAllocator final : public BlockResource {
+ public:
+  CachingAllocator(Backend& backend, Config config, int device_count);
+  ~CachingAllocator() override;
+
+  // ---- Requests (MemoryResource); the hot two are inline ----
+  void* allocate(std::size_t size, StreamHandle stream, int device) override {
+    return reinterpret_cast<void*>(engine(device).allocate(size, stream));
+  }
+  void deallocate(void* ptr) override {
+    const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+    if (Segment* seg = segments_.find(address))
+      if (BlockOwner* owner = seg->owner_now())
+        if (owner->free(address)) return;
+    free_slow(ptr);
+  }
+  void record_stream(void* ptr, StreamHandle stream) override;
+  void notify_host_wait(StreamHandle stream, int device) override;
+  BaseAllocation base_allocation(void* ptr) override;
+  std::size_t block_size(void* ptr) override;
+  std::size_t requested_size(void* ptr) override;
+  void empty_cache(int device) override;  // -1: every device in use
+  std::size_t largest_cached_block(int device) override;
+
+  // ---- Engines ----
+  // The engine of a valid device index, made on first use.
+  DeviceEngine& engine(int device) {
+    DeviceEngine* e = engines_[device].load(std::memory_order_acquire);
+    return e ? *e : make_engine(device);
+  }
+  DeviceEngine* engine_if_made(int device) const {
+    return engines_[device].load(std::memory_order_acquire);
+  }
+  int device_count() const noexcept { return device_count_; }
+  EngineHooks& hooks() noexcept { return hooks_; }
+  void add_free_memory_callback(FreeMemoryCallback callback);
+  void attach_oom_observer(OomObserver observer);
+
+  // ---- Configuration ----
+  Config config() const;
+  // Applies "key:value,..." to every engine (throws ConfigError, changing nothing);
+  // returns the configuration now in force.
+  Config update_config(std::string_view text);
+
+  // ---- History (kept per engine; settings apply to engines made later too) ----
+  void record_history(bool enabled, std::size_t max_entries, ContextLevel level,
+                      ContextRecorder recorder);
+  void attach_trace_tracker(TraceTracker tracker);
+  // false when history is off (the annotation is dropped).
+  bool record_annotation(Annotation annotation);
+  std::vector<Annotation> annotations() const;
+
+  void validate();
+
+ private:
+  void free_slow(void* ptr);  // the lookup protocol, after the fast path was refused
+  template <typename Op>
+  void retry(void* ptr, const char* action, Op&& op);
+  BlockOwner& owner_of(void* ptr, const char* action);
+  DeviceEngine& make_engine(int device);
+
+  Backend& backend_;
+  const int device_count_;
+  SegmentMap segments_;
+  EngineHooks hooks_;
+  std::unique_ptr<std::atomic<DeviceEngine*>[]> engines_;
+  std::vector<std::unique_ptr<DeviceEngine>> owned_;  // under engines_mutex_
+  mutable std::mutex engines_mutex_;
+  mutable std::mutex config_mutex_;
+  Config config_;
+  // History settings, applied to engines made later too (under engines_mutex_).
+  bool history_enabled_ = false;
+  std::size_t history_entries_ = 1;
+  ContextLevel history_level_ = ContextLevel::none;
+  ContextRecorder history_recorder_;
+  std::vector<TraceTracker> trackers_;
+  mutable std::mutex annotations_mutex_;
+  std::deque<Annotation> annotations_;  // oldest first, at most history_entries_
+};
+
+}  // namespace reservoir::detail

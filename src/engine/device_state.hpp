@@ -1,0 +1,99 @@
+// The small pieces of device-wide state that every cache shard of a device shares:
+// the memory-fraction budget, the device call counters, the garbage-collection
+// clock and the set of peer devices. Each is lock-free or takes its own short lock,
+// so a shard can use them while holding only its own lock.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace reservoir::detail {
+
+// Bytes reserved from the device, and the cap a memory fraction puts on them.
+// Invariant: with a limit set, reserved() <= limit() at all times (reserve() refuses
+// what would exceed it); reserved() == sum of the shards' mapped segment bytes,
+// outside of an operation that is between reserve() and recording its segment.
+class DeviceBudget {
+ public:
+  // Takes bytes from the budget; false (nothing taken) when it would exceed the limit.
+  bool reserve(std::size_t bytes) noexcept {
+    std::size_t before = reserved_.fetch_add(bytes, std::memory_order_relaxed);
+    if (limited_.load(std::memory_order_relaxed) &&
+        before + bytes > limit_.load(std::memory_order_relaxed)) {
+      reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+      return false;
+    }
+    return true;
+  }
+  void unreserve(std::size_t bytes) noexcept {
+    reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+  void set_limit(std::size_t bytes) noexcept {
+    limit_.store(bytes, std::memory_order_relaxed);
+    limited_.store(true, std::memory_order_relaxed);
+  }
+  bool limited() const noexcept { return limited_.load(std::memory_order_relaxed); }
+  // The cap in bytes (meaningful when limited()).
+  std::size_t limit() const noexcept { return limit_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> limit_{~std::size_t{0}};
+  std::atomic<bool> limited_{false};
+};
+
+// Device-wide event counts reported with the statistics (PyTorch's num_* fields).
+struct DeviceCounters {
+  std::atomic<std::int64_t> alloc_retries{0}, ooms{0}, sync_all_streams{0}, device_allocs{0},
+      device_frees{0};
+
+  static void bump(std::atomic<std::int64_t>& c) noexcept {
+    c.fetch_add(1, std::memory_order_relaxed);
+  }
+  void reset() noexcept {
+    for (auto* c : {&alloc_retries, &ooms, &sync_all_streams, &device_allocs, &device_frees})
+      c->store(0, std::memory_order_relaxed);
+  }
+};
+
+// Garbage collection (garbage_collection_threshold): a clock that ticks on each
+// large-pool lookup while collection is enabled; a free block's age is the ticks
+// since it became free.
+class GcClock {
+ public:
+  bool enabled() const noexcept { return enabled_.load(std::memory_order_relaxed); }
+  void set_enabled(bool on) noexcept { enabled_.store(on, std::memory_order_relaxed); }
+  void tick() noexcept { now_.fetch_add(1, std::memory_order_relaxed); }
+  std::uint64_t now() const noexcept { return now_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<bool> enabled_{false};
+  std::atomic<std::uint64_t> now_{0};
+};
+
+// Devices granted access to this device's expandable segments (enable_peer_access).
+class PeerSet {
+ public:
+  std::vector<int> list() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return peers_;
+  }
+  // False when device was already a peer.
+  bool add(int device) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (std::find(peers_.begin(), peers_.end(), device) != peers_.end()) return false;
+    peers_.push_back(device);
+    return true;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<int> peers_;
+};
+
+}  // namespace reservoir::detail

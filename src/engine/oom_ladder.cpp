@@ -1,0 +1,127 @@
+// The out-of-memory ladder: what a request does when no cached block serves it, in
+// the spec's order (its malloc path), each rung a locked step of the pool or a
+// device-wide operation of the engine:
+//   1. the program's free-memory callbacks, then the cache again (only if any freed);
+//   2. age-based garbage collection (garbage_collection_threshold with a fraction);
+//   3. a new device allocation (or mapped pages);
+//   4. release of cached oversize blocks of this pool, then a new allocation;
+//   5. wait for every pending free and release every cache of the device, then the
+//      cache again and a new allocation (counted as a retry);
+//   6. out of memory: the report, the observers, OutOfMemoryError.
+// The pool lock is not held between rungs: each rung takes it itself, so calls go
+// one way (ladder -> engine and pool) and device-wide rungs can lock other pools.
+#include <algorithm>
+#include <cstdio>
+
+#include "engine/device_engine.hpp"
+#include "reservoir/errors.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+namespace {
+
+// What the report says besides PyTorch's first sentences.
+struct OomFacts {
+  int device;
+  const char* backend;
+  std::size_t requested, alloc_size;
+  StreamHandle stream;
+  bool have_info;
+  MemoryInfo info;
+  bool limited;
+  std::size_t allowed;
+  double fraction;
+  std::uint64_t allocated, reserved;
+  std::size_t largest_small, largest_large, cached_elsewhere;
+};
+
+// PyTorch's wording first (tools and tests match "CUDA out of memory. Tried to
+// allocate ..."), then what Reservoir knows and what to try.
+std::string oom_message(const OomFacts& f) {
+  using P = std::string (*)(std::uint64_t);
+  const P torch_size = format_size_pytorch_style;
+  std::string m = "CUDA out of memory. Tried to allocate " + torch_size(f.alloc_size) + ". GPU " +
+                  std::to_string(f.device);
+  if (f.have_info)
+    m += " has a total capacity of " + torch_size(f.info.total) + " of which " +
+         torch_size(f.info.free) + " is free. ";
+  else
+    m += " did not report its memory. ";
+  if (f.limited) m += torch_size(f.allowed) + " allowed; ";
+  const std::uint64_t unallocated = f.reserved - std::min(f.reserved, f.allocated);
+  m += "Of the allocated memory " + torch_size(f.allocated) + " is allocated by Reservoir, and " +
+       torch_size(unallocated) + " is reserved by Reservoir but unallocated. ";
+  m += "Reservoir (" + std::string(f.backend) + " device " + std::to_string(f.device) +
+       "): the request of " + format_size(f.requested) + " on stream " +
+       format_pointer(reinterpret_cast<void*>(f.stream)) + " needed a new segment of " +
+       format_size(f.alloc_size);
+  if (f.limited) {
+    char share[32];
+    std::snprintf(share, sizeof share, "%.4g", f.fraction);
+    m += std::string(" beyond the memory fraction (") + share + " of the device, " +
+         format_size(f.allowed) + ")";
+  }
+  m += "; largest free block on this stream: small pool " + format_size(f.largest_small) +
+       ", large pool " + format_size(f.largest_large) + "; " + format_size(f.cached_elsewhere) +
+       " cached on other streams. What to try: free tensors or buffers you no longer need; if "
+       "reserved-but-unallocated memory is large, set "
+       "RESERVOIR_ALLOC_CONF=expandable_segments:True (or max_split_size_mb:N) to reduce "
+       "fragmentation";
+  if (f.limited) m += "; raise the memory fraction";
+  m += "; replay a trace of this workload with reservoir-replay --fit to see how much memory "
+       "it needs.";
+  return m;
+}
+
+}  // namespace
+
+std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t requested,
+                                           const Context& context) {
+  // 1. The program's free-memory callbacks (outside every lock: they may free memory
+  //    through this allocator).
+  if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
+    if (std::uintptr_t a = pool.allocate_cached(requested, context)) return a;
+  // 2. Age-based garbage collection of cached blocks.
+  if (gc_.enabled()) garbage_collect();
+  // 3. A new segment.
+  if (std::uintptr_t a = pool.allocate_new_segment(requested, false, context)) return a;
+  // 4. Cached oversize blocks of this pool make room.
+  if (pool.release_oversize(requested))
+    if (std::uintptr_t a = pool.allocate_new_segment(requested, false, context)) return a;
+  // 5. Every pending free waited for and every cache of the device released; frees
+  //    completed meanwhile may already satisfy the request.
+  release_cached_everywhere();
+  if (std::uintptr_t a = pool.allocate_after_release(requested, context)) return a;
+
+  // 6. Out of memory.
+  DeviceCounters::bump(counters_.ooms);
+  OomFacts f{};
+  f.device = device_;
+  f.backend = backend_.name();
+  f.requested = requested;
+  std::size_t rounded;
+  {
+    std::lock_guard<std::mutex> guard(config_mutex_);
+    rounded = settings_.policy.round(requested);
+  }
+  f.alloc_size = SizePolicy::segment_size(rounded);
+  f.stream = pool.stream();
+  f.have_info = backend_.memory_info(device_, &f.info) == DeviceStatus::ok;
+  f.limited = budget_.limited();
+  f.allowed = budget_.limit();
+  f.fraction = memory_fraction();
+  DeviceStats s = stats();
+  f.allocated = static_cast<std::uint64_t>(s.allocated_bytes.all().current);
+  f.reserved = static_cast<std::uint64_t>(s.reserved_bytes.all().current);
+  f.largest_small = pool.largest_free_block(kSmallPool);
+  f.largest_large = pool.largest_free_block(kLargePool);
+  f.cached_elsewhere = cached_elsewhere(&pool);
+  if (history_.active())
+    services_.trace(TraceAction::oom, f.info.free, f.alloc_size, pool.stream(), nullptr);
+  for (auto& observer : hooks_.observers())
+    observer(device_, f.alloc_size, f.limited ? f.allowed : f.info.total, f.info.free);
+  throw OutOfMemoryError(oom_message(f));
+}
+
+}  // namespace reservoir::detail

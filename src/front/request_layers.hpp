@@ -1,0 +1,60 @@
+// Layers around the engine's request path (RMM's resource adaptors): each wraps an
+// upstream MemoryResource and adds one concern. The front puts a layer in the chain
+// only while its concern is on, so a program that records nothing pays nothing.
+//   TraceRecordingLayer: writes every request to a trace (record_trace:PATH,
+//     start_trace_recording), serializing requests with their records so a reused
+//     address cannot be recorded out of order.
+//   OomSnapshotLayer: on OutOfMemoryError writes a snapshot for PyTorch's viewer
+//     (oom_snapshot:PATH) and says so in the error; a failed write is reported in the
+//     message and never replaces the out-of-memory error.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/memory_resource.hpp"
+#include "front/trace_recorder.hpp"
+
+namespace reservoir::detail {
+
+class TraceRecordingLayer final : public MemoryResource {
+ public:
+  // Opens path (throws std::runtime_error naming it when it cannot).
+  TraceRecordingLayer(MemoryResource& upstream, const std::string& path);
+  void* allocate(std::size_t size, StreamHandle stream, int device) override;
+  void deallocate(void* ptr) override;
+  void record_stream(void* ptr, StreamHandle stream) override;
+  void notify_host_wait(StreamHandle stream, int device) override;
+  // Flushes and closes the trace; later requests pass through unrecorded (threads
+  // that entered the layer before it was taken out of the chain may still arrive).
+  void close();
+
+ private:
+  MemoryResource& upstream_;
+  std::mutex mutex_;
+  std::unique_ptr<TraceRecorder> recorder_;  // null once closed
+};
+
+class OomSnapshotLayer final : public MemoryResource {
+ public:
+  using Dump = std::function<void(const std::string& path)>;
+  OomSnapshotLayer(MemoryResource& upstream, std::string path, Dump dump)
+      : upstream_(upstream), path_(std::move(path)), dump_(std::move(dump)) {}
+  void* allocate(std::size_t size, StreamHandle stream, int device) override;
+  void deallocate(void* ptr) override { upstream_.deallocate(ptr); }
+  void record_stream(void* ptr, StreamHandle stream) override {
+    upstream_.record_stream(ptr, stream);
+  }
+  void notify_host_wait(StreamHandle stream, int device) override {
+    upstream_.notify_host_wait(stream, device);
+  }
+
+ private:
+  MemoryResource& upstream_;
+  const std::string path_;
+  Dump dump_;
+};
+
+}  // namespace reservoir::detail
