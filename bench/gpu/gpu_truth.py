@@ -109,11 +109,23 @@ def pick(d, keys):
     return None if d is None else {k: d.get(k) for k in keys}
 
 
-def reservoir_run(runner, replay, trace, setting, device):
-    out = runner.json_of(f"reservoir {device} {trace_name(trace)} [{setting}]",
-                         [replay, trace, "--device", device, "--config", setting, "--json"],
-                         last_line=False)
-    return pick(out[0], RESERVOIR_KEYS) if isinstance(out, list) and out else None
+def reservoir_runs(runner, replay, trace, settings, device):
+    """{setting: figures} from one reservoir-replay process with every --config (one
+    CUDA start-up), or one process per setting if that fails (one bad setting)."""
+    def run(subset, label):
+        cmd = [replay, trace, "--device", device, "--json"]
+        for s in subset:
+            cmd += ["--config", s]
+        out = runner.json_of(f"reservoir {device} {trace_name(trace)} [{label}]", cmd,
+                             last_line=False)
+        if not isinstance(out, list) or len(out) != len(subset):
+            return None
+        return {s: pick(r, RESERVOIR_KEYS) for s, r in zip(subset, out)}
+
+    together = run(settings, "all settings")
+    if together is not None:
+        return together
+    return {s: (run([s], s) or {}).get(s) for s in settings}
 
 
 def measure(args):
@@ -133,13 +145,15 @@ def measure(args):
             print(f"{name}: unreadable: {e}", flush=True)
             continue
         entry["settings"] = {s: {} for s in args.settings}
-        for s in args.settings:
-            cell = entry["settings"][s]
-            if not args.no_gpu:
+        if not args.no_gpu:
+            for s in args.settings:
                 r = runner.json_of(f"c10 {name} [{s}]", [c10, path], env=c10_env(s))
-                cell["c10"] = pick(r, C10_KEYS)
-                cell["reservoir_gpu"] = reservoir_run(runner, replay, path, s, "cuda")
-            cell["reservoir_sim"] = reservoir_run(runner, replay, path, s, "sim")
+                entry["settings"][s]["c10"] = pick(r, C10_KEYS)
+        for device, key in (("cuda", "reservoir_gpu"), ("sim", "reservoir_sim")):
+            if device == "cuda" and args.no_gpu:
+                continue
+            for s, figures in reservoir_runs(runner, replay, path, args.settings, device).items():
+                entry["settings"][s][key] = figures
         if not args.no_gpu:
             r = runner.json_of(f"async {name}", [c10, path, "--api", "async"])
             entry["async"] = pick(r, ("ok", "peak_reserved", "peak_requested", "ns_per_event"))
