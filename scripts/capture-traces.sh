@@ -23,12 +23,13 @@ b=${RESERVOIR_GPU_BUILD:-build/gpu}
 logs=${CAPTURE_LOGS:-$out}
 mkdir -p "$logs"
 lib="$b/src/libreservoir.so"
+[[ $lib == /* ]] || lib="$PWD/$lib"
 if [ ! -f "$lib" ]; then
   { cmake -S . -B "$b" -DCMAKE_BUILD_TYPE=Release && cmake --build "$b" -j"$(nproc)" --target reservoir; } \
     >"$logs/capture-build.log" 2>&1 || echo "capture: building libreservoir.so failed ($logs/capture-build.log)"
 fi
 # The package from this checkout, with the library just built (docs/python.md).
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" RESERVOIR_LIBRARY="$PWD/$lib"
+export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" RESERVOIR_LIBRARY="$lib"
 have_capture=0
 if python3 -c "import reservoir.capture" 2>/dev/null; then
   have_capture=1

@@ -6,9 +6,9 @@ simulated device, gathered into one JSON file (traces/gpu_truth.json).
     python3 bench/gpu/gpu_truth.py --build build/gpu --out OUT/gpu_truth.json TRACE...
     python3 bench/gpu/gpu_truth.py --build build/release --out x.json --no-gpu TRACE...
 
-Needs, in the build directory, tools/replay/reservoir-replay and
-bench/gpu/reservoir_c10_replay configured with -DTORCH_DIR (scripts/gpu-truth.sh builds
-both). Per trace and setting: c10 in a process of its own (PYTORCH_CUDA_ALLOC_CONF is
+Needs, in the build directory, tools/replay/reservoir-replay, bench/gpu/
+reservoir_async_replay and bench/gpu/reservoir_c10_replay (configured with -DTORCH_DIR;
+scripts/gpu-truth.sh builds all three). Per trace and setting: c10 in a process of its own (PYTORCH_CUDA_ALLOC_CONF is
 read once, at c10's start), with the fit search for the settings in FIT_SETTINGS;
 cudaMallocAsync once per trace; `reservoir-replay TRACE --device cuda --config S --json`
 and the same with --device sim. Fits run last, so a --budget that runs out drops them
@@ -131,6 +131,7 @@ def reservoir_runs(runner, replay, trace, settings, device):
 def measure(args):
     replay = os.path.join(args.build, "tools", "replay", "reservoir-replay")
     c10 = os.path.join(args.build, "bench", "gpu", "reservoir_c10_replay")
+    async_replay = os.path.join(args.build, "bench", "gpu", "reservoir_async_replay")
     runner = Runner(args.budget, args.timeout)
     traces = {}
     for path in args.traces:
@@ -155,7 +156,7 @@ def measure(args):
             for s, figures in reservoir_runs(runner, replay, path, args.settings, device).items():
                 entry["settings"][s][key] = figures
         if not args.no_gpu:
-            r = runner.json_of(f"async {name}", [c10, path, "--api", "async"])
+            r = runner.json_of(f"async {name}", [async_replay, path, "--api", "async"])
             entry["async"] = pick(r, ("ok", "peak_reserved", "peak_requested", "ns_per_event"))
         traces[name] = entry
         print(f"{name}: {entry['events']:,} events, {entry['streams']} streams: "
