@@ -78,6 +78,7 @@ struct Api {
 Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
   std::vector<void*> ptrs(t.allocations, nullptr);
   std::vector<std::uint64_t> sizes(t.allocations, 0);
+  std::vector<std::uint16_t> stream_of(t.allocations, 0);  // the allocating trace stream
   std::vector<std::vector<cudaStream_t>> uses(t.allocations);
   std::uint64_t live = 0;
   Run r;
@@ -91,6 +92,7 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
           break;
         }
         sizes[ev.slot] = ev.size;
+        stream_of[ev.slot] = ev.stream;
         live += ev.size;
         r.peak_live = std::max(r.peak_live, live);
         break;
@@ -119,7 +121,7 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
                             : 0.0;
   // What the trace never freed (weights), and what an OOM left, goes back.
   for (std::uint32_t i = 0; i < t.allocations; ++i)
-    if (ptrs[i] != nullptr) api.free(ptrs[i], streams[0], uses[i]);
+    if (ptrs[i] != nullptr) api.free(ptrs[i], streams[stream_of[i]], uses[i]);
   cudaDeviceSynchronize();
   return r;
 }
