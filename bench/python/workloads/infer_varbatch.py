@@ -26,12 +26,12 @@ KEEP = 4  # answers held on the device
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=1500, help="requests to serve (default 1500)")
+    p.add_argument("--steps", type=int, default=2000, help="requests to serve (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="seed of sizes, inputs and weights")
     p.add_argument("--model", default="resnet50", choices=("resnet50", "resnet18", "vit_b_16"),
                    help="torchvision model (default resnet50; vit_b_16 runs at 224 only)")
-    p.add_argument("--max-seconds", type=float, default=60.0,
-                   help="stop after the request that passes this many seconds (default 60)")
+    p.add_argument("--max-seconds", type=float, default=40.0,
+                   help="stop after the request that passes this many seconds (default 40)")
     return p.parse_args(argv)
 
 

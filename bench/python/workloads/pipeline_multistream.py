@@ -31,11 +31,11 @@ DEVICE_SYNC_EVERY = 100
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=3000, help="batches (default 3000)")
+    p.add_argument("--steps", type=int, default=4000, help="batches (default 4000)")
     p.add_argument("--workers", type=int, default=3, help="worker streams (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of sizes, inputs and weights")
-    p.add_argument("--max-seconds", type=float, default=60.0,
-                   help="stop after the batch that passes this many seconds (default 60)")
+    p.add_argument("--max-seconds", type=float, default=40.0,
+                   help="stop after the batch that passes this many seconds (default 40)")
     return p.parse_args(argv)
 
 

@@ -23,10 +23,10 @@ BATCHES = (1, 2, 4, 6, 8, 12, 16, 24, 32)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=24, help="requests to serve (default 24)")
+    p.add_argument("--steps", type=int, default=16, help="requests to serve (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of sizes, prompts and weights")
-    p.add_argument("--max-seconds", type=float, default=60.0,
-                   help="stop after the request that passes this many seconds (default 60)")
+    p.add_argument("--max-seconds", type=float, default=40.0,
+                   help="stop after the request that passes this many seconds (default 40)")
     p.add_argument("--layers", type=int, default=12, help="transformer layers (default 12: GPT-2 small)")
     return p.parse_args(argv)
 
