@@ -3,6 +3,8 @@
 #include "c10_api.hpp"
 
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
 
 namespace reservoir_bench::c10_api {
 
@@ -29,6 +31,46 @@ void reset() {
 
 std::uint64_t peak_reserved() {
   return static_cast<std::uint64_t>(A::getDeviceStats(0).reserved_bytes[0].peak);
+}
+
+bool try_alloc(std::size_t size, cudaStream_t stream, void** ptr) {
+  try {
+    *ptr = A::raw_alloc_with_stream(size, stream);
+    return true;
+  } catch (const c10::OutOfMemoryError&) {
+    return false;
+  }
+}
+
+void record_stream(void* ptr, cudaStream_t stream) {
+  // c10 finds the block by address but only accepts a DataPtr with its own deleter;
+  // the DataPtr is released, not deleted: the trace's free returns the block.
+  c10::DataPtr data(ptr, ptr, A::get()->raw_deleter(), c10::Device(c10::DeviceType::CUDA, 0));
+  A::recordStream(data, c10::cuda::getStreamFromExternal(stream, 0));
+  (void)data.release_context();
+}
+
+void set_memory_fraction(double fraction) {
+  A::setMemoryFraction(fraction, 0);
+}
+
+void reset_all() {
+  reset();
+  A::resetAccumulatedStats(0);
+}
+
+Stats stats() {
+  const auto s = A::getDeviceStats(0);
+  auto u = [](std::int64_t v) { return v < 0 ? std::uint64_t{0} : static_cast<std::uint64_t>(v); };
+  Stats out;
+  out.peak_reserved = u(s.reserved_bytes[0].peak);
+  out.peak_requested = u(s.requested_bytes[0].peak);
+  out.peak_allocated = u(s.allocated_bytes[0].peak);
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  out.num_ooms = s.num_ooms;
+  out.num_alloc_retries = s.num_alloc_retries;
+  return out;
 }
 
 }  // namespace reservoir_bench::c10_api

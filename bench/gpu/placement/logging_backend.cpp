@@ -1,0 +1,206 @@
+#include "logging_backend.hpp"
+
+#include <cinttypes>
+#include <cstdio>
+#include <iterator>
+#include <map>
+#include <unordered_map>
+
+namespace reservoir_bench::placement {
+
+namespace {
+
+std::uintptr_t addr(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+
+std::string hex(std::uintptr_t a) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIxPTR, a);
+  return buf;
+}
+
+}  // namespace
+
+LoggingBackend::LoggingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
+
+std::vector<PlacementCall> LoggingBackend::calls() const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return calls_;
+}
+
+void LoggingBackend::clear() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  calls_.clear();
+}
+
+DeviceStatus LoggingBackend::log(PlacementCall::Kind kind, std::uint64_t size,
+                                 std::uintptr_t address, DeviceStatus status) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  calls_.push_back({kind, size, address, status});
+  return status;
+}
+
+// ---- logged ----
+DeviceStatus LoggingBackend::allocate(int device, std::size_t size, void** ptr) {
+  const DeviceStatus st = inner_->allocate(device, size, ptr);
+  return log(PlacementCall::alloc, size, st == DeviceStatus::ok ? addr(*ptr) : 0, st);
+}
+DeviceStatus LoggingBackend::deallocate(int device, void* ptr, std::size_t size) {
+  return log(PlacementCall::free, size, addr(ptr), inner_->deallocate(device, ptr, size));
+}
+DeviceStatus LoggingBackend::reserve_address_range(int device, std::size_t size,
+                                                   std::size_t alignment, void** ptr) {
+  const DeviceStatus st = inner_->reserve_address_range(device, size, alignment, ptr);
+  return log(PlacementCall::reserve, size, st == DeviceStatus::ok ? addr(*ptr) : 0, st);
+}
+DeviceStatus LoggingBackend::release_address_range(int device, void* ptr, std::size_t size) {
+  return log(PlacementCall::release, size, addr(ptr),
+             inner_->release_address_range(device, ptr, size));
+}
+DeviceStatus LoggingBackend::map(int device, void* ptr, std::size_t size,
+                                 reservoir::PhysicalHandle handle) {
+  return log(PlacementCall::map, size, addr(ptr), inner_->map(device, ptr, size, handle));
+}
+DeviceStatus LoggingBackend::unmap(int device, void* ptr, std::size_t size) {
+  return log(PlacementCall::unmap, size, addr(ptr), inner_->unmap(device, ptr, size));
+}
+
+// ---- forwarded ----
+DeviceStatus LoggingBackend::device_count(int* count) {
+  return inner_->device_count(count);
+}
+DeviceStatus LoggingBackend::current_device(int* device) {
+  return inner_->current_device(device);
+}
+DeviceStatus LoggingBackend::memory_info(int device, reservoir::MemoryInfo* info) {
+  return inner_->memory_info(device, info);
+}
+DeviceStatus LoggingBackend::create_event(int device, reservoir::EventHandle* event) {
+  return inner_->create_event(device, event);
+}
+DeviceStatus LoggingBackend::destroy_event(int device, reservoir::EventHandle event) {
+  return inner_->destroy_event(device, event);
+}
+DeviceStatus LoggingBackend::record_event(int device, reservoir::EventHandle event,
+                                          reservoir::StreamHandle stream) {
+  return inner_->record_event(device, event, stream);
+}
+DeviceStatus LoggingBackend::query_event(int device, reservoir::EventHandle event) {
+  return inner_->query_event(device, event);
+}
+DeviceStatus LoggingBackend::synchronize_event(int device, reservoir::EventHandle event) {
+  return inner_->synchronize_event(device, event);
+}
+DeviceStatus LoggingBackend::stream_wait_event(int device, reservoir::StreamHandle stream,
+                                               reservoir::EventHandle event) {
+  return inner_->stream_wait_event(device, stream, event);
+}
+DeviceStatus LoggingBackend::synchronize_stream(int device, reservoir::StreamHandle stream) {
+  return inner_->synchronize_stream(device, stream);
+}
+DeviceStatus LoggingBackend::create_stream(int device, reservoir::StreamHandle* stream) {
+  return inner_->create_stream(device, stream);
+}
+DeviceStatus LoggingBackend::destroy_stream(int device, reservoir::StreamHandle stream) {
+  return inner_->destroy_stream(device, stream);
+}
+DeviceStatus LoggingBackend::synchronize_device(int device) {
+  return inner_->synchronize_device(device);
+}
+DeviceStatus LoggingBackend::granularity(int device, std::size_t* bytes) {
+  return inner_->granularity(device, bytes);
+}
+DeviceStatus LoggingBackend::create_physical(int device, std::size_t size,
+                                             reservoir::PhysicalHandle* handle) {
+  return inner_->create_physical(device, size, handle);
+}
+DeviceStatus LoggingBackend::release_physical(int device, reservoir::PhysicalHandle handle) {
+  return inner_->release_physical(device, handle);
+}
+DeviceStatus LoggingBackend::set_access(int device, void* ptr, std::size_t size, const int* devices,
+                                        int count) {
+  return inner_->set_access(device, ptr, size, devices, count);
+}
+DeviceStatus LoggingBackend::export_ipc(int device, void* base, reservoir::IpcHandle* handle) {
+  return inner_->export_ipc(device, base, handle);
+}
+DeviceStatus LoggingBackend::open_ipc(int device, const reservoir::IpcHandle& handle, void** ptr) {
+  return inner_->open_ipc(device, handle, ptr);
+}
+DeviceStatus LoggingBackend::close_ipc(int device, void* ptr) {
+  return inner_->close_ipc(device, ptr);
+}
+DeviceStatus LoggingBackend::can_access_peer(int device, int peer, bool* can) {
+  return inner_->can_access_peer(device, peer, can);
+}
+DeviceStatus LoggingBackend::enable_peer_access(int device, int peer) {
+  return inner_->enable_peer_access(device, peer);
+}
+
+// ---- reading the log ----
+std::string format_calls(const std::vector<PlacementCall>& calls) {
+  static constexpr const char* kTags[] = {"alloc", "free", "reserve", "release", "map", "unmap"};
+  std::string out;
+  for (const PlacementCall& c : calls) {
+    const bool sized = c.kind != PlacementCall::free && c.kind != PlacementCall::release;
+    out += kTags[c.kind];
+    if (sized) {
+      out += ' ';
+      out += std::to_string(c.size);
+    }
+    if (c.status == DeviceStatus::ok) {
+      out += ' ';
+      out += hex(c.address);
+    } else {
+      out += " failed ";
+      out += reservoir::to_string(c.status);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+OpList ops_from_calls(const std::vector<PlacementCall>& calls, std::string name) {
+  OpList list;
+  list.name = std::move(name);
+  std::unordered_map<std::uintptr_t, std::size_t> live;  // address -> alloc index
+  for (const PlacementCall& c : calls) {
+    if (c.status != DeviceStatus::ok) continue;
+    if (c.kind == PlacementCall::alloc) {
+      live[c.address] = list.alloc(c.size);
+    } else if (c.kind == PlacementCall::free) {
+      const auto it = live.find(c.address);
+      if (it == live.end()) continue;
+      list.free(it->second);
+      live.erase(it);
+    } else if (c.kind == PlacementCall::reserve) {
+      list.reserve(c.size);
+    }
+  }
+  return list;
+}
+
+PlacementSummary summarize(const std::vector<PlacementCall>& calls) {
+  PlacementSummary s;
+  std::map<std::uintptr_t, std::uint64_t> freed;  // start -> bytes, ranges freed so far
+  std::uintptr_t last = 0;
+  for (const PlacementCall& c : calls) {
+    if (c.kind == PlacementCall::reserve && c.status == DeviceStatus::ok) ++s.reserves;
+    if (c.kind == PlacementCall::free && c.status == DeviceStatus::ok) freed[c.address] = c.size;
+    if (c.kind != PlacementCall::alloc) continue;
+    if (c.status != DeviceStatus::ok) {
+      ++s.failed;
+      continue;
+    }
+    ++s.allocs;
+    if (s.allocs > 1 && c.address < last) ++s.down;
+    last = c.address;
+    // Inside a freed range: the greatest freed start <= address, if it reaches it.
+    auto it = freed.upper_bound(c.address);
+    if (it != freed.begin() && std::prev(it)->first + std::prev(it)->second > c.address) ++s.reuse;
+  }
+  return s;
+}
+
+}  // namespace reservoir_bench::placement
