@@ -24,6 +24,12 @@ inline constexpr std::size_t kRoundupIntervals = 16;
 struct RESERVOIR_API Config {
   // "native" (the only engine; "cudaMallocAsync" is refused with an explanation).
   std::string backend = "native";
+  // How memory is cached (policy): "pytorch" reproduces PyTorch's native allocator to
+  // the byte (per-stream caches, segments of its sizes); "compact" aims at the least
+  // reserved memory (one device-wide cache over 2 MiB pages mapped where blocks live,
+  // reused across streams with device-side waits). docs/config.md, docs/memory.md.
+  enum class Policy { pytorch, compact };
+  Policy policy = Policy::pytorch;
   // Blocks of at least this size are never split (max_split_size_mb).
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
   // An oversize cached block serves a request at most this much smaller

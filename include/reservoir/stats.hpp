@@ -47,6 +47,9 @@ struct DeviceStats {
   std::int64_t num_sync_all_streams = 0;  // synchronizations of every pending event
   std::int64_t num_device_alloc = 0;      // device allocations (and maps)
   std::int64_t num_device_free = 0;       // device frees (and unmaps)
+  std::int64_t num_device_map = 0;        // pages mapped (expandable segments, policy:compact)
+  std::int64_t num_device_unmap = 0;      // pages unmapped
+  std::int64_t num_stream_waits = 0;      // device-side waits inserted to reuse memory across streams
   Stat oversize_allocations;              // allocations of >= max_split_size
   Stat oversize_segments;                 // segments of >= max_split_size
   std::int64_t max_split_size = 0;        // the setting in force, bytes

@@ -72,7 +72,7 @@ void CachingAllocator::record_stream(void* ptr, StreamHandle stream) {
 }
 
 void CachingAllocator::notify_host_wait(StreamHandle stream, int device) {
-  engine(device).pool(stream).process_events_now();
+  engine(device).host_waited(stream);
 }
 
 BaseAllocation CachingAllocator::base_allocation(void* ptr) {

@@ -43,10 +43,35 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
 
 DeviceEngine::~DeviceEngine() {
   pools_.clear();
+  compact_.reset();
+}
+
+CompactPool& DeviceEngine::compact() {
+  if (CompactPool* c = compact_ptr_.load(std::memory_order_acquire)) return *c;
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  if (!compact_) {
+    compact_ = std::make_unique<CompactPool>(services_);
+    ledger_.attach(&compact_->counters());
+    compact_ptr_.store(compact_.get(), std::memory_order_release);
+  }
+  return *compact_;
+}
+
+void DeviceEngine::empty_cache() {
+  release_cached_everywhere();
+  if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
+}
+
+void DeviceEngine::host_waited(StreamHandle stream) {
+  pool(stream).process_events_now();
+  if (CompactPool* c = compact_if_made()) c->host_waited(stream);
 }
 
 std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
-  const Context context = history_.gather(ContextLevel::state);
+  const Context context =
+      history_.active() ? history_.gather(ContextLevel::state) : Context{};
+  if (compact_on_.load(std::memory_order_relaxed))
+    return allocate_compact(requested, stream, context);
   StreamPool& p = pool(stream);
   if (std::uintptr_t address = p.allocate_cached(requested, context)) return address;
   return allocate_slow(p, requested, context);
@@ -135,6 +160,7 @@ std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
   std::size_t total = 0;
   for (StreamPool* p : pools_snapshot())
     if (p != except) total += p->cached_bytes();
+  if (CompactPool* c = compact_if_made()) total += c->cached_bytes();
   return total;
 }
 
@@ -143,6 +169,7 @@ std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
 void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
   std::size_t active = 0;
   for (StreamPool* p : pools_snapshot()) active += p->snapshot(out);
+  if (CompactPool* c = compact_if_made()) active += c->snapshot(out);
   if (history_.active()) services_.trace(TraceAction::snapshot, 0, active, 0, nullptr);
 }
 
@@ -151,6 +178,7 @@ std::size_t DeviceEngine::largest_cached_block() {
   for (StreamPool* p : pools_snapshot())
     largest =
         std::max({largest, p->largest_free_block(kSmallPool), p->largest_free_block(kLargePool)});
+  if (CompactPool* c = compact_if_made()) largest = std::max(largest, c->largest_free_block());
   return largest;
 }
 
@@ -162,6 +190,9 @@ DeviceStats DeviceEngine::stats() {
   s.num_sync_all_streams = counters_.sync_all_streams.load(std::memory_order_relaxed);
   s.num_device_alloc = counters_.device_allocs.load(std::memory_order_relaxed);
   s.num_device_free = counters_.device_frees.load(std::memory_order_relaxed);
+  s.num_device_map = counters_.device_maps.load(std::memory_order_relaxed);
+  s.num_device_unmap = counters_.device_unmaps.load(std::memory_order_relaxed);
+  s.num_stream_waits = counters_.stream_waits.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> guard(config_mutex_);
   s.max_split_size = static_cast<std::int64_t>(settings_.policy.max_split_size());
   return s;
@@ -169,6 +200,7 @@ DeviceStats DeviceEngine::stats() {
 
 void DeviceEngine::reset_accumulated_stats() {
   for (StreamPool* p : pools_snapshot()) p->reset_accumulated();
+  if (CompactPool* c = compact_if_made()) c->reset_accumulated();
   counters_.reset();
 }
 
@@ -182,6 +214,7 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
+    compact_on_.store(config.policy == Config::Policy::compact, std::memory_order_relaxed);
     for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) (*it)->lock().unlock();
   }
   if (apply_fraction && config.per_process_memory_fraction_set)
@@ -191,6 +224,7 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
 void DeviceEngine::validate(bool quiescent) {
   ValidationTotals totals;
   for (StreamPool* pool : pools_snapshot()) pool->validate(&totals);
+  if (CompactPool* c = compact_if_made()) c->validate(&totals);
   if (quiescent) {
     RESERVOIR_CHECK(totals.reserved == budget_.reserved(),
                     "pools reserve " + std::to_string(totals.reserved) +

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/compact_pool.hpp"
 #include "engine/device_state.hpp"
 #include "engine/event_pool.hpp"
 #include "engine/history.hpp"
@@ -67,7 +68,8 @@ class DeviceEngine {
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
     // With history on, the user's context recorder runs first (it may be slow or take
     // its own locks), out of the hot path.
-    if (RESERVOIR_UNLIKELY(history_.active())) return allocate_with_context(requested, stream);
+    if (RESERVOIR_UNLIKELY(history_.active() || compact_on_.load(std::memory_order_relaxed)))
+      return allocate_with_context(requested, stream);
     StreamPool& p = pool(stream);
     if (std::uintptr_t address = p.allocate_cached(requested, kNoContext)) return address;
     return allocate_slow(p, requested, kNoContext);
@@ -79,7 +81,9 @@ class DeviceEngine {
   }
 
   // ---- Device-wide operations ----
-  void empty_cache() { release_cached_everywhere(); }
+  void empty_cache();
+  // The host waited for stream: pending frees and fences on it are complete.
+  void host_waited(StreamHandle stream);
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
   std::size_t largest_cached_block();
@@ -102,6 +106,11 @@ class DeviceEngine {
   // Grants device access to this device's expandable segments, now and later.
   void add_peer(int device);
 
+  // The compact pool if policy:compact was ever used (else null).
+  CompactPool* compact_if_made() const noexcept {
+    return compact_ptr_.load(std::memory_order_acquire);
+  }
+
   // ---- The ladder's device-wide rungs (oom_ladder.cpp drives them) ----
   EngineHooks& hooks() noexcept { return hooks_; }
   DeviceBudget& budget() noexcept { return budget_; }
@@ -118,6 +127,13 @@ class DeviceEngine {
 
  private:
   std::uintptr_t allocate_slow(StreamPool& pool, std::size_t requested, const Context& context);
+  // policy:compact: the device-wide pool, and its ladder (oom_ladder.cpp).
+  std::uintptr_t allocate_compact(std::size_t requested, StreamHandle stream,
+                                  const Context& context);
+  CompactPool& compact();
+  [[noreturn]] void raise_out_of_memory(StreamHandle stream, std::size_t requested,
+                                        std::size_t alloc_size, std::size_t largest_small,
+                                        std::size_t largest_large, std::size_t cached_elsewhere);
   RESERVOIR_COLD std::uintptr_t allocate_with_context(std::size_t requested, StreamHandle stream);
   static inline const Context kNoContext{};
   StreamPool& create_pool(StreamHandle stream);
@@ -143,6 +159,9 @@ class DeviceEngine {
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;
   std::vector<std::unique_ptr<StreamPool>> pools_;
+  std::atomic<bool> compact_on_{false};   // policy:compact in force
+  std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
+  std::atomic<CompactPool*> compact_ptr_{nullptr};
 };
 
 }  // namespace reservoir::detail

@@ -50,13 +50,14 @@ class DeviceBudget {
 // Device-wide event counts reported with the statistics (PyTorch's num_* fields).
 struct DeviceCounters {
   std::atomic<std::int64_t> alloc_retries{0}, ooms{0}, sync_all_streams{0}, device_allocs{0},
-      device_frees{0};
+      device_frees{0}, device_maps{0}, device_unmaps{0}, stream_waits{0};
 
-  static void bump(std::atomic<std::int64_t>& c) noexcept {
-    c.fetch_add(1, std::memory_order_relaxed);
+  static void bump(std::atomic<std::int64_t>& c, std::int64_t by = 1) noexcept {
+    c.fetch_add(by, std::memory_order_relaxed);
   }
   void reset() noexcept {
-    for (auto* c : {&alloc_retries, &ooms, &sync_all_streams, &device_allocs, &device_frees})
+    for (auto* c : {&alloc_retries, &ooms, &sync_all_streams, &device_allocs, &device_frees,
+                    &device_maps, &device_unmaps, &stream_waits})
       c->store(0, std::memory_order_relaxed);
   }
 };

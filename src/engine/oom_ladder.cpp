@@ -95,18 +95,48 @@ std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t request
   if (std::uintptr_t a = pool.allocate_after_release(requested, context)) return a;
 
   // 6. Out of memory.
-  DeviceCounters::bump(counters_.ooms);
-  OomFacts f{};
-  f.device = device_;
-  f.backend = backend_.name();
-  f.requested = requested;
   std::size_t rounded;
   {
     std::lock_guard<std::mutex> guard(config_mutex_);
     rounded = settings_.policy.round(requested);
   }
-  f.alloc_size = SizePolicy::segment_size(rounded);
-  f.stream = pool.stream();
+  raise_out_of_memory(pool.stream(), requested, SizePolicy::segment_size(rounded),
+                      pool.largest_free_block(kSmallPool), pool.largest_free_block(kLargePool),
+                      cached_elsewhere(&pool));
+}
+
+// policy:compact's ladder: the free-memory callbacks, then every fence waited for so
+// that every free page's memory can move to where it is needed, then out of memory.
+// (No device allocation is retried after releasing caches: the pool already takes
+// physical memory from free pages before asking the device.)
+std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandle stream,
+                                              const Context& context) {
+  CompactPool& c = compact();
+  if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
+    if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  DeviceCounters::bump(counters_.sync_all_streams);
+  c.release_free_pages(false);
+  DeviceCounters::bump(counters_.alloc_retries);
+  if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  std::size_t page;
+  {
+    std::lock_guard<std::mutex> guard(config_mutex_);
+    page = settings_.policy.round(requested);
+  }
+  raise_out_of_memory(stream, requested, page, 0, c.largest_free_block(), cached_elsewhere(nullptr));
+}
+
+void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requested,
+                                       std::size_t alloc_size, std::size_t largest_small,
+                                       std::size_t largest_large, std::size_t cached) {
+  DeviceCounters::bump(counters_.ooms);
+  OomFacts f{};
+  f.device = device_;
+  f.backend = backend_.name();
+  f.requested = requested;
+  f.alloc_size = alloc_size;
+  f.stream = stream;
   f.have_info = backend_.memory_info(device_, &f.info) == DeviceStatus::ok;
   f.limited = budget_.limited();
   f.allowed = budget_.limit();
@@ -114,11 +144,10 @@ std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t request
   DeviceStats s = stats();
   f.allocated = static_cast<std::uint64_t>(s.allocated_bytes.all().current);
   f.reserved = static_cast<std::uint64_t>(s.reserved_bytes.all().current);
-  f.largest_small = pool.largest_free_block(kSmallPool);
-  f.largest_large = pool.largest_free_block(kLargePool);
-  f.cached_elsewhere = cached_elsewhere(&pool);
-  if (history_.active())
-    services_.trace(TraceAction::oom, f.info.free, f.alloc_size, pool.stream(), nullptr);
+  f.largest_small = largest_small;
+  f.largest_large = largest_large;
+  f.cached_elsewhere = cached;
+  if (history_.active()) services_.trace(TraceAction::oom, f.info.free, f.alloc_size, stream, nullptr);
   for (auto& observer : hooks_.observers())
     observer(device_, f.alloc_size, f.limited ? f.allowed : f.info.total, f.info.free);
   throw OutOfMemoryError(oom_message(f));

@@ -154,6 +154,14 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
     } else {
       bad(key, value, "native");
     }
+  } else if (key == "policy") {
+    if (value == "pytorch")
+      c.policy = Config::Policy::pytorch;
+    else if (value == "compact")
+      c.policy = Config::Policy::compact;
+    else
+      bad(key, value, "pytorch (the default: PyTorch's allocator, byte for byte) or compact (the "
+                      "least reserved memory)");
   } else if (key == "max_split_size_mb") {
     unsigned long long mb = 0;
     if (!parse_uint(value, &mb) || mb <= kLargeBufferMiB)
@@ -215,7 +223,7 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
   } else {
     throw ConfigError(
         "reservoir config: unknown key '" + key +
-        "'; known keys: backend, max_split_size_mb, max_non_split_rounding_mb, "
+        "'; known keys: backend, policy, max_split_size_mb, max_non_split_rounding_mb, "
         "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
         "expandable_segments_reserve, release_lock_on_cudamalloc, per_process_memory_fraction, "
         "device, sim_capacity, record_trace, oom_snapshot (see docs/config.md)");

@@ -1,0 +1,216 @@
+// CompactPool: reading the books (sizes, snapshots, error explanations) and the
+// validator's walk of arenas, blocks and pages.
+#include <algorithm>
+
+#include "engine/compact_pool.hpp"
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+std::size_t CompactPool::largest_free_block() {
+  Guard guard(lock_);
+  // The tail of an arena is address space, not memory: count only mapped free bytes.
+  std::size_t largest = 0;
+  for (auto& a : arenas_)
+    for (Block* b = a->segment->head; b; b = b->next) {
+      if (b->state != BlockState::free) continue;
+      auto [first, end] = page_span(*a, b->address, b->size);
+      std::size_t run = 0;
+      for (std::size_t i = first; i < end; ++i) {
+        run = a->pages[i].mapped ? run + page_ : 0;
+        largest = std::max(largest, std::min(run, b->size));
+      }
+    }
+  return largest;
+}
+
+std::size_t CompactPool::cached_bytes() {
+  Guard guard(lock_);
+  std::size_t held = spare_.size() * page_;
+  for (auto& a : arenas_) held += a->segment->mapped_bytes;
+  std::size_t allocated = 0;
+  allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
+  return held > allocated ? held - allocated : 0;
+}
+
+bool CompactPool::block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) {
+  Guard guard(lock_);
+  Block* b = allocated_.find(address);
+  if (!b) return false;
+  if (size) *size = b->size;
+  if (requested) *requested = b->requested;
+  return true;
+}
+
+bool CompactPool::segment_of(std::uintptr_t address, BaseAllocation*) {
+  Guard guard(lock_);
+  for (auto& a : arenas_)
+    if (a->segment->holds(address))
+      throw InvalidArgumentError(
+          "reservoir: " + format_pointer(reinterpret_cast<void*>(address)) +
+          " lies in policy:compact memory, whose pages are mapped where blocks live: it has no "
+          "single base allocation (and cannot be shared with other processes); allocate it "
+          "under policy:pytorch with expandable_segments:False");
+  return false;
+}
+
+std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
+  Guard guard(lock_);
+  for (auto& a : arenas_) {
+    if (!a->segment->holds(address)) continue;
+    for (Block* b = a->segment->head; b; b = b->next) {
+      if (address < b->address || address - b->address >= b->size) continue;
+      if (b->state == BlockState::allocated)
+        return "it points " + std::to_string(address - b->address) +
+               " bytes inside the allocated block at " +
+               format_pointer(reinterpret_cast<void*>(b->address)) + " (" + format_size(b->size) +
+               "); free the pointer that allocate() returned";
+      return "no block is allocated there: it was freed already (double free?) or never "
+             "handed out";
+    }
+  }
+  return "no Reservoir segment holds it any more";
+}
+
+std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
+  Guard guard(lock_);
+  std::size_t active = 0;
+  for (auto& a : arenas_) {
+    // Each run of mapped pages is reported as a segment; blocks clipped to it.
+    const std::uintptr_t base = a->segment->base;
+    for (std::size_t i = 0; i < a->pages.size();) {
+      if (!a->pages[i].mapped) {
+        ++i;
+        continue;
+      }
+      std::size_t end = i;
+      while (end < a->pages.size() && a->pages[end].mapped) ++end;
+      const std::uintptr_t lo = base + i * page_, hi = base + end * page_;
+      SegmentInfo info;
+      info.device = services_.device;
+      info.address = lo;
+      info.is_large = true;
+      info.is_expandable = true;
+      for (Block* b = a->segment->head; b; b = b->next) {
+        const std::uintptr_t bl = std::max(lo, b->address), bh = std::min(hi, b->address + b->size);
+        if (bl >= bh) continue;
+        BlockInfo block;
+        block.address = bl;
+        block.size = bh - bl;
+        block.context = b->context();
+        if (b->state == BlockState::allocated) {
+          block.state = BlockStateInfo::active_allocated;
+          block.requested_size = b->requested;
+          info.allocated_size += block.size;
+          info.active_size += block.size;
+          info.requested_size += b->requested;
+          info.stream = b->stream;
+          active += block.size;
+        }
+        info.total_size += block.size;
+        info.blocks.push_back(std::move(block));
+      }
+      out->push_back(std::move(info));
+      i = end;
+    }
+  }
+  return active;
+}
+
+void CompactPool::reset_accumulated() {
+  Guard guard(lock_);
+  StatLedger::reset_accumulated(&counters_);
+}
+
+void CompactPool::validate(ValidationTotals* totals) {
+  Guard guard(lock_);
+  validate_locked(totals);
+}
+
+void CompactPool::validate_locked(ValidationTotals* totals) {
+  auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
+  std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
+               requested[kPoolCount] = {};
+  std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
+  for (auto& a : arenas_) {
+    Segment* seg = a->segment;
+    RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
+    RESERVOIR_CHECK(services_.segments.published(seg),
+                    "arena " + at(seg->base) + " missing from the segment map");
+    RESERVOIR_CHECK(seg->head && seg->head->address == seg->base && !seg->head->prev,
+                    "arena " + at(seg->base) + " does not start with its head block");
+    std::vector<std::uint64_t> live(a->pages.size(), 0);
+    std::size_t tiled = 0;
+    for (Block* b = seg->head; b; b = b->next) {
+      const std::string where = "block " + at(b->address) + " of arena " + at(seg->base);
+      RESERVOIR_CHECK(b->segment == seg && b->address == seg->base + tiled && b->size > 0 &&
+                          b->size % SizePolicy::kMinBlockSize == 0,
+                      where + " breaks the tiling");
+      if (b->next) {
+        RESERVOIR_CHECK(b->next->prev == b, where + ": next->prev != block");
+        RESERVOIR_CHECK(!(b->state == BlockState::free && b->next->state == BlockState::free),
+                        where + " and its successor are both free but not merged");
+      }
+      tiled += b->size;
+      if (b->state == BlockState::free) {
+        ++free_blocks;
+        RESERVOIR_CHECK(free_.count(b) == 1 && *b->free_at == b,
+                        where + " is free but not in the free set");
+        continue;
+      }
+      RESERVOIR_CHECK(b->state == BlockState::allocated, where + " is neither free nor allocated");
+      RESERVOIR_CHECK(allocated_.find(b->address) == b, where + " missing from the allocated map");
+      ++allocated_blocks;
+      const int pool = SizePolicy::pool_for(b->size);
+      allocation[pool] += 1;
+      allocated_bytes[pool] += static_cast<std::int64_t>(b->size);
+      requested[pool] += static_cast<std::int64_t>(b->requested);
+      auto [first, end] = page_span(*a, b->address, b->size);
+      for (std::size_t i = first; i < end; ++i) {
+        const std::uintptr_t lo = std::max(b->address, seg->base + i * page_);
+        const std::uintptr_t hi = std::min(b->address + b->size, seg->base + (i + 1) * page_);
+        live[i] += hi - lo;
+      }
+    }
+    RESERVOIR_CHECK(tiled == seg->size, "blocks of arena " + at(seg->base) + " do not tile it");
+    std::size_t mapped_here = 0;
+    for (std::size_t i = 0; i < a->pages.size(); ++i) {
+      const Page& p = a->pages[i];
+      RESERVOIR_CHECK(p.live == live[i], "page " + std::to_string(i) + " of arena " +
+                                             at(seg->base) + " counts " + std::to_string(p.live) +
+                                             " live bytes, its blocks " + std::to_string(live[i]));
+      RESERVOIR_CHECK(p.live == 0 || p.mapped, "page " + std::to_string(i) + " of arena " +
+                                                   at(seg->base) + " holds a block but is unmapped");
+      if (p.mapped) ++mapped_here;
+      if (p.mapped && p.live == 0)
+        RESERVOIR_CHECK(p.listed, "free mapped page " + std::to_string(i) + " of arena " +
+                                      at(seg->base) + " is not reclaimable");
+    }
+    RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
+                    "arena " + at(seg->base) + " counts mapped bytes wrong");
+    mapped_pages += mapped_here;
+    totals->segments += 1;
+  }
+  const std::size_t held = (mapped_pages + spare_.size()) * page_;
+  totals->reserved += held;
+  RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
+  RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
+                  "the allocated map holds blocks that are not allocated");
+  RESERVOIR_CHECK(counters_.get(kReservedBytes, kSmallPool) + counters_.get(kReservedBytes, kLargePool) ==
+                      static_cast<std::int64_t>(held),
+                  "reserved_bytes is not the physical memory held (" + std::to_string(held) + ")");
+  RESERVOIR_CHECK(counters_.get(kSegment, kLargePool) == static_cast<std::int64_t>(arenas_.size()),
+                  "segment count is not the number of arenas");
+  for (int pool = 0; pool < kPoolCount; ++pool) {
+    RESERVOIR_CHECK(counters_.get(kAllocation, pool) == allocation[pool],
+                    "allocation count of pool " + std::to_string(pool) + " is off");
+    RESERVOIR_CHECK(counters_.get(kAllocatedBytes, pool) == allocated_bytes[pool],
+                    "allocated_bytes of pool " + std::to_string(pool) + " is off");
+    RESERVOIR_CHECK(counters_.get(kRequestedBytes, pool) == requested[pool],
+                    "requested_bytes of pool " + std::to_string(pool) + " is off");
+  }
+}
+
+}  // namespace reservoir::detail

@@ -1,0 +1,135 @@
+#include "engine/stream_events.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "reservoir/errors.hpp"
+
+namespace reservoir::detail {
+
+void Fence::add(StreamHandle stream, std::uint64_t seq) {
+  for (Mark& m : marks_)
+    if (m.stream == stream) {
+      m.seq = std::max(m.seq, seq);
+      return;
+    }
+  marks_.push_back(Mark{stream, seq});
+}
+
+StreamEvents::~StreamEvents() {
+  for (Timeline& t : timelines_)
+    for (auto& [seq, event] : t.pending) events_.release(event);
+}
+
+StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
+  for (Timeline& t : timelines_)
+    if (t.stream == stream) return t;
+  timelines_.emplace_back();
+  timelines_.back().stream = stream;
+  return timelines_.back();
+}
+
+std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
+  Timeline& t = timeline(stream);
+  if (t.wanted == 0) t.wanted = next_seq_++;
+  return t.wanted;
+}
+
+void StreamEvents::record(Timeline& t) {
+  if (t.wanted == 0) return;
+  EventHandle e = events_.acquire();
+  if (backend_.record_event(device_, e, t.stream) != DeviceStatus::ok) {
+    events_.release(e);
+    throw DeviceError("reservoir: recording an event on device " + std::to_string(device_) +
+                      " (a fence for memory reuse) failed: " + backend_.last_error());
+  }
+  t.pending.emplace_back(t.wanted, e);
+  t.wanted = 0;
+}
+
+void StreamEvents::settle(StreamHandle stream) {
+  for (Timeline& t : timelines_)
+    if (t.stream == stream) return record(t);
+}
+
+void StreamEvents::poll(Timeline& t) {
+  while (!t.pending.empty()) {
+    auto [seq, event] = t.pending.front();
+    DeviceStatus st = backend_.query_event(device_, event);
+    if (st == DeviceStatus::not_ready) return;
+    if (st != DeviceStatus::ok)
+      throw DeviceError("reservoir: querying an event on device " + std::to_string(device_) +
+                        " failed: " + backend_.last_error());
+    t.completed = seq;
+    t.pending.pop_front();
+    events_.release(event);
+  }
+}
+
+bool StreamEvents::done(Timeline& t, std::uint64_t seq) {
+  if (seq <= t.completed) return true;
+  if (t.wanted != 0 && seq >= t.wanted) record(t);  // the marker it needs is owed
+  poll(t);
+  return seq <= t.completed;
+}
+
+bool StreamEvents::complete(const Fence& fence, StreamHandle on) {
+  for (const Fence::Mark& m : fence.marks())
+    if (m.stream != on && !done(timeline(m.stream), m.seq)) return false;
+  return true;
+}
+
+EventHandle StreamEvents::event_of(Timeline& t, std::uint64_t seq) {
+  for (auto& [s, event] : t.pending)
+    if (s >= seq) return event;
+  return 0;  // unreachable when done(t, seq) is false
+}
+
+int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
+  int waits = 0;
+  for (const Fence::Mark& m : fence.marks()) {
+    if (m.stream == stream) continue;
+    Timeline& t = timeline(m.stream);
+    if (done(t, m.seq)) continue;
+    EventHandle e = event_of(t, m.seq);
+    if (backend_.stream_wait_event(device_, stream, e) != DeviceStatus::ok)
+      throw DeviceError("reservoir: making a stream wait for another on device " +
+                        std::to_string(device_) + " failed: " + backend_.last_error());
+    ++waits;
+  }
+  return waits;
+}
+
+void StreamEvents::host_waited(StreamHandle stream) {
+  for (Timeline& t : timelines_) {
+    if (t.stream != stream) continue;
+    // Every marker recorded so far is behind the wait; an owed one stands for work
+    // that was submitted before it too.
+    if (t.wanted != 0) {
+      t.completed = std::max(t.completed, t.wanted);
+      t.wanted = 0;
+    }
+    for (auto& [seq, event] : t.pending) {
+      t.completed = std::max(t.completed, seq);
+      events_.release(event);
+    }
+    t.pending.clear();
+  }
+}
+
+void StreamEvents::synchronize_all() {
+  for (Timeline& t : timelines_) {
+    record(t);
+    while (!t.pending.empty()) {
+      auto [seq, event] = t.pending.front();
+      if (backend_.synchronize_event(device_, event) != DeviceStatus::ok)
+        throw DeviceError("reservoir: waiting for an event on device " + std::to_string(device_) +
+                          " failed: " + backend_.last_error());
+      t.completed = seq;
+      t.pending.pop_front();
+      events_.release(event);
+    }
+  }
+}
+
+}  // namespace reservoir::detail
