@@ -15,9 +15,10 @@ Under a pluggable allocator torch.cuda.memory_stats() and its relatives raise
 keys, or the functions of this module.
 """
 
+import contextlib
 import ctypes
 
-from . import _lib
+from . import _lib, _torch_sync
 import reservoir as _reservoir
 
 # (setter on torch's _CUDAPluggableAllocator, exported symbol). A setter missing
@@ -121,6 +122,30 @@ def install(config=None):
     _wired.clear()
     _wired.update(wired)
     return pluggable
+
+
+def notify_host_synchronizations():
+    """Makes torch.cuda.synchronize, Stream.synchronize and Event.synchronize tell
+    Reservoir that the host waited (see reservoir._torch_sync). Idempotent; returns
+    the functions wrapped by this call."""
+    return _torch_sync.patch(_import_torch())
+
+
+@contextlib.contextmanager
+def record_trace(path, config=None):
+    """Records the allocations of the with block to path for reservoir-replay:
+
+        with reservoir.torch.record_trace("run.trace.gz"):
+            train()
+
+    Installs Reservoir first if needed (so it must run before CUDA is
+    initialized, like install(); config as for install()), and reports host
+    synchronizations to the trace. The trace is complete on disk when the block
+    ends, even by an exception. Also a decorator."""
+    install(config)
+    notify_host_synchronizations()
+    with _reservoir.record_trace(path):
+        yield path
 
 
 def _torch_device(device):

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -206,7 +207,16 @@ Allocator& Allocator::instance() {
   // Never destroyed: device work and other static destructors may still free.
   static Allocator* global = [] {
     Config config = Config::from_environment();
-    return new Allocator(make_default_backend(config), config);
+    std::shared_ptr<Backend> backend = make_default_backend(config);
+    try {
+      return new Allocator(backend, config);
+    } catch (const IoError& e) {
+      // record_trace names a file that cannot be written: the allocator must still
+      // work (else every later call fails), so it runs without the trace.
+      std::fprintf(stderr, "%s; running without recording a trace\n", e.what());
+      config.record_trace.clear();
+      return new Allocator(backend, config);
+    }
   }();
   return *global;
 }
