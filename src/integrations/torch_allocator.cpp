@@ -7,9 +7,11 @@
 // pointer to an opaque struct, and MempoolId_t is a pair of unsigned long long.
 //
 // Errors: PyTorch calls the allocation and query hooks from C++ that translates any
-// std::exception into a Python RuntimeError, so those hooks throw (an out-of-memory
-// message starts with "CUDA out of memory." as PyTorch's does, which libraries match
-// on). The free hook runs from tensor destructors, where an exception would
+// std::exception into a Python RuntimeError, so those hooks throw. Out of memory is
+// raised as PyTorch's c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python)
+// where reservoir.torch.install() found that type, with PyTorch's first sentence
+// ("CUDA out of memory. Tried to allocate ...", which tools match on); see
+// torch_oom.cpp. The free hook runs from tensor destructors, where an exception would
 // terminate the process: it never throws, and reports the first failure on stderr.
 #include <algorithm>
 #include <atomic>
@@ -22,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "integrations/torch_oom.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
 #include "reservoir/reservoir.h"
@@ -121,14 +124,18 @@ extern "C" {
 
 // alloc_fn of CUDAPluggableAllocator: void*(size_t, int, cudaStream_t).
 RESERVOIR_C_API void* reservoir_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  // Also done by the init hook; here too for a PyTorch that never calls it (one
+  // atomic load once done).
+  reservoir::detail::attach_oom_report();
   try {
     void* ptr = Allocator::instance().allocate(size, handle(stream), device);
     seen_streams().remember(device, handle(stream));
     return ptr;
   } catch (const reservoir::OutOfMemoryError& e) {
-    const std::string what = e.what();
-    if (what.rfind("CUDA out of memory", 0) == 0) throw std::runtime_error(what);
-    throw std::runtime_error("CUDA out of memory. " + what);
+    // PyTorch's first sentence (tools match it), then Reservoir's report; raised as
+    // torch.cuda.OutOfMemoryError where install() found PyTorch's type.
+    reservoir::detail::throw_torch_out_of_memory(
+        reservoir::detail::torch_out_of_memory_message(size, device, e.what()));
   }
 }
 
@@ -157,6 +164,7 @@ RESERVOIR_C_API void reservoir_torch_init(int device_count) {
                              "remove device:" +
                              backend + " from RESERVOIR_ALLOC_CONF or check the CUDA driver");
   }
+  reservoir::detail::attach_oom_report();
 }
 
 // set_reset_fn: void(). torch.cuda.empty_cache().
