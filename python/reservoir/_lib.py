@@ -149,8 +149,10 @@ def candidates():
     root = _repo_root()
     for build in _BUILD_DIRS:
         found.append(os.path.join(root, build, "src", "libreservoir.so"))
-    # Any other build folder, newest library first.
-    others = glob.glob(os.path.join(root, "build*", "src", "libreservoir.so"))
+    # Any other build folder (build/release/src, a preset's build/<preset>/src, ...),
+    # newest library first.
+    others = glob.glob(os.path.join(root, "build*", "**", "src", "libreservoir.so"),
+                       recursive=True)
     others.sort(key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0, reverse=True)
     for path in others:
         if path not in found:
