@@ -145,7 +145,10 @@ def run_worker(args):
 
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False  # cudnn's benchmark needs cacheInfo (see docs)
+    # cuDNN's benchmark asks the allocator for cacheInfo, which PyTorch's pluggable
+    # interface does not forward (docs/python.md); bench/python/cudnn_bench.py
+    # measures both settings.
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
     torch.manual_seed(args.seed)
     device = torch.device("cuda")
     build = {"gpt2": _gpt2, "resnet50": _resnet50}[args.model]
@@ -230,6 +233,7 @@ def run_worker(args):
         import reservoir.torch as rt
 
         result["installed_hooks"] = rt.installed_hooks()
+        result["memory_api"] = rt.memory_api_patched()
         import reservoir
 
         result["summary"] = reservoir.memory_summary(torch.cuda.current_device())
@@ -260,7 +264,7 @@ def child_environment():
 
 
 def run_training(model, allocator, steps=None, seed=1234, deterministic=False, attn="default",
-                 config=None, batch=None, timeout=1200, extra_env=None):
+                 config=None, batch=None, timeout=1200, extra_env=None, cudnn_benchmark=False):
     """Runs one training in a fresh interpreter; returns the worker's result dict.
     Raises RuntimeError with the worker's output when it fails."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -273,6 +277,8 @@ def run_training(model, allocator, steps=None, seed=1234, deterministic=False, a
         ]
         if deterministic:
             command.append("--deterministic")
+        if cudnn_benchmark:
+            command.append("--cudnn-benchmark")
         if config:
             command += ["--config", config]
         if batch:
@@ -311,6 +317,7 @@ def main(argv=None):
     parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--allocator", choices=ALLOCATORS, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--cudnn-benchmark", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 

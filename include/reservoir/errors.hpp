@@ -5,6 +5,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "reservoir/export.hpp"
 
@@ -46,6 +47,22 @@ class RESERVOIR_API InvalidArgumentError : public std::invalid_argument {
 class RESERVOIR_API DeviceError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Reading or writing a file failed (a trace, a snapshot): the message names the path
+// and the operating system's reason. The allocator itself is unaffected and keeps
+// working.
+class RESERVOIR_API IoError : public std::runtime_error {
+ public:
+  IoError(const std::string& message, std::string path, int os_error)
+      : std::runtime_error(message), path_(std::move(path)), os_error_(os_error) {}
+  const std::string& path() const noexcept { return path_; }
+  // The errno value of the failure (0 when the OS gave none, e.g. a zlib error).
+  int os_error() const noexcept { return os_error_; }
+
+ private:
+  std::string path_;
+  int os_error_;
 };
 
 // The validator found allocator books that contradict each other (a bug).

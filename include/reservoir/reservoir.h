@@ -5,6 +5,10 @@
  * throws or aborts; the free path never fails silently and never crashes on a
  * foreign pointer. All functions use the process-wide allocator
  * (reservoir::Allocator::instance()).
+ *
+ * Any integer is accepted where a stream (uintptr_t) or a device (int) is asked
+ * for: it is served, or refused with a status (an unknown device is
+ * RESERVOIR_ERROR_INVALID_ARGUMENT).
  */
 #ifndef RESERVOIR_RESERVOIR_H
 #define RESERVOIR_RESERVOIR_H
@@ -29,7 +33,10 @@ typedef enum reservoir_status {
   RESERVOIR_ERROR_INVALID_ARGUMENT = 3,
   RESERVOIR_ERROR_CONFIG = 4,
   RESERVOIR_ERROR_DEVICE = 5,
-  RESERVOIR_ERROR_INTERNAL = 6
+  RESERVOIR_ERROR_INTERNAL = 6,
+  /* Reading or writing a file failed (trace, snapshot): the message names the path
+   * and the OS reason. The allocator is unaffected. */
+  RESERVOIR_ERROR_IO = 7
 } reservoir_status;
 
 /* Message of the last error on this thread ("" if none). Valid until the next call. */
@@ -44,6 +51,10 @@ RESERVOIR_C_API reservoir_status reservoir_allocate(void** ptr, int64_t size, in
 /* ptr NULL is ignored. */
 RESERVOIR_C_API reservoir_status reservoir_free(void* ptr);
 RESERVOIR_C_API reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream);
+/* The host waited for stream's work to finish (cudaStreamSynchronize, an event
+ * synchronize, cudaDeviceSynchronize for each stream): frees pending on it complete
+ * now, and a trace being recorded gets an "s,STREAM" line. device -1 = current. */
+RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, int device);
 RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);
 RESERVOIR_C_API reservoir_status reservoir_get_memory_fraction(int device, double* fraction);
@@ -75,7 +86,12 @@ RESERVOIR_C_API reservoir_status reservoir_stats_text(int device, char* buffer, 
 RESERVOIR_C_API reservoir_status reservoir_summary(int device, char* buffer, size_t capacity,
                                                    size_t* needed);
 
+/* Writes every request to path (docs/trace_format.md; ".gz" compresses), replacing
+ * a running recording. The file is complete on disk after each buffer and written
+ * out at exit. RESERVOIR_ERROR_IO when path cannot be created; the running
+ * recording, if any, then goes on. */
 RESERVOIR_C_API reservoir_status reservoir_start_trace_recording(const char* path);
+/* Writes out and closes the recording (nothing to do when none runs). */
 RESERVOIR_C_API reservoir_status reservoir_stop_trace_recording(void);
 
 /* History, snapshots and metrics (docs/observability.md). */

@@ -14,9 +14,11 @@ The library is found through RESERVOIR_LIBRARY, else next to this package, else 
 the build folders of the repository, else on the loader's search path.
 """
 
+import contextlib
 import ctypes
+import os
 
-from . import _lib
+from . import _args, _lib
 from ._lib import (
     ReservoirConfigError,
     ReservoirDeviceError,
@@ -24,6 +26,7 @@ from ._lib import (
     ReservoirInternalError,
     ReservoirInvalidArgumentError,
     ReservoirInvalidPointerError,
+    ReservoirIoError,
     ReservoirLibraryNotFoundError,
     ReservoirOutOfMemoryError,
 )
@@ -37,6 +40,7 @@ __all__ = [
     "ReservoirInternalError",
     "ReservoirInvalidArgumentError",
     "ReservoirInvalidPointerError",
+    "ReservoirIoError",
     "ReservoirLibraryNotFoundError",
     "ReservoirOutOfMemoryError",
     "backend_name",
@@ -58,10 +62,12 @@ __all__ = [
     "memory_summary",
     "metrics",
     "metrics_json",
+    "notify_host_wait",
     "raw_alloc",
     "raw_free",
     "record_history",
     "record_stream",
+    "record_trace",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "set_memory_fraction",
@@ -72,26 +78,9 @@ __all__ = [
 ]
 
 
-def _device_index(device):
-    """-1 (the current device) for None; an index for int, "cuda:N", torch.device
-    or cupy.cuda.Device."""
-    if device is None:
-        return -1
-    if isinstance(device, bool):
-        raise TypeError("device must be an int, a 'cuda:N' string or a device object, not bool")
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if kind != "cuda" or (index and not index.isdigit()):
-            raise ValueError("device string must be 'cuda' or 'cuda:N', not %r" % device)
-        return int(index) if index else -1
-    index = getattr(device, "index", None)
-    if index is not None or getattr(device, "type", None) == "cuda":
-        return -1 if index is None else int(index)
-    if hasattr(device, "id"):  # cupy.cuda.Device
-        return int(device.id)
-    raise TypeError("unsupported device %r" % (device,))
+# None, an int, "cuda:N", a torch.device or a cupy.cuda.Device -> an index (-1:
+# the current device), checked (see _args).
+_device_index = _args.device_index
 
 
 def library_path():
@@ -218,31 +207,46 @@ def largest_cached_block(device=None):
 
 
 def raw_alloc(size, device=None, stream=0):
-    """Allocates size bytes on a device for a stream (a cudaStream_t as int; 0 is
-    the default stream) and returns the address as int (0 for size 0). The block
-    is reused only on that stream; see record_stream()."""
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise TypeError("size must be an int, not %r" % (size,))
-    if size >= 1 << 63:
+    """Allocates size bytes on a device for a stream (a cudaStream_t as int, a
+    torch.cuda.Stream or a cupy stream; 0 is the default stream) and returns the
+    address as int (0 for size 0). The block is reused only on that stream; see
+    record_stream()."""
+    size = _args.as_int(size, "size")
+    if size < 0:
+        raise _args.invalid("raw_alloc: size %d is negative" % size)
+    if size >= 1 << 60:
         raise ReservoirOutOfMemoryError(
             1, "cannot allocate %d bytes: requests of 1 EiB or more exceed any device's memory" % size
         )
+    handle = _args.stream_handle(stream)
+    index = _device_index(device)
     ptr = ctypes.c_void_p()
     lib = _lib.load()
-    _lib.check(lib.reservoir_allocate(ctypes.byref(ptr), size, _device_index(device), int(stream)))
+    _lib.check(lib.reservoir_allocate(ctypes.byref(ptr), size, index, handle))
     return ptr.value or 0
 
 
 def raw_free(ptr):
     """Frees an address from raw_alloc (0 is ignored). Raises
-    ReservoirInvalidPointerError for an address Reservoir does not hold."""
-    _lib.check(_lib.load().reservoir_free(ptr or None))
+    ReservoirInvalidPointerError for an address Reservoir does not hold, TypeError
+    for anything but an int."""
+    _lib.check(_lib.load().reservoir_free(_args.address(ptr)))
 
 
 def record_stream(ptr, stream):
     """Marks the block at ptr as used on another stream too: it is not reused until
     the work queued there by the time it is freed has completed."""
-    _lib.check(_lib.load().reservoir_record_stream(ptr or None, int(stream)))
+    address = _args.address(ptr)
+    _lib.check(_lib.load().reservoir_record_stream(address, _args.stream_handle(stream)))
+
+
+def notify_host_wait(stream=0, device=None):
+    """Tells Reservoir that the host waited for stream's work to finish
+    (torch.cuda.synchronize, Stream.synchronize, Event.synchronize): blocks freed
+    while in use there are reusable at once, and a trace being recorded gets an
+    "s,STREAM" line."""
+    handle = _args.stream_handle(stream)
+    _lib.check(_lib.load().reservoir_notify_host_wait(handle, _device_index(device)))
 
 
 def base_allocation(ptr):
@@ -250,7 +254,8 @@ def base_allocation(ptr):
     base = ctypes.c_void_p()
     size = ctypes.c_size_t(0)
     lib = _lib.load()
-    _lib.check(lib.reservoir_base_allocation(ptr or None, ctypes.byref(base), ctypes.byref(size)))
+    address = _args.address(ptr)
+    _lib.check(lib.reservoir_base_allocation(address, ctypes.byref(base), ctypes.byref(size)))
     return (base.value or 0, size.value)
 
 
@@ -262,12 +267,29 @@ def validate():
 
 def start_trace_recording(path):
     """Writes every allocator request to path (docs/trace_format.md), for
-    reservoir-replay; ".gz" compresses."""
-    _lib.check(_lib.load().reservoir_start_trace_recording(str(path).encode()))
+    reservoir-replay; ".gz" compresses. The file is complete on disk after each
+    buffer and written out at exit. Raises ReservoirIoError (an OSError) when path
+    cannot be created; a running recording then goes on."""
+    _lib.check(_lib.load().reservoir_start_trace_recording(os.fsencode(path)))
 
 
 def stop_trace_recording():
+    """Writes out and closes the running recording (nothing when none runs)."""
     _lib.check(_lib.load().reservoir_stop_trace_recording())
+
+
+@contextlib.contextmanager
+def record_trace(path):
+    """Records every allocator request made inside the with block to path (a
+    context manager, also usable as a decorator); the trace is complete on disk
+    when the block ends, even by an exception. For PyTorch programs use
+    reservoir.torch.record_trace, which also installs Reservoir and reports host
+    synchronizations."""
+    start_trace_recording(path)
+    try:
+        yield path
+    finally:
+        stop_trace_recording()
 
 
 def record_history(enabled=True, max_entries=100000):
@@ -284,7 +306,7 @@ def dump_snapshot(path):
     """Writes the allocator's segments, blocks and history to path as a pickle in the
     layout of torch.cuda.memory._snapshot(): open it at https://pytorch.org/memory_viz
     or with ``python -m torch.cuda._memory_viz trace_plot PATH -o trace.html``."""
-    _lib.check(_lib.load().reservoir_dump_snapshot(str(path).encode()))
+    _lib.check(_lib.load().reservoir_dump_snapshot(os.fsencode(path)))
 
 
 def metrics():

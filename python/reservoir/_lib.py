@@ -50,6 +50,11 @@ class ReservoirInternalError(ReservoirError, RuntimeError):
     """A bug in Reservoir (for example, the validator found contradicting books)."""
 
 
+class ReservoirIoError(ReservoirError, OSError):
+    """Reading or writing a file (trace, snapshot) failed; the message names the
+    path and the OS reason. The allocator is unaffected."""
+
+
 class ReservoirLibraryNotFoundError(OSError):
     """libreservoir.so could not be found or loaded."""
 
@@ -62,6 +67,7 @@ _STATUS_NAMES = {
     4: "config",
     5: "device",
     6: "internal",
+    7: "io",
 }
 
 _ERRORS = {
@@ -71,6 +77,7 @@ _ERRORS = {
     4: ReservoirConfigError,
     5: ReservoirDeviceError,
     6: ReservoirInternalError,
+    7: ReservoirIoError,
 }
 
 _c_int_p = ctypes.POINTER(ctypes.c_int)
@@ -87,6 +94,7 @@ _SIGNATURES = {
     ),
     "reservoir_free": (ctypes.c_int, [ctypes.c_void_p]),
     "reservoir_record_stream": (ctypes.c_int, [ctypes.c_void_p, _c_uintptr]),
+    "reservoir_notify_host_wait": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
     "reservoir_empty_cache": (ctypes.c_int, []),
     "reservoir_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
     "reservoir_get_memory_fraction": (
@@ -141,8 +149,10 @@ def candidates():
     root = _repo_root()
     for build in _BUILD_DIRS:
         found.append(os.path.join(root, build, "src", "libreservoir.so"))
-    # Any other build folder, newest library first.
-    others = glob.glob(os.path.join(root, "build*", "src", "libreservoir.so"))
+    # Any other build folder (build/release/src, a preset's build/<preset>/src, ...),
+    # newest library first.
+    others = glob.glob(os.path.join(root, "build*", "**", "src", "libreservoir.so"),
+                       recursive=True)
     others.sort(key=lambda p: os.path.getmtime(p) if os.path.exists(p) else 0, reverse=True)
     for path in others:
         if path not in found:

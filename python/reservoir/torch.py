@@ -10,14 +10,19 @@ installed PyTorch has (init, empty_cache, memory fraction, base allocation,
 record_stream, memory pools). PyTorch can swap its allocator only before CUDA is
 initialized, so install() must run at program start.
 
-Under a pluggable allocator torch.cuda.memory_stats() and its relatives raise
-(PyTorch does not forward them); use reservoir.memory_stats(), which has the same
-keys, or the functions of this module.
+Under a pluggable allocator PyTorch forwards none of torch.cuda.memory_stats()
+and its relatives; install() makes them (and torch.accelerator's) answer with
+Reservoir's figures in PyTorch's shapes, by replacing the torch._C entry points
+they call (reservoir._torch_memory_api). An allocation that does not fit raises
+torch.cuda.OutOfMemoryError with PyTorch's first sentence and Reservoir's report.
+PyTorch cannot swap its allocator back: there is no uninstall().
 """
 
+import contextlib
+import os
 import ctypes
 
-from . import _lib
+from . import _lib, _torch_memory_api, _torch_sync
 import reservoir as _reservoir
 
 # (setter on torch's _CUDAPluggableAllocator, exported symbol). A setter missing
@@ -47,6 +52,16 @@ _TOO_LATE = (
 
 _allocator = None
 _wired = {}
+_patched = []  # torch._C entry points answered by Reservoir
+_oom_type = [None]  # "torch.cuda.OutOfMemoryError" once c10's type is in use
+
+# c10::Error(SourceLocation, std::string) (complete-object constructor, then the
+# base-object one) and the type_info of c10::OutOfMemoryError (torch_oom.cpp).
+_C10_ERROR_CONSTRUCTORS = (
+    "_ZN3c105ErrorC1ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+    "_ZN3c105ErrorC2ENS_14SourceLocationENSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE",
+)
+_C10_OOM_TYPE = "_ZTIN3c1016OutOfMemoryErrorE"
 
 
 def _import_torch():
@@ -120,7 +135,84 @@ def install(config=None):
     _allocator = pluggable
     _wired.clear()
     _wired.update(wired)
+    _patched.extend(_torch_memory_api.patch(torch))
+    _use_c10_errors(torch, lib)
     return pluggable
+
+
+def _symbol(libraries, names):
+    for library in libraries:
+        for name in names:
+            try:
+                return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+            except AttributeError:
+                continue
+    return None
+
+
+def _loaded_torch_libraries(torch):
+    """ctypes handles of PyTorch's libraries already in the process (never loads one)."""
+    folder = os.path.join(os.path.dirname(torch.__file__), "lib")
+    handles = []
+    for name in ("libc10.so", "libtorch_python.so", "libc10_cuda.so", "libtorch_cuda.so"):
+        for candidate in (os.path.join(folder, name), name):
+            try:
+                handles.append(ctypes.CDLL(candidate, mode=os.RTLD_NOLOAD | os.RTLD_LAZY))
+                break
+            except OSError:
+                continue
+    return handles
+
+
+def _use_c10_errors(torch, lib):
+    """Makes an out-of-memory error reach Python as torch.cuda.OutOfMemoryError
+    (see src/integrations/torch_oom.cpp); keeps a RuntimeError with the same
+    message where the installed PyTorch's c10 does not match. Returns whether it
+    is in use."""
+    libraries = _loaded_torch_libraries(torch)
+    constructor = _symbol(libraries, _C10_ERROR_CONSTRUCTORS)
+    oom_type = _symbol(libraries, (_C10_OOM_TYPE,))
+    if constructor is None or oom_type is None:
+        return False
+    use = lib.reservoir_torch_use_c10_errors
+    use.restype = ctypes.c_int
+    use.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    if use(constructor, oom_type) != 0:
+        return False
+    _oom_type[0] = "torch.cuda.OutOfMemoryError"
+    return True
+
+
+def memory_api_patched():
+    """The torch._C entry points install() made Reservoir answer (see
+    reservoir._torch_memory_api), and the exception type an out-of-memory error
+    has in Python ("torch.cuda.OutOfMemoryError", or "RuntimeError" when
+    PyTorch's c10 did not match)."""
+    return {"entry_points": list(_patched), "out_of_memory": _oom_type[0] or "RuntimeError"}
+
+
+def notify_host_synchronizations():
+    """Makes torch.cuda.synchronize, Stream.synchronize and Event.synchronize tell
+    Reservoir that the host waited (see reservoir._torch_sync). Idempotent; returns
+    the functions wrapped by this call."""
+    return _torch_sync.patch(_import_torch())
+
+
+@contextlib.contextmanager
+def record_trace(path, config=None):
+    """Records the allocations of the with block to path for reservoir-replay:
+
+        with reservoir.torch.record_trace("run.trace.gz"):
+            train()
+
+    Installs Reservoir first if needed (so it must run before CUDA is
+    initialized, like install(); config as for install()), and reports host
+    synchronizations to the trace. The trace is complete on disk when the block
+    ends, even by an exception. Also a decorator."""
+    install(config)
+    notify_host_synchronizations()
+    with _reservoir.record_trace(path):
+        yield path
 
 
 def _torch_device(device):

@@ -126,7 +126,7 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
     } catch (const std::exception& error) {
       // No caller to hand this to (the allocator is made from the environment): say
       // it once and run without recording rather than fail every later request.
-      std::fprintf(stderr, "reservoir: record_trace: %s; not recording\n", error.what());
+      std::fprintf(stderr, "%s; running without recording a trace\n", error.what());
     }
   }
   std::lock_guard<std::mutex> guard(im.layers_mutex);
@@ -161,13 +161,13 @@ std::shared_ptr<Backend> Allocator::make_default_backend(const Config& config) {
 }
 
 Allocator& Allocator::instance() {
-  // Never destroyed: device work and other static destructors may still free. A
-  // trace being recorded is closed at exit, so it is complete.
+  // Never destroyed: device work and other static destructors may still free. A trace
+  // being recorded is written out at exit by the recorder itself (trace_file.cpp).
   static Allocator* global = [] {
     Config config = Config::from_environment();
-    auto* a = new Allocator(make_default_backend(config), config);
-    std::atexit([] { Allocator::instance().stop_trace_recording(); });
-    return a;
+    // A record_trace path that cannot be written is reported by the constructor, which
+    // then runs without the trace (else every later call would fail).
+    return new Allocator(make_default_backend(config), config);
   }();
   return *global;
 }
@@ -287,10 +287,13 @@ const Config& Allocator::config() const {
 void Allocator::update_config(std::string_view text) {
   Impl& im = *impl_;
   const Config before = im.core->config();
-  const Config next = im.core->update_config(text);  // throws ConfigError, changing nothing
-  im.config = next;
+  Config next = before;
+  next.apply(text);  // throws ConfigError, changing nothing
+  // A new trace file is opened before anything changes, so a path that cannot be
+  // written (IoError) leaves the configuration as it was.
   if (next.record_trace != before.record_trace) im.set_recording(*this, next.record_trace);
-  im.set_oom_snapshot(*this, next.oom_snapshot);
+  im.config = im.core->update_config(text);
+  im.set_oom_snapshot(*this, im.config.oom_snapshot);
 }
 
 void Allocator::start_trace_recording(const std::string& path) {

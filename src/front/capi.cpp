@@ -64,6 +64,8 @@ reservoir_status guarded(const char* function, Body&& body) noexcept {
     return fail(RESERVOIR_ERROR_INVALID_ARGUMENT, nullptr, e.what());
   } catch (const reservoir::DeviceError& e) {
     return fail(RESERVOIR_ERROR_DEVICE, nullptr, e.what());
+  } catch (const reservoir::IoError& e) {
+    return fail(RESERVOIR_ERROR_IO, nullptr, e.what());
   } catch (const reservoir::InvariantError& e) {
     return fail(RESERVOIR_ERROR_INTERNAL, "invariant violated", e.what());
   } catch (const std::bad_alloc&) {
@@ -180,6 +182,8 @@ const char* reservoir_status_name(reservoir_status status) {
       return "device";
     case RESERVOIR_ERROR_INTERNAL:
       return "internal";
+    case RESERVOIR_ERROR_IO:
+      return "io";
   }
   return "unknown";
 }
@@ -214,6 +218,11 @@ reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream) {
     if (ptr == nullptr) throw reservoir::InvalidPointerError(std::string(kFn) + ": ptr is NULL");
     Allocator::instance().record_stream(ptr, stream);
   });
+}
+
+reservoir_status reservoir_notify_host_wait(uintptr_t stream, int device) {
+  return guarded("reservoir_notify_host_wait",
+                 [&] { Allocator::instance().notify_host_wait(stream, device); });
 }
 
 reservoir_status reservoir_empty_cache(void) {

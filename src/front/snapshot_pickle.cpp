@@ -378,9 +378,10 @@ class Pickler {
   std::unordered_map<std::string, std::uint32_t> by_text_;
 };
 
-std::runtime_error write_error(const std::string& path, const char* what, int error) {
-  return std::runtime_error("reservoir: cannot write the memory snapshot to '" + path +
-                            "': " + what + ": " + std::strerror(error));
+IoError write_error(const std::string& path, const char* what, int error) {
+  return IoError("reservoir: cannot write the memory snapshot to '" + path + "': " + what + ": " +
+                     std::strerror(error),
+                 path, error);
 }
 
 }  // namespace

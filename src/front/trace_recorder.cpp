@@ -1,21 +1,17 @@
 // TraceRecorder: trace format v1 from a live process (docs/trace_format.md).
 //
-// Writes go through zlib in both modes ("wT" is zlib's transparent, uncompressed
-// write), so plain and .gz files share one path. One mutex serializes lines: the
-// recorder is only active while a user captures a workload, where a consistent
-// order of events matters more than contention.
+// Lines go to a TraceFile, which keeps the file complete on disk and writes it out
+// at exit (trace_file.hpp). One mutex serializes lines: the recorder is only active
+// while a user captures a workload, where a consistent order of events matters more
+// than contention.
 #include "front/trace_recorder.hpp"
 
-#include <zlib.h>
-
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 #include <mutex>
-#include <stdexcept>
 #include <string_view>
 #include <unordered_map>
+
+#include "front/trace_file.hpp"
 
 namespace reservoir::detail {
 
@@ -23,11 +19,6 @@ namespace {
 
 constexpr std::string_view kHeader =
     "# trace v1: a,ID,SIZE,STREAM | f,ID | u,ID,STREAM | s,STREAM\n";
-
-bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix.data(), suffix.size()) == 0;
-}
 
 // A line is built in a fixed buffer: a tag, then up to 3 fields of ',' + at most 20
 // digits, then '\n' (66 bytes at most).
@@ -55,10 +46,9 @@ class Line {
 }  // namespace
 
 struct TraceRecorder::Impl {
-  std::string path;
+  explicit Impl(const std::string& path) : file(path, kHeader) {}
+  TraceFile file;
   std::mutex mutex;
-  gzFile file = nullptr;
-  bool failed = false;  // a write failed: stop writing, warn once
   std::uint64_t next_id = 0;
   std::unordered_map<const void*, std::uint64_t> live;      // pointer -> ID
   std::unordered_map<StreamHandle, std::uint64_t> streams;  // handle -> number
@@ -69,39 +59,13 @@ struct TraceRecorder::Impl {
     return it->second;
   }
 
-  // Caller holds mutex. A full disk must not turn into an allocator failure, so a
-  // failed write is reported once on stderr and recording stops.
-  void write(std::string_view text) {
-    if (failed || file == nullptr) return;
-    if (gzwrite(file, text.data(), static_cast<unsigned>(text.size())) !=
-        static_cast<int>(text.size())) {
-      failed = true;
-      int err = 0;
-      const char* msg = gzerror(file, &err);
-      std::fprintf(stderr, "reservoir: trace recording to '%s' stopped: write failed: %s\n",
-                   path.c_str(), err == Z_ERRNO ? std::strerror(errno) : msg);
-    }
-  }
+  // Caller holds mutex (lines stay in the order of the events).
+  void write(std::string_view text) { file.append(text); }
 };
 
-TraceRecorder::TraceRecorder(const std::string& path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = path;
-  errno = 0;
-  impl_->file = gzopen(path.c_str(), ends_with(path, ".gz") ? "wb" : "wT");
-  if (impl_->file == nullptr)
-    throw std::runtime_error("reservoir: cannot open trace file '" + path +
-                             "' for writing: " + (errno ? std::strerror(errno) : "zlib error"));
-  gzbuffer(impl_->file, 1 << 17);
-  impl_->write(kHeader);
-}
+TraceRecorder::TraceRecorder(const std::string& path) : impl_(std::make_unique<Impl>(path)) {}
 
-TraceRecorder::~TraceRecorder() {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (impl_->file != nullptr && gzclose(impl_->file) != Z_OK && !impl_->failed)
-    std::fprintf(stderr, "reservoir: closing trace file '%s' failed; it may be incomplete\n",
-                 impl_->path.c_str());
-  impl_->file = nullptr;
-}
+TraceRecorder::~TraceRecorder() = default;
 
 void TraceRecorder::on_allocate(const void* ptr, std::size_t size, StreamHandle stream) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -134,13 +98,11 @@ void TraceRecorder::on_host_wait(StreamHandle stream) {
 }
 
 void TraceRecorder::flush() {
-  std::lock_guard<std::mutex> lock(impl_->mutex);
-  // Z_SYNC_FLUSH makes everything so far readable without closing the stream.
-  if (impl_->file != nullptr && !impl_->failed) gzflush(impl_->file, Z_SYNC_FLUSH);
+  impl_->file.flush();
 }
 
 const std::string& TraceRecorder::path() const {
-  return impl_->path;
+  return impl_->file.path();
 }
 
 }  // namespace reservoir::detail

@@ -1,7 +1,10 @@
 // TraceRecorder: writes trace format v1 (docs/trace_format.md) from a live process,
 // so users capture their own workloads on a GPU and replay them with
 // reservoir-replay. Enabled by the config key record_trace:PATH or by
-// Allocator::start_trace_recording(). Thread-safe (one mutex; only when recording).
+// Allocator::start_trace_recording(). Thread-safe (one lock; only when recording).
+//
+// The file is complete on disk at every moment and written out at exit, on
+// termination signals, and never by a fork child: see trace_file.hpp.
 #pragma once
 
 #include <cstddef>
@@ -15,10 +18,10 @@ namespace reservoir::detail {
 
 class TraceRecorder {
  public:
-  // Opens path for writing (gzip-compressed when it ends in ".gz"); throws
-  // std::runtime_error naming the path when it cannot.
+  // Creates path (gzip-compressed when it ends in ".gz") and writes the header;
+  // throws IoError naming the path and the OS reason when it cannot.
   explicit TraceRecorder(const std::string& path);
-  ~TraceRecorder();  // flushes and closes
+  ~TraceRecorder();  // writes out and closes
   TraceRecorder(const TraceRecorder&) = delete;
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
@@ -31,6 +34,7 @@ class TraceRecorder {
   void on_record_stream(const void* ptr, StreamHandle stream);
   // "s,STREAM"
   void on_host_wait(StreamHandle stream);
+  // Writes out the buffered lines: the file then holds the whole trace so far.
   void flush();
   const std::string& path() const;
 

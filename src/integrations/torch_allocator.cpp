@@ -7,18 +7,24 @@
 // pointer to an opaque struct, and MempoolId_t is a pair of unsigned long long.
 //
 // Errors: PyTorch calls the allocation and query hooks from C++ that translates any
-// std::exception into a Python RuntimeError, so those hooks throw (an out-of-memory
-// message starts with "CUDA out of memory." as PyTorch's does, which libraries match
-// on). The free hook runs from tensor destructors, where an exception would
+// std::exception into a Python RuntimeError, so those hooks throw. Out of memory is
+// raised as PyTorch's c10::OutOfMemoryError (torch.cuda.OutOfMemoryError in Python)
+// where reservoir.torch.install() found that type, with PyTorch's first sentence
+// ("CUDA out of memory. Tried to allocate ...", which tools match on); see
+// torch_oom.cpp. The free hook runs from tensor destructors, where an exception would
 // terminate the process: it never throws, and reports the first failure on stderr.
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "integrations/torch_oom.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
 #include "reservoir/reservoir.h"
@@ -60,6 +66,50 @@ void report_free_error(const void* ptr, const char* what) noexcept {
   }
 }
 
+// The (device, stream) pairs PyTorch allocated on or synchronized: what
+// torch.cuda.synchronize() (every stream of a device) must tell the allocator
+// about. A thread-local memo keeps the allocation path to one comparison when the
+// stream does not change. PyTorch pools its streams, so the list stays short; past
+// kMaxStreams new ones are not remembered (a device synchronize then misses them,
+// and their frees complete on the allocator's own event queries, as without it).
+class SeenStreams {
+ public:
+  void remember(int device, StreamHandle stream) {
+    thread_local int t_device = -1;
+    thread_local StreamHandle t_stream = 0;
+    if (device == t_device && stream == t_stream) return;
+    t_device = device;
+    t_stream = stream;
+    std::lock_guard<std::mutex> guard(mutex_);
+    const Entry entry{device, stream};
+    if (std::find(entries_.begin(), entries_.end(), entry) == entries_.end() &&
+        entries_.size() < kMaxStreams)
+      entries_.push_back(entry);
+  }
+  std::vector<StreamHandle> of_device(int device) {
+    std::vector<StreamHandle> out;
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (const Entry& e : entries_)
+      if (e.device == device) out.push_back(e.stream);
+    return out;
+  }
+
+ private:
+  static constexpr std::size_t kMaxStreams = 4096;
+  struct Entry {
+    int device;
+    StreamHandle stream;
+    bool operator==(const Entry&) const = default;
+  };
+  std::mutex mutex_;
+  std::vector<Entry> entries_;
+};
+
+SeenStreams& seen_streams() {
+  static SeenStreams* streams = new SeenStreams;  // never destroyed: frees at exit
+  return *streams;
+}
+
 [[noreturn]] void throw_pool_unsupported(const char* hook) {
   throw std::runtime_error(
       std::string("Reservoir does not support PyTorch private memory pools (") + hook +
@@ -74,12 +124,18 @@ extern "C" {
 
 // alloc_fn of CUDAPluggableAllocator: void*(size_t, int, cudaStream_t).
 RESERVOIR_C_API void* reservoir_torch_malloc(size_t size, int device, cudaStream_t stream) {
+  // Also done by the init hook; here too for a PyTorch that never calls it (one
+  // atomic load once done).
+  reservoir::detail::attach_oom_report();
   try {
-    return Allocator::instance().allocate(size, handle(stream), device);
+    void* ptr = Allocator::instance().allocate(size, handle(stream), device);
+    seen_streams().remember(device, handle(stream));
+    return ptr;
   } catch (const reservoir::OutOfMemoryError& e) {
-    const std::string what = e.what();
-    if (what.rfind("CUDA out of memory", 0) == 0) throw std::runtime_error(what);
-    throw std::runtime_error("CUDA out of memory. " + what);
+    // PyTorch's first sentence (tools match it), then Reservoir's report; raised as
+    // torch.cuda.OutOfMemoryError where install() found PyTorch's type.
+    reservoir::detail::throw_torch_out_of_memory(
+        reservoir::detail::torch_out_of_memory_message(size, device, e.what()));
   }
 }
 
@@ -108,6 +164,7 @@ RESERVOIR_C_API void reservoir_torch_init(int device_count) {
                              "remove device:" +
                              backend + " from RESERVOIR_ALLOC_CONF or check the CUDA driver");
   }
+  reservoir::detail::attach_oom_report();
 }
 
 // set_reset_fn: void(). torch.cuda.empty_cache().
@@ -164,5 +221,32 @@ RESERVOIR_C_API void reservoir_torch_begin_allocate_stream_to_pool(int device, c
 // Older PyTorch: set_end_allocate_stream_to_pool_fn, void(int, cudaStream_t).
 RESERVOIR_C_API void reservoir_torch_end_allocate_stream_to_pool(int device,
                                                                  cudaStream_t stream) noexcept {}
+
+// Not a PyTorch hook: reservoir.torch calls these (ctypes) after the host waited.
+// Stream.synchronize / Event.synchronize: that stream of that device.
+RESERVOIR_C_API int reservoir_torch_stream_synchronized(uintptr_t stream, int device) noexcept {
+  try {
+    seen_streams().remember(device, stream);
+  } catch (...) {  // out of host memory: the notification below still goes out
+  }
+  return reservoir_notify_host_wait(stream, device);
+}
+
+// torch.cuda.synchronize(device): every stream PyTorch allocated on or synchronized
+// on that device.
+RESERVOIR_C_API int reservoir_torch_device_synchronized(int device) noexcept {
+  std::vector<StreamHandle> streams;
+  try {
+    streams = seen_streams().of_device(device);
+  } catch (...) {
+    return RESERVOIR_ERROR_INTERNAL;  // out of host memory
+  }
+  int status = RESERVOIR_OK;
+  for (StreamHandle stream : streams) {
+    const int one = reservoir_notify_host_wait(stream, device);
+    if (status == RESERVOIR_OK) status = one;
+  }
+  return status;
+}
 
 }  // extern "C"

@@ -1,0 +1,140 @@
+"""torch.cuda's memory API answered by Reservoir.
+
+Under a pluggable allocator PyTorch forwards allocation, free, empty_cache,
+set_per_process_memory_fraction and record_stream, but not the queries: its C++
+getDeviceStats, resetPeakStats, snapshot, recordHistory and getMemoryFraction
+raise "CUDAPluggableAllocator does not yet support ...". Every Python function of
+torch.cuda, torch.cuda.memory and torch.accelerator that reads allocator state
+reaches those through a function of torch._C looked up at call time:
+
+    torch._C entry point                  Python functions that use it
+    _cuda_memoryStats                     memory_stats, memory_stats_as_nested_dict,
+                                          memory_allocated, max_memory_allocated,
+                                          memory_reserved, max_memory_reserved,
+                                          memory_cached, memory_summary
+    _cuda_resetPeakMemoryStats            reset_peak_memory_stats,
+                                          reset_max_memory_allocated/cached
+    _cuda_resetAccumulatedMemoryStats     reset_accumulated_memory_stats
+    _cuda_memorySnapshot                  memory_snapshot, memory._snapshot,
+                                          memory._dump_snapshot
+    _cuda_record_memory_history(_legacy)  memory._record_memory_history
+    _cuda_getMemoryFraction               get_per_process_memory_fraction
+    _accelerator_getDeviceStats           torch.accelerator.memory_stats and the
+                                          memory_allocated/... built on it
+    _accelerator_resetPeakStats           torch.accelerator.reset_peak_memory_stats
+    _accelerator_resetAccumulatedStats    torch.accelerator.reset_accumulated_memory_stats
+
+so patch(torch) replaces those entry points, not the Python functions: it also
+reaches code that imported a function before install() (``from torch.cuda import
+memory_allocated``), and the Python functions keep PyTorch's own handling of the
+device argument (None, int, "cuda:1", torch.device) and of an uninitialized CUDA.
+Code that bound an entry point itself (``from torch._C import _cuda_memoryStats``)
+before install() keeps the old one. The replacements take the device index
+PyTorch's functions pass and return PyTorch's shapes: nested dicts with its key
+names, the snapshot dict of torch.cuda.memory._snapshot() (from Reservoir's
+snapshot pickle). Memory history has no stack frames (Reservoir records none
+through its C API). PyTorch cannot swap its allocator back, so there is no
+unpatch.
+"""
+
+import os
+import pickle
+import tempfile
+
+import reservoir as _reservoir
+
+_MARK = "_reservoir_replacement"
+
+
+def nested_stats(device):
+    """reservoir.memory_stats(device) in the nested shape of torch._C._cuda_memoryStats:
+    {"allocated_bytes": {"all": {"current": ...}, ...}, "num_ooms": ..., ...}."""
+    nested = {}
+    for key, value in _reservoir.memory_stats(device).items():
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return nested
+
+
+def snapshot(include_traces=True):
+    """Reservoir's state as the dict torch.cuda.memory._snapshot() returns
+    (segments, device_traces, allocator_settings), read back from the snapshot
+    pickle Reservoir writes for PyTorch's memory viewer."""
+    handle, path = tempfile.mkstemp(prefix="reservoir-snapshot-", suffix=".pickle")
+    os.close(handle)
+    try:
+        _reservoir.dump_snapshot(path)
+        with open(path, "rb") as f:
+            result = pickle.load(f)
+    finally:
+        os.unlink(path)
+    if not include_traces and isinstance(result, dict) and "device_traces" in result:
+        result["device_traces"] = [[] for _ in result["device_traces"]]
+    return result
+
+
+def _memory_snapshot(arg=None):
+    # PyTorch passes None (_snapshot) or (pool_id_0, pool_id_1, include_traces)
+    # (memory_snapshot); Reservoir has no private pools.
+    include_traces = True
+    if isinstance(arg, tuple) and len(arg) >= 3:
+        include_traces = bool(arg[2])
+    return snapshot(include_traces)
+
+
+def _history_entries(max_entries):
+    return max(1, min(int(max_entries), (1 << 63) - 1))
+
+
+def _record_memory_history(enabled, *args, **kwargs):
+    # (enabled: "all" | "state" | None, context, stacks, max_entries, ...): only
+    # on/off and the size of the ring are Reservoir's.
+    max_entries = kwargs.get("max_entries", args[2] if len(args) >= 3 else 100000)
+    if enabled is None:
+        _reservoir.record_history(False)
+    else:
+        _reservoir.record_history(True, _history_entries(max_entries))
+
+
+def _record_memory_history_legacy(enabled, *args, **kwargs):
+    # (enabled: bool, record_context, trace_alloc_max_entries, ...).
+    max_entries = kwargs.get("trace_alloc_max_entries", args[1] if len(args) >= 2 else 1)
+    _reservoir.record_history(bool(enabled), _history_entries(max_entries))
+
+
+def _replacements():
+    return {
+        "_cuda_memoryStats": nested_stats,
+        "_cuda_resetPeakMemoryStats": _reservoir.reset_peak_memory_stats,
+        "_cuda_resetAccumulatedMemoryStats": _reservoir.reset_accumulated_memory_stats,
+        "_cuda_memorySnapshot": _memory_snapshot,
+        "_cuda_record_memory_history": _record_memory_history,
+        "_cuda_record_memory_history_legacy": _record_memory_history_legacy,
+        "_cuda_getMemoryFraction": _reservoir.get_memory_fraction,
+        "_accelerator_getDeviceStats": nested_stats,
+        "_accelerator_resetPeakStats": _reservoir.reset_peak_memory_stats,
+        "_accelerator_resetAccumulatedStats": _reservoir.reset_accumulated_memory_stats,
+    }
+
+
+def patch(torch):
+    """Replaces the entry points above that the installed PyTorch has (idempotent).
+    Returns the names replaced by this call."""
+    replaced = []
+    for name, function in _replacements().items():
+        current = getattr(torch._C, name, None)
+        if current is None or getattr(current, _MARK, False):
+            continue
+
+        def entry(*args, _function=function, **kwargs):
+            return _function(*args, **kwargs)
+
+        entry.__name__ = name
+        entry.__doc__ = "Reservoir's answer to torch._C.%s (reservoir.torch.install())" % name
+        setattr(entry, _MARK, True)
+        setattr(torch._C, name, entry)
+        replaced.append(name)
+    return replaced
