@@ -120,15 +120,7 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
   }
   im.top.store(im.base);
   im.oom_snapshot_path = config.oom_snapshot;
-  if (!config.record_trace.empty()) {
-    try {
-      im.set_recording(*this, config.record_trace);
-    } catch (const std::exception& error) {
-      // No caller to hand this to (the allocator is made from the environment): say
-      // it once and run without recording rather than fail every later request.
-      std::fprintf(stderr, "%s; running without recording a trace\n", error.what());
-    }
-  }
+  if (!config.record_trace.empty()) im.set_recording(*this, config.record_trace);  // IoError
   std::lock_guard<std::mutex> guard(im.layers_mutex);
   im.relink(*this);
 }
@@ -165,9 +157,16 @@ Allocator& Allocator::instance() {
   // being recorded is written out at exit by the recorder itself (trace_file.cpp).
   static Allocator* global = [] {
     Config config = Config::from_environment();
-    // A record_trace path that cannot be written is reported by the constructor, which
-    // then runs without the trace (else every later call would fail).
-    return new Allocator(make_default_backend(config), config);
+    std::shared_ptr<Backend> backend = make_default_backend(config);
+    try {
+      return new Allocator(backend, config);
+    } catch (const IoError& e) {
+      // record_trace names a file that cannot be written: the allocator must still
+      // work (else every later call fails), so it runs without the trace.
+      std::fprintf(stderr, "%s; running without recording a trace\n", e.what());
+      config.record_trace.clear();
+      return new Allocator(backend, config);
+    }
   }();
   return *global;
 }

@@ -124,9 +124,6 @@ extern "C" {
 
 // alloc_fn of CUDAPluggableAllocator: void*(size_t, int, cudaStream_t).
 RESERVOIR_C_API void* reservoir_torch_malloc(size_t size, int device, cudaStream_t stream) {
-  // Also done by the init hook; here too for a PyTorch that never calls it (one
-  // atomic load once done).
-  reservoir::detail::attach_oom_report();
   try {
     void* ptr = Allocator::instance().allocate(size, handle(stream), device);
     seen_streams().remember(device, handle(stream));
@@ -135,7 +132,7 @@ RESERVOIR_C_API void* reservoir_torch_malloc(size_t size, int device, cudaStream
     // PyTorch's first sentence (tools match it), then Reservoir's report; raised as
     // torch.cuda.OutOfMemoryError where install() found PyTorch's type.
     reservoir::detail::throw_torch_out_of_memory(
-        reservoir::detail::torch_out_of_memory_message(size, device, e.what()));
+        reservoir::detail::torch_out_of_memory_message(e.what()));
   }
 }
 
@@ -164,7 +161,6 @@ RESERVOIR_C_API void reservoir_torch_init(int device_count) {
                              "remove device:" +
                              backend + " from RESERVOIR_ALLOC_CONF or check the CUDA driver");
   }
-  reservoir::detail::attach_oom_report();
 }
 
 // set_reset_fn: void(). torch.cuda.empty_cache().

@@ -66,71 +66,14 @@ struct C10Errors {
 };
 std::atomic<const C10Errors*> g_c10{nullptr};
 
-// The last out-of-memory report of this thread (the engine's observer runs on the
-// allocating thread just before it throws).
-struct OomReport {
-  bool valid = false;
-  int device = 0;
-  std::size_t alloc_size = 0;
-  std::size_t free = 0;
-};
-thread_local OomReport t_report;
-
-// PyTorch's format_size (c10/cuda/CUDACachingAllocator.cpp): bytes up to 1 KiB,
-// then KiB, MiB or GiB with two decimals.
-std::string torch_size(std::uint64_t size) {
-  char buf[64];
-  if (size <= 1024)
-    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(size));
-  else if (size <= 1048576)
-    std::snprintf(buf, sizeof buf, "%.2f KiB", static_cast<double>(size) / 1024.0);
-  else if (size <= 1073741824ULL)
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(size) / 1048576.0);
-  else
-    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(size) / 1073741824.0);
-  return buf;
-}
-
 }  // namespace
 
-void attach_oom_report() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Allocator::instance().attach_oom_observer(
-        [](int device, std::size_t alloc_size, std::size_t, std::size_t free) {
-          t_report = OomReport{true, device, alloc_size, free};
-        });
-  });
-}
-
-std::string torch_out_of_memory_message(std::size_t size, int device, const char* reservoir) {
-  constexpr std::size_t kOneEiB = std::size_t{1} << 60;
-  std::string first;
-  const OomReport report = t_report;
-  t_report.valid = false;
-  if (size >= kOneEiB) {
-    first = "CUDA out of memory. Tried to allocate more than 1EB memory.";
-  } else {
-    std::size_t asked = size, free = 0, total = 0;
-    int d = device;
-    if (report.valid) {
-      asked = report.alloc_size;
-      free = report.free;
-      d = report.device;
-    }
-    MemoryInfo info;
-    try {
-      if (Allocator::instance().backend().memory_info(d, &info) == DeviceStatus::ok) {
-        total = info.total;
-        if (!report.valid) free = info.free;
-      }
-    } catch (...) {  // the figures are for the message only
-    }
-    first = "CUDA out of memory. Tried to allocate " + torch_size(asked) + ". GPU " +
-            std::to_string(d) + " has a total capacity of " + torch_size(total) + " of which " +
-            torch_size(free) + " is free.";
-  }
-  return first + " " + reservoir;
+std::string torch_out_of_memory_message(const char* reservoir) {
+  static const std::string kFirst = "CUDA out of memory.";
+  const std::string message = reservoir;
+  // The engine's reports already begin with PyTorch's sentences.
+  if (message.compare(0, kFirst.size(), kFirst) == 0) return message;
+  return kFirst + " " + message;
 }
 
 [[noreturn]] void throw_torch_out_of_memory(const std::string& message) {
@@ -187,10 +130,6 @@ RESERVOIR_C_API int reservoir_torch_use_c10_errors(void* constructor,
   if (!ok || !is_oom_type) {
     delete candidate;
     return RESERVOIR_ERROR_INVALID_ARGUMENT;
-  }
-  try {
-    attach_oom_report();
-  } catch (...) {  // the figures then come from the device at the throw
   }
   // Kept for the life of the process (a throw may be under way on another thread).
   g_c10.store(candidate, std::memory_order_release);
