@@ -76,7 +76,7 @@ struct Block {
   FreeSet::iterator free_at;            // valid while state == free
   AddressSet::iterator unmapped_at;     // valid while state == unmapped
   std::uint64_t gc_stamp;               // garbage-collection clock when it became free
-  StreamHandle stream;  // allocated on (policy:compact; a StreamPool knows its own)
+  StreamHandle stream;                  // allocated on (policy:compact; a StreamPool knows its own)
   std::unique_ptr<BlockExtras> extras;  // null unless used on other streams or history is on
 
   bool is_split() const noexcept { return prev != nullptr || next != nullptr; }

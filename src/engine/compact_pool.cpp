@@ -24,11 +24,11 @@ CompactPool::CompactPool(PoolServices& services)
       free_(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_)),
       fences_(services.backend, services.device, services.events) {
   if (services.backend.granularity(services.device, &page_) != DeviceStatus::ok || page_ == 0)
-    throw DeviceError("reservoir: policy:compact needs the device's virtual memory management "
-                      "(mapping pages), which device " +
-                      std::to_string(services.device) + " (" + services.backend.name() +
-                      ") lacks: " + services.backend.last_error() +
-                      "; use policy:pytorch on this device");
+    throw DeviceError(
+        "reservoir: policy:compact needs the device's virtual memory management "
+        "(mapping pages), which device " +
+        std::to_string(services.device) + " (" + services.backend.name() +
+        ") lacks: " + services.backend.last_error() + "; use policy:pytorch on this device");
 }
 
 CompactPool::~CompactPool() {
@@ -296,8 +296,9 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
                       " failed: " + services_.backend.last_error());
   };
   for (; mapped < missing.size(); ++mapped)
-    if (services_.backend.map(services_.device, reinterpret_cast<void*>(base + missing[mapped] * page_),
-                              page_, got[mapped]) != DeviceStatus::ok)
+    if (services_.backend.map(services_.device,
+                              reinterpret_cast<void*>(base + missing[mapped] * page_), page_,
+                              got[mapped]) != DeviceStatus::ok)
       undo("mapping a page for policy:compact");
   // Access for each run of newly mapped pages, one call per run.
   const std::vector<int> peers = services_.peers.list();
@@ -306,10 +307,9 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
   for (std::size_t k = 0; k < missing.size();) {
     std::size_t run = k + 1;
     while (run < missing.size() && missing[run] == missing[run - 1] + 1) ++run;
-    if (services_.backend.set_access(services_.device,
-                                     reinterpret_cast<void*>(base + missing[k] * page_),
-                                     (run - k) * page_, devices.data(),
-                                     static_cast<int>(devices.size())) != DeviceStatus::ok)
+    if (services_.backend.set_access(
+            services_.device, reinterpret_cast<void*>(base + missing[k] * page_), (run - k) * page_,
+            devices.data(), static_cast<int>(devices.size())) != DeviceStatus::ok)
       undo("granting access to pages for policy:compact");
     k = run;
   }
@@ -409,8 +409,7 @@ bool CompactPool::free(std::uintptr_t address) {
   if (services_.history.active()) {
     services_.trace(TraceAction::free_requested, b->address, b->requested, b->stream,
                     context ? context : b->context());
-    services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream,
-                    b->context());
+    services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream, b->context());
   }
   // The memory's users so far: its own stream and those record_stream named.
   auto [first, end] = page_span(a, b->address, b->size);

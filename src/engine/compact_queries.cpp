@@ -182,7 +182,8 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
                                              at(seg->base) + " counts " + std::to_string(p.live) +
                                              " live bytes, its blocks " + std::to_string(live[i]));
       RESERVOIR_CHECK(p.live == 0 || p.mapped, "page " + std::to_string(i) + " of arena " +
-                                                   at(seg->base) + " holds a block but is unmapped");
+                                                   at(seg->base) +
+                                                   " holds a block but is unmapped");
       if (p.mapped) ++mapped_here;
       if (p.mapped && p.live == 0)
         RESERVOIR_CHECK(p.listed, "free mapped page " + std::to_string(i) + " of arena " +
@@ -198,9 +199,10 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
                   "the allocated map holds blocks that are not allocated");
-  RESERVOIR_CHECK(counters_.get(kReservedBytes, kSmallPool) + counters_.get(kReservedBytes, kLargePool) ==
-                      static_cast<std::int64_t>(held),
-                  "reserved_bytes is not the physical memory held (" + std::to_string(held) + ")");
+  RESERVOIR_CHECK(
+      counters_.get(kReservedBytes, kSmallPool) + counters_.get(kReservedBytes, kLargePool) ==
+          static_cast<std::int64_t>(held),
+      "reserved_bytes is not the physical memory held (" + std::to_string(held) + ")");
   RESERVOIR_CHECK(counters_.get(kSegment, kLargePool) == static_cast<std::int64_t>(arenas_.size()),
                   "segment count is not the number of arenas");
   for (int pool = 0; pool < kPoolCount; ++pool) {

@@ -68,8 +68,7 @@ void DeviceEngine::host_waited(StreamHandle stream) {
 }
 
 std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
-  const Context context =
-      history_.active() ? history_.gather(ContextLevel::state) : Context{};
+  const Context context = history_.active() ? history_.gather(ContextLevel::state) : Context{};
   if (compact_on_.load(std::memory_order_relaxed))
     return allocate_compact(requested, stream, context);
   StreamPool& p = pool(stream);

@@ -124,7 +124,8 @@ std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandl
     std::lock_guard<std::mutex> guard(config_mutex_);
     page = settings_.policy.round(requested);
   }
-  raise_out_of_memory(stream, requested, page, 0, c.largest_free_block(), cached_elsewhere(nullptr));
+  raise_out_of_memory(stream, requested, page, 0, c.largest_free_block(),
+                      cached_elsewhere(nullptr));
 }
 
 void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requested,
@@ -147,7 +148,8 @@ void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requeste
   f.largest_small = largest_small;
   f.largest_large = largest_large;
   f.cached_elsewhere = cached;
-  if (history_.active()) services_.trace(TraceAction::oom, f.info.free, f.alloc_size, stream, nullptr);
+  if (history_.active())
+    services_.trace(TraceAction::oom, f.info.free, f.alloc_size, stream, nullptr);
   for (auto& observer : hooks_.observers())
     observer(device_, f.alloc_size, f.limited ? f.allowed : f.info.total, f.info.free);
   throw OutOfMemoryError(oom_message(f));

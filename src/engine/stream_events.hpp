@@ -89,8 +89,8 @@ class StreamEvents {
     std::deque<std::pair<std::uint64_t, EventHandle>> pending;
   };
   Timeline& timeline(StreamHandle stream);
-  void record(Timeline& t);       // records the owed marker
-  void poll(Timeline& t);         // retires completed markers (queries)
+  void record(Timeline& t);  // records the owed marker
+  void poll(Timeline& t);    // retires completed markers (queries)
   bool done(Timeline& t, std::uint64_t seq);
   EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
 

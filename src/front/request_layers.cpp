@@ -1,11 +1,45 @@
 #include "front/request_layers.hpp"
 
+#include <pthread.h>
+
+#include <algorithm>
+#include <vector>
+
 #include "reservoir/errors.hpp"
 
 namespace reservoir::detail {
 
+namespace {
+// Fork: a child must not inherit a recording layer's mutex locked by another thread
+// (its next allocation would wait forever). Layers are never destroyed before the
+// allocator, which the process-wide one never is, so the registry holds plain pointers.
+std::mutex g_layers_mutex;
+std::vector<std::mutex*> g_layer_mutexes;
+
+void lock_layers() {
+  g_layers_mutex.lock();
+  for (std::mutex* m : g_layer_mutexes) m->lock();
+}
+void unlock_layers() {
+  for (std::mutex* m : g_layer_mutexes) m->unlock();
+  g_layers_mutex.unlock();
+}
+}  // namespace
+
 TraceRecordingLayer::TraceRecordingLayer(MemoryResource& upstream, const std::string& path)
-    : upstream_(upstream), recorder_(std::make_unique<TraceRecorder>(path)) {}
+    : upstream_(upstream), recorder_(std::make_unique<TraceRecorder>(path)) {
+  // Registered after the recorder's own handlers, so that at a fork the layers are
+  // locked first (the order in which requests take them: layer, then file).
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(lock_layers, unlock_layers, unlock_layers); });
+  std::lock_guard<std::mutex> guard(g_layers_mutex);
+  g_layer_mutexes.push_back(&mutex_);
+}
+
+TraceRecordingLayer::~TraceRecordingLayer() {
+  std::lock_guard<std::mutex> guard(g_layers_mutex);
+  std::erase(g_layer_mutexes, &mutex_);
+}
 
 void* TraceRecordingLayer::allocate(std::size_t size, StreamHandle stream, int device) {
   std::lock_guard<std::mutex> guard(mutex_);

@@ -23,6 +23,7 @@ class TraceRecordingLayer final : public MemoryResource {
  public:
   // Opens path (throws std::runtime_error naming it when it cannot).
   TraceRecordingLayer(MemoryResource& upstream, const std::string& path);
+  ~TraceRecordingLayer() override;
   void* allocate(std::size_t size, StreamHandle stream, int device) override;
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, StreamHandle stream) override;

@@ -4,11 +4,19 @@
 // be written is reported in the out-of-memory message; every stream handle a caller
 // can pass is served or refused with a status.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/reservoir.h"
@@ -131,6 +139,55 @@ TEST(StreamHandles, NotifyHostWaitReleasesBlocksUsedOnThatStream) {
   EXPECT_EQ(reservoir_notify_host_wait(2, 7), RESERVOIR_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(names(reservoir_last_error(), "device 7")) << reservoir_last_error();
   EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
+// A fork while another thread is inside a recording layer (its lock held, waiting on
+// the device) must not leave the child a lock that nobody will release: the fork
+// waits for the layer, and the child's allocations proceed.
+TEST(IoErrors, ForkWhileRecordingLeavesTheChildUsable) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config{});
+  const std::string path = ::testing::TempDir() + "fork_while_recording.trace";
+  a.start_trace_recording(path);
+  std::promise<void> inside, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  sim->set_allocate_hook([&] {
+    if (first.exchange(false)) {
+      inside.set_value();
+      released.wait();
+    }
+  });
+  std::thread holder([&] { a.deallocate(a.allocate(64 * MiB, 1, 0)); });
+  inside.get_future().wait();  // the holder is inside the layer, its lock held
+  std::atomic<pid_t> child{-1};
+  std::thread forker([&] {
+    child = ::fork();
+    if (child == 0) {  // the child: allocate and exit; a held lock would hang here
+      void* p = a.allocate(4096, 2, 0);
+      a.deallocate(p);
+      std::_Exit(0);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  release.set_value();  // the fork could not proceed before the holder left the layer
+  forker.join();
+  holder.join();
+  ASSERT_GT(child.load(), 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 500 && done == 0; ++i) {
+    done = ::waitpid(child, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the fork child hung on an inherited recording lock";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  a.stop_trace_recording();
+  std::remove(path.c_str());
 }
 
 }  // namespace
