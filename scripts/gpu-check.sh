@@ -8,6 +8,8 @@
 #   4. the bundled traces replayed on the GPU,
 #   5. a snapshot of a replayed trace through PyTorch's memory viewer.
 # Usage: scripts/gpu-check.sh [OUTDIR]   (logs in OUTDIR/gpu-check.log)
+# reservoir-replay needs CLI11's headers: installed (libcli11-dev), or a copy of the
+# directory holding CLI/CLI.hpp named by CLI11_INCLUDE_DIR (docs/replay.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/gpu-check}
@@ -16,7 +18,8 @@ log="$out/gpu-check.log"
 exec > >(tee "$log") 2>&1
 b=build/gpu
 torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null || true)
-cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} >/dev/null || exit 1
+cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
+  ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} >/dev/null || exit 1
 cmake --build $b -j"$(nproc)" --target reservoir gpu_conformance gpu_cuda_allocator_test \
   gpu_cuda_backend_test reservoir_gpu_bench reservoir-replay reservoir_snapshot_demo >/dev/null ||
   exit 1

@@ -16,7 +16,7 @@ namespace reservoir::replay {
 namespace {
 
 // Pixels. A panel: its title, the plot area, then tick labels and a gap.
-constexpr double kWidth = 1000, kLeft = 84, kRight = 24;
+constexpr double kWidth = 1000, kLeft = 84, kRight = 40;
 constexpr double kHeader = 70;  // chart title and legend
 constexpr double kPanelTitle = 26, kPlotHeight = 180, kPanelBelow = 44;
 constexpr double kFooter = 30;  // x axis label under the last panel
