@@ -147,9 +147,9 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
       created.push_back(streams[k]);
     }
   }
+  OomRecorder oom;  // before the allocator: it must outlive the observer
   Allocator alloc(backend, std::move(cfg));
   if (options.memory_fraction) alloc.set_memory_fraction(*options.memory_fraction, kDevice);
-  OomRecorder oom;
   oom.attach(alloc);
 
   // Dense slot -> pointer; nullptr for a slot not allocated yet, freed, of size 0,
