@@ -6,8 +6,11 @@
 #   2. compute-sanitizer memcheck on them, with caching and with RESERVOIR_NO_CACHING=1,
 #   3. the side-by-side GPU benchmark (writes OUTDIR/gpu-bench.md),
 #   4. the bundled traces replayed on the GPU,
-#   5. a snapshot of a replayed trace through PyTorch's memory viewer.
+#   5. a snapshot of a replayed trace through PyTorch's memory viewer,
+#   6. the examples (C++, C, PyTorch, CuPy; the Python ones skip without torch/cupy).
 # Usage: scripts/gpu-check.sh [OUTDIR]   (logs in OUTDIR/gpu-check.log)
+# reservoir-replay needs CLI11's headers: installed (libcli11-dev), or a copy of the
+# directory holding CLI/CLI.hpp named by CLI11_INCLUDE_DIR (docs/replay.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-build/gpu-check}
@@ -16,9 +19,11 @@ log="$out/gpu-check.log"
 exec > >(tee "$log") 2>&1
 b=build/gpu
 torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null || true)
-cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} >/dev/null || exit 1
+cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
+  ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} >/dev/null || exit 1
 cmake --build $b -j"$(nproc)" --target reservoir gpu_conformance gpu_cuda_allocator_test \
-  gpu_cuda_backend_test reservoir_gpu_bench reservoir-replay reservoir_snapshot_demo >/dev/null ||
+  gpu_cuda_backend_test reservoir_gpu_bench reservoir-replay reservoir_snapshot_demo \
+  example_allocator example_c_api >/dev/null ||
   exit 1
 status=0
 step() { echo "--- $*"; }
@@ -66,6 +71,9 @@ $b/tests/observability/reservoir_snapshot_demo traces/resnet50_train.trace.gz "$
   python3 -m torch.cuda._memory_viz trace_plot "$out/snap.pickle" -o "$out/trace.html" &&
   python3 -m torch.cuda._memory_viz segment_plot "$out/snap.pickle" -o "$out/segments.html" &&
   ls -la "$out/trace.html" "$out/segments.html" || status=1
+step "examples"
+ctest --test-dir $b -L examples --output-on-failure >"$out/examples.txt" 2>&1 || status=1
+grep -E "Test +#|tests passed" "$out/examples.txt"
 rm -f "$out/cs.txt"
 echo "gpu-check: $([ $status = 0 ] && echo ok || echo FAILED)"
 exit $status

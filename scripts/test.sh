@@ -15,7 +15,10 @@ flavour() {  # name, cmake options...
   ctest --test-dir "build/${name}" --output-on-failure -j"${jobs}" ${CTEST_ARGS:-}
 }
 flavour release
-flavour checks -DRESERVOIR_CHECKS=ON -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF
+# The checks flavour also builds reservoir-replay without cairo, so the refusal of
+# PNG plots is tested as well as PNG output (release).
+flavour checks -DRESERVOIR_CHECKS=ON -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF \
+  -DRESERVOIR_WITH_CAIRO=OFF
 if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ]; then
   CC=clang CXX=clang++ flavour asan -DRESERVOIR_SANITIZE="address;undefined" \
     -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "reservoir/export.hpp"
 
@@ -69,6 +70,9 @@ struct RESERVOIR_API Config {
   // Applies "key:value,..." on top of this configuration. Throws ConfigError (and
   // then leaves *this unchanged).
   void apply(std::string_view text);
+  // The keys that text names, in order, values unchecked (for tools that accept
+  // only some keys). Throws ConfigError for an entry that is not key:value.
+  static std::vector<std::string> keys_of(std::string_view text);
   // Divisions for a rounded request of size bytes.
   std::size_t divisions_for(std::size_t size) const noexcept;
   // A canonical "key:value,..." string of every non-default setting.

@@ -39,6 +39,9 @@ typedef enum reservoir_status {
   RESERVOIR_ERROR_IO = 7
 } reservoir_status;
 
+/* The library's version, "MAJOR.MINOR.PATCH" (e.g. "0.1.0"); a static string. */
+RESERVOIR_C_API const char* reservoir_version(void);
+
 /* Message of the last error on this thread ("" if none). Valid until the next call. */
 RESERVOIR_C_API const char* reservoir_last_error(void);
 /* Name of a status code ("out_of_memory", ...). */

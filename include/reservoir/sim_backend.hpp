@@ -1,8 +1,9 @@
 // SimBackend: a deterministic simulated device, so every engine behaviour can be
 // tested (and every trace replayed) on a machine without a GPU.
 //
-// - Capacity per device (default 80 GiB); segment addresses are 512-byte aligned,
-//   2 MiB aligned from 2 MiB up; live ranges never overlap; freed ranges are reused.
+// - Capacity per device (default kDefaultSimCapacity, an H200); segment addresses
+//   are 512-byte aligned, 2 MiB aligned from 2 MiB up; live ranges never overlap;
+//   freed ranges are reused.
 // - Addresses are synthetic (not dereferenceable) unless host_backed is set, in
 //   which case they point into a host mapping (MAP_NORESERVE) that tests may write.
 // - Streams progress explicitly: an event recorded on a stream completes only when
@@ -24,8 +25,14 @@
 
 namespace reservoir {
 
+// The simulated device's memory unless told otherwise: an NVIDIA H200 as nvidia-smi
+// reports it (143,771 MiB = 140.40 GiB). The one default of SimOptions, of the
+// sim_capacity setting and of reservoir-replay --capacity; to be calibrated to what
+// cudaMemGetInfo reports on the GPU host.
+inline constexpr std::size_t kDefaultSimCapacity = std::size_t{143771} << 20;
+
 struct SimOptions {
-  std::size_t capacity = std::size_t{80} << 30;  // bytes per device
+  std::size_t capacity = kDefaultSimCapacity;  // bytes per device
   int device_count = 1;
   bool eager = false;                              // all submitted work completes at once
   bool host_backed = false;                        // addresses point into real host memory

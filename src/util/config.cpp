@@ -230,6 +230,20 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
   }
 }
 
+// Calls f(key, value) for each non-empty entry of "key:value,...", both trimmed.
+template <typename F>
+void for_each_entry(std::string_view text, F&& f) {
+  for (const std::string& raw : split_entries(text)) {
+    std::string entry = trim(raw);
+    if (entry.empty()) continue;
+    auto colon = entry.find(':');
+    if (colon == std::string::npos)
+      throw ConfigError("reservoir config: entry '" + entry +
+                        "' is not of the form key:value (entries are separated by commas)");
+    f(trim(entry.substr(0, colon)), trim(entry.substr(colon + 1)));
+  }
+}
+
 }  // namespace
 
 Config Config::parse(std::string_view text) {
@@ -253,17 +267,17 @@ Config Config::from_environment() {
   }
 }
 
+std::vector<std::string> Config::keys_of(std::string_view text) {
+  std::vector<std::string> keys;
+  for_each_entry(text, [&](const std::string& key, const std::string&) { keys.push_back(key); });
+  return keys;
+}
+
 void Config::apply(std::string_view text) {
   Config next = *this;
-  for (const std::string& raw : split_entries(text)) {
-    std::string entry = trim(raw);
-    if (entry.empty()) continue;
-    auto colon = entry.find(':');
-    if (colon == std::string::npos)
-      throw ConfigError("reservoir config: entry '" + entry +
-                        "' is not of the form key:value (entries are separated by commas)");
-    apply_entry(next, trim(entry.substr(0, colon)), trim(entry.substr(colon + 1)));
-  }
+  for_each_entry(text, [&](const std::string& key, const std::string& value) {
+    apply_entry(next, key, value);
+  });
   std::string added = trim(text);
   if (!added.empty()) next.source = next.source.empty() ? added : next.source + "," + added;
   *this = std::move(next);

@@ -2,13 +2,18 @@
 // plain and gzip files, and the real traces shipped in traces/.
 #include "trace_reader.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "replay_test_util.hpp"
 
@@ -77,6 +82,14 @@ TEST(TraceReader, LargeIdsAndSizes) {
   ASSERT_EQ(t.events.size(), 2u);
   EXPECT_EQ(t.events[0].size, 18446744073709551615ull);
   EXPECT_EQ(t.events[0].stream, 65535u);
+  EXPECT_EQ(t.streams, 1u);  // one stream, whatever its number
+}
+
+// Streams are counted, not numbered: a free names no stream of its own.
+TEST(TraceReader, StreamsAreTheNumbersUsed) {
+  const Trace t = parse_trace_text("a,1,8,3\ns,9\na,2,8,65535\nu,1,3\nf,1\nf,2\n", "s");
+  EXPECT_EQ(t.stream_ids, (std::vector<std::uint16_t>{3, 9, 65535}));
+  EXPECT_EQ(t.streams, 3u);
 }
 
 struct BadLine {
@@ -179,7 +192,7 @@ TEST(TraceReader, LongLinesKeepLineNumbers) {
   }
 }
 
-TEST(TraceReader, MissingTruncatedAndCorruptFiles) {
+TEST(TraceReader, MissingFilesAndDirectories) {
   TempDir dir;
   EXPECT_THROW(
       {
@@ -192,19 +205,97 @@ TEST(TraceReader, MissingTruncatedAndCorruptFiles) {
       },
       TraceError);
   EXPECT_THROW(read_trace(dir.path()), TraceError);
+}
 
-  // A gzip stream cut in half: zlib reports it, never a crash.
+std::size_t count_lines(const std::string& text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// A gzip stream cut in half is reported as damaged gzip at the first line not read
+// whole, never as the partial line the cut leaves ("expected a,ID,SIZE,STREAM, got
+// 'a,3'").
+TEST(TraceReader, TruncatedGzipIsReportedAsSuch) {
+  TempDir dir;
   std::string text;
   for (int i = 0; i < 20000; ++i) text += "a," + std::to_string(i) + ",512,0\n";
   const std::string gz = dir.file("cut.trace.gz");
   test::write_gzip(gz, text);
-  const auto full = std::filesystem::file_size(gz);
-  std::filesystem::resize_file(gz, full / 2);
+  std::filesystem::resize_file(gz, std::filesystem::file_size(gz) / 2);
+  // What zlib can still decompress: that many lines are whole.
+  const std::string readable = test::read_gzip(gz);
+  ASSERT_GT(readable.size(), 0u);
+  ASSERT_LT(readable.size(), text.size());
+  ASSERT_NE(readable.back(), '\n') << "the cut should fall inside a line";
   try {
     read_trace(gz);
     FAIL() << "truncated gzip accepted";
   } catch (const TraceError& e) {
-    EXPECT_NE(std::string(e.what()).find("cut.trace.gz:"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()), gz + ": corrupt or truncated gzip data at line " +
+                                         std::to_string(count_lines(readable) + 1) +
+                                         ": unexpected end of file");
+  }
+}
+
+// Damage inside the stream: whatever garbage it decompresses to, the report names
+// the gzip damage, not a malformed line.
+TEST(TraceReader, CorruptGzipIsReportedAsSuch) {
+  TempDir dir;
+  std::string text;
+  for (int i = 0; i < 20000; ++i)
+    text += "a," + std::to_string(i) + "," + std::to_string(512 + i % 977) + ",0\nf," +
+            std::to_string(i) + "\n";
+  const std::string gz = dir.file("bad.trace.gz");
+  test::write_gzip(gz, text);
+  std::string bytes;
+  {
+    std::ifstream in(gz, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  for (std::size_t i = bytes.size() / 2; i < bytes.size() / 2 + 64; ++i)
+    bytes[i] = static_cast<char>(~bytes[i]);
+  test::write_plain(gz, bytes);
+  try {
+    read_trace(gz);
+    FAIL() << "corrupt gzip accepted";
+  } catch (const TraceError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(gz + ": corrupt or truncated gzip data at line ", 0), 0u) << what;
+    EXPECT_EQ(what.find("expected"), std::string::npos) << what;
+  }
+}
+
+// "-" reads standard input, plain or gzip alike; messages call it <stdin>.
+TEST(TraceReader, StandardInput) {
+  TempDir dir;
+  const std::string text = test::sample_trace_text();
+  test::write_plain(dir.file("s.trace"), text);
+  test::write_gzip(dir.file("s.trace.gz"), text);
+  test::write_plain(dir.file("bad.trace"), "a,1,2,0\nf,7\n");
+  auto from_stdin = [&](const std::string& file) {
+    const int saved = dup(STDIN_FILENO);
+    const int fd = open(file.c_str(), O_RDONLY);
+    dup2(fd, STDIN_FILENO);
+    close(fd);
+    struct Restore {
+      int saved;
+      ~Restore() {
+        dup2(saved, STDIN_FILENO);
+        close(saved);
+      }
+    } restore{saved};
+    return read_trace(kStdinPath);
+  };
+  for (const char* name : {"s.trace", "s.trace.gz"}) {
+    const Trace t = from_stdin(dir.file(name));
+    EXPECT_EQ(t.path, kStdinName);
+    EXPECT_EQ(t.events.size(), 10u) << name;
+    EXPECT_EQ(t.streams, 2u);
+  }
+  try {
+    from_stdin(dir.file("bad.trace"));
+    FAIL();
+  } catch (const TraceError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("<stdin>:2: free of ID 7", 0), 0u) << e.what();
   }
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "reservoir/errors.hpp"
 
@@ -84,6 +86,14 @@ TEST(Config, ApplyIsAllOrNothing) {
   EXPECT_THROW(c.apply("expandable_segments:True,max_split_size_mb:1"), ConfigError);
   EXPECT_FALSE(c.expandable_segments);
   EXPECT_EQ(c.max_split_size, 256 * MiB);
+}
+
+// Keys in order, lists with commas inside brackets kept whole, values unchecked.
+TEST(Config, KeysOfNamesEveryKeyGiven) {
+  EXPECT_EQ(Config::keys_of(" device : sim ,roundup_power2_divisions:[256:1,>:8],sim_capacity:x,"),
+            (std::vector<std::string>{"device", "roundup_power2_divisions", "sim_capacity"}));
+  EXPECT_TRUE(Config::keys_of("").empty());
+  EXPECT_THROW(Config::keys_of("device"), ConfigError);
 }
 
 TEST(Config, EnvironmentPrefersReservoirVariable) {

@@ -1,10 +1,18 @@
-// Command-line parsing for reservoir-replay. Hand-written: four options do not
-// justify a dependency, and the messages can say exactly what is wrong.
+// Command-line parsing for reservoir-replay, with CLI11 (Debian libcli11-dev,
+// header-only). CLI11 reads the options; the checks of their values stay here, so
+// the messages can say exactly what is wrong.
 #include "cli.hpp"
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <memory>
+
+#include "report.hpp"
+#include "reservoir/config.hpp"
+#include "reservoir/errors.hpp"
+#include "reservoir/version.hpp"
 
 namespace reservoir::replay {
 
@@ -19,27 +27,94 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
-}  // namespace
+// Help text columns: options in the first kColumn, descriptions wrapped to kWidth.
+constexpr std::size_t kColumn = 24, kWidth = 88;
 
-const char* usage_text() {
-  return "usage: reservoir-replay TRACE [--config STR]... [--capacity BYTES] [--fit] [--json]\n"
-         "                        [--plot FILE.svg] [--device sim|cuda|auto]\n"
-         "  --device D        where the measured replay runs: sim (default), cuda (the GPU),\n"
-         "                    auto (cuda when a GPU is present); --fit always uses sim\n"
-         "                        [--plot FILE.svg]\n"
-         "\n"
-         "Replays an allocation trace (docs/trace_format.md; plain or .gz) through Reservoir\n"
-         "on a simulated device and reports the memory each configuration needs.\n"
-         "\n"
-         "  --config STR      allocator settings, e.g. max_split_size_mb:256 (repeat to compare\n"
-         "                    side by side; \"\" is the default configuration)\n"
-         "  --capacity BYTES  simulated device memory (default 141GiB, an H200); suffixes\n"
-         "                    K, M, G, T (binary, optionally followed by iB or B)\n"
-         "  --fit             also search the smallest capacity that runs with no OOM\n"
-         "  --json            print a JSON array instead of the table\n"
-         "  --plot FILE.svg   write a chart of requested and reserved memory over the trace\n"
-         "  -h, --help        show this text\n";
+// Breaks text at spaces into lines of at most width characters (CLI11 indents
+// each continuation line to the description column).
+std::string wrap(std::string_view text, std::size_t width) {
+  std::string out, line;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find(' ', start);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view word = text.substr(start, end - start);
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.clear();
+    }
+    if (!line.empty()) line += ' ';
+    line += word;
+    start = end + 1;
+  }
+  return out + line;
 }
+
+std::string describe(std::string_view text) {
+  return wrap(text, kWidth - kColumn);
+}
+
+// Option values as typed, before the checks of parse_cli.
+struct RawOptions {
+  std::string capacity;
+  std::vector<std::string> configs;
+};
+
+// The one definition of the command line: parse_cli and help_text both use it.
+std::unique_ptr<CLI::App> make_app(CliOptions& o, RawOptions& raw) {
+  auto app = std::make_unique<CLI::App>(
+      wrap("Replays an allocation trace (docs/trace_format.md; plain or gzip) through "
+           "Reservoir and reports the memory each allocator setting needs, on a simulated "
+           "device unless --device says otherwise.",
+           kWidth) +
+          "\n",
+      "reservoir-replay");
+  app->get_formatter()->column_width(kColumn);
+  app->get_formatter()->label("REQUIRED", "");
+  app->set_help_flag("-h,--help", "show this text and exit");
+  app->set_version_flag("--version", version_text(), "print the version and exit");
+  app->add_option("TRACE", o.trace, describe("trace file, plain or gzip; - reads standard input"))
+      ->type_name("")
+      ->required();
+  app->add_option("--config", raw.configs,
+                  describe("allocator settings as in RESERVOIR_ALLOC_CONF (docs/config.md), "
+                           "e.g. max_split_size_mb:256; repeat to compare side by side; \"\" "
+                           "is the default configuration"))
+      ->type_name("STR")
+      ->expected(1)
+      ->take_all();
+  app->add_option(
+         "--capacity", raw.capacity,
+         describe("memory of the simulated device, default " + with_commas(kDefaultSimCapacity) +
+                  " (" + human_bytes(kDefaultSimCapacity) +
+                  ", an H200); suffixes K, M, G, T, binary, optionally followed by iB "
+                  "or B"))
+      ->type_name("BYTES");
+  app->add_flag("--fit", o.fit,
+                describe("also find the smallest memory fraction of the device under which "
+                         "the whole trace runs, as PyTorch's "
+                         "set_per_process_memory_fraction"))
+      ->disable_flag_override();
+  app->add_flag("--json", o.json, describe("print a JSON array instead of the table"))
+      ->disable_flag_override();
+  app->add_option("--plot", o.plot,
+                  describe("write a chart of requested and reserved memory over the trace, "
+                           "one panel per setting; FILE ends in .svg, or in .png when the "
+                           "build has cairo"))
+      ->type_name("FILE");
+  app->add_option("--device", o.device,
+                  describe("where the measured replay runs: sim (default), cuda (the GPU: "
+                           "real memory and host time) or auto (cuda when a GPU is present); "
+                           "--fit always runs on sim"))
+      ->type_name("DEVICE");
+  app->footer(
+      wrap("Exit codes: 0 done (OOMs are results, not errors), 2 bad input, 1 an "
+           "internal error. More in docs/replay.md.",
+           kWidth));
+  return app;
+}
+
+}  // namespace
 
 std::optional<std::size_t> parse_bytes(std::string_view text) {
   std::size_t digits = 0;
@@ -67,63 +142,85 @@ std::optional<std::size_t> parse_bytes(std::string_view text) {
   return static_cast<std::size_t>(bytes);
 }
 
+std::string config_refusal(const std::string& config, bool fit) {
+  std::vector<std::string> keys;
+  try {
+    keys = Config::keys_of(config);
+  } catch (const ConfigError&) {
+    return "";  // malformed: Config::parse says how
+  }
+  const std::string head = "--config '" + config + "': ";
+  for (const std::string& key : keys) {
+    if (key == "sim_capacity")
+      return head + "sim_capacity sets the simulated device of a program; here use --capacity";
+    if (key == "device")
+      return head + "device picks the backend of a program; here use --device sim|cuda|auto";
+    if (key == "record_trace")
+      return head +
+             "record_trace records a program's trace; reservoir-replay reads one: remove the key";
+    if (key == "oom_snapshot")
+      return head +
+             "oom_snapshot is a program's setting; the report describes each setting's first "
+             "OOM: remove the key";
+    if (key == "per_process_memory_fraction" && fit)
+      return head +
+             "--fit searches the memory fraction itself: remove per_process_memory_fraction, or "
+             "drop --fit";
+  }
+  return "";
+}
+
+std::string help_text() {
+  CliOptions o;
+  RawOptions raw;
+  return make_app(o, raw)->help();
+}
+
+std::string version_text() {
+  return std::string("reservoir-replay ") + reservoir::version();
+}
+
 CliOptions parse_cli(int argc, const char* const* argv) {
   CliOptions o;
-  bool options_done = false;
-  // Value of an option given as "--name VALUE" or "--name=VALUE".
-  auto value_of = [&](int& i, std::string_view arg, std::string_view name,
-                      std::string* out) -> bool {
-    if (arg == name) {
-      if (i + 1 >= argc) throw UsageError(std::string(name) + " needs a value");
-      *out = argv[++i];
-      return true;
-    }
-    if (arg.size() > name.size() && arg.substr(0, name.size()) == name && arg[name.size()] == '=') {
-      *out = std::string(arg.substr(name.size() + 1));
-      return true;
-    }
-    return false;
-  };
-
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    std::string value;
-    if (!options_done && arg.size() > 1 && arg[0] == '-') {
-      if (arg == "--") {
-        options_done = true;
-      } else if (arg == "-h" || arg == "--help") {
-        o.help = true;
-      } else if (arg == "--fit") {
-        o.fit = true;
-      } else if (arg == "--json") {
-        o.json = true;
-      } else if (value_of(i, arg, "--config", &value)) {
-        o.configs.push_back(value);
-      } else if (value_of(i, arg, "--capacity", &value)) {
-        auto bytes = parse_bytes(value);
-        if (!bytes)
-          throw UsageError("--capacity: '" + value +
-                           "' is not a byte count (e.g. 80GiB, 141G, 512MiB, 1073741824)");
-        o.capacity = *bytes;
-      } else if (value_of(i, arg, "--device", &value)) {
-        if (value != "sim" && value != "cuda" && value != "auto")
-          throw UsageError("--device: '" + value + "' is not one of sim, cuda, auto");
-        o.device = value;
-      } else if (value_of(i, arg, "--plot", &value)) {
-        if (value.empty()) throw UsageError("--plot needs a file name");
-        o.plot = value;
-      } else {
-        throw UsageError("unknown option '" + std::string(arg) + "'");
-      }
-    } else if (o.trace.empty()) {
-      o.trace = arg;
-    } else {
-      throw UsageError("unexpected argument '" + std::string(arg) + "' (one trace at a time)");
-    }
+  RawOptions raw;
+  auto app = make_app(o, raw);
+  app->allow_extras();  // reported below, in words of this tool
+  try {
+    app->parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    o.help = true;
+    return o;
+  } catch (const CLI::CallForVersion&) {
+    o.version = true;
+    return o;
+  } catch (const CLI::RequiredError&) {
+    throw UsageError("no trace given");  // TRACE is the only required argument
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--config: 1 required STR missing" or "fit was given a disallowed
+    // flag override"; the option's name comes first either way.
+    const std::string what = e.what();
+    if (what.find("flag override") != std::string::npos)
+      throw UsageError("--" + what.substr(0, what.find(' ')) + " takes no value");
+    throw UsageError(what.substr(0, what.find(':')) + " needs a value");
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(e.what());
   }
-  if (o.help) return o;
+  for (const std::string& extra : app->remaining()) {
+    if (extra.size() > 1 && extra[0] == '-') throw UsageError("unknown option '" + extra + "'");
+    throw UsageError("unexpected argument '" + extra + "' (one trace at a time)");
+  }
   if (o.trace.empty()) throw UsageError("no trace given");
-  if (o.configs.empty()) o.configs.push_back("");
+  if (!raw.capacity.empty() || app->count("--capacity") > 0) {
+    const auto bytes = parse_bytes(raw.capacity);
+    if (!bytes)
+      throw UsageError("--capacity: '" + raw.capacity +
+                       "' is not a byte count (e.g. 80GiB, 141G, 512MiB, 1073741824)");
+    o.capacity = *bytes;
+  }
+  if (o.device != "sim" && o.device != "cuda" && o.device != "auto")
+    throw UsageError("--device: '" + o.device + "' is not one of sim, cuda, auto");
+  if (app->count("--plot") > 0 && o.plot.empty()) throw UsageError("--plot needs a file name");
+  o.configs = raw.configs.empty() ? std::vector<std::string>{""} : raw.configs;
   return o;
 }
 

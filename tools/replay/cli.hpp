@@ -1,6 +1,6 @@
-// Command line of reservoir-replay (docs/replay.md):
-//   reservoir-replay TRACE [--config STR]... [--capacity BYTES] [--fit] [--json]
-//                          [--plot FILE.svg] [--device sim|cuda|auto]
+// Command line of reservoir-replay (docs/replay.md), parsed with CLI11:
+//   reservoir-replay [OPTIONS] TRACE
+// TRACE is a file, or - for standard input.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +14,7 @@
 
 namespace reservoir::replay {
 
-// A bad command line; what() says what is wrong (the usage text is printed apart).
+// A bad command line; what() says what is wrong.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -23,7 +23,7 @@ class UsageError : public std::runtime_error {
 struct CliOptions {
   std::string trace;
   std::vector<std::string> configs;  // in the order given; {""} when none was given
-  std::size_t capacity = kDefaultCapacity;
+  std::size_t capacity = kDefaultSimCapacity;
   bool fit = false;
   bool json = false;
   std::string plot;  // "" = no plot
@@ -32,9 +32,11 @@ struct CliOptions {
   // the simulated device.
   std::string device = "sim";
   bool help = false;
+  bool version = false;
 };
 
-// Parses argv[1..argc). Throws UsageError. With --help, only help is meaningful.
+// Parses argv[1..argc). Throws UsageError. With --help or --version, nothing else
+// is checked or meaningful.
 CliOptions parse_cli(int argc, const char* const* argv);
 
 // "141G", "80GiB", "512MiB", "1.5GiB", "4096": a byte count. Suffixes (any case,
@@ -42,7 +44,17 @@ CliOptions parse_cli(int argc, const char* const* argv);
 // T = 2^40. nullopt for anything else, zero, or more than 2^63 bytes.
 std::optional<std::size_t> parse_bytes(std::string_view text);
 
-// The usage text printed by --help and after a usage error.
-const char* usage_text();
+// Why reservoir-replay refuses config ("" if it does not): keys that configure the
+// process rather than the allocator (sim_capacity, device, record_trace,
+// oom_snapshot; the message names the option to use instead), and
+// per_process_memory_fraction with --fit, which searches that fraction itself.
+// Malformed settings are left to Config::parse.
+std::string config_refusal(const std::string& config, bool fit);
+
+// What --help prints.
+std::string help_text();
+
+// What --version prints (without the newline): "reservoir-replay 0.1.0".
+std::string version_text();
 
 }  // namespace reservoir::replay

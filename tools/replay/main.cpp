@@ -1,8 +1,8 @@
 // reservoir-replay: how much memory a recorded workload needs under each allocator
 // setting, learned on a simulated device before running it (docs/replay.md).
 //
-// Exit codes: 0 success (OOMs are results, not errors); 2 a usage error, missing or
-// malformed trace, bad config or unwritable plot; 1 anything unexpected.
+// Exit codes: 0 success (OOMs are results, not errors); 2 a usage error, a missing,
+// malformed, damaged or empty trace, a refused config or plot; 1 anything unexpected.
 #include <unistd.h>
 
 #include <chrono>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cli.hpp"
-#include "plot_svg.hpp"
+#include "plot.hpp"
 #include "replay.hpp"
 #include "report.hpp"
 #include "reservoir/config.hpp"
@@ -72,7 +72,7 @@ class ProgressBar {
 
 int fail(const std::string& message, bool show_usage = false) {
   std::fprintf(stderr, "reservoir-replay: %s\n", message.c_str());
-  if (show_usage) std::fprintf(stderr, "\n%s", usage_text());
+  if (show_usage) std::fprintf(stderr, "Run reservoir-replay --help for the options.\n");
   return 2;
 }
 
@@ -80,6 +80,7 @@ int run(const CliOptions& opts) {
   // Every config is checked before any replay, so a typo in the last one does not
   // cost the time of the first ones.
   for (const std::string& c : opts.configs) {
+    if (const std::string why = config_refusal(c, opts.fit); !why.empty()) return fail(why);
     try {
       (void)reservoir::Config::parse(c);
     } catch (const reservoir::ConfigError& e) {
@@ -87,15 +88,25 @@ int run(const CliOptions& opts) {
     }
   }
 
-  // Likewise an unwritable plot path is reported before the replays.
-  if (!opts.plot.empty() && !std::ofstream(opts.plot, std::ios::binary))
-    return fail("cannot write plot '" + opts.plot + "'");
+  // Likewise a plot that cannot be written is reported before the replays.
+  if (!opts.plot.empty()) {
+    if (const std::string why = plot_refusal(opts.plot); !why.empty()) return fail(why);
+    if (!std::ofstream(opts.plot, std::ios::binary))
+      return fail("cannot write plot '" + opts.plot + "'");
+  }
 
   Trace trace;
   try {
     trace = read_trace(opts.trace);
   } catch (const TraceError& e) {
     return fail(e.what());
+  }
+  // Nothing to measure: say so rather than print a table of zeros.
+  if (trace.allocations == 0) {
+    return fail("warning: " + trace.path + " has " +
+                (trace.events.empty() ? std::string("no events (empty, or only comments)")
+                                      : "no allocations") +
+                ": nothing to replay");
   }
 
   // The device of the measured replays.
@@ -130,10 +141,12 @@ int run(const CliOptions& opts) {
 
     if (opts.fit) {
       FitOptions fo;
+      fo.device_total = opts.capacity;
       fo.progress = progress;
       fo.on_step = [&](int run) { bar.set_label(label + ": fit, run " + std::to_string(run)); };
-      const FitResult f = fit_capacity(trace, c, r, fo);
+      const FitResult f = fit_memory_fraction(trace, c, r, fo);
       r.fit_capacity = f.capacity;
+      r.fit_fraction = f.fraction.value_or(0.0);
       if (f.capacity && r.peak_requested > 0)
         r.fit_ratio = static_cast<double>(*f.capacity) / static_cast<double>(r.peak_requested);
     }
@@ -158,7 +171,7 @@ int run(const CliOptions& opts) {
 
   if (!opts.plot.empty()) {
     try {
-      write_svg(opts.plot, std::filesystem::path(opts.trace).filename().string(), results);
+      write_plot(opts.plot, std::filesystem::path(trace.path).filename().string(), results);
     } catch (const std::exception& e) {
       return fail(e.what());
     }
@@ -177,7 +190,11 @@ int main(int argc, char** argv) {
     return fail(e.what(), true);
   }
   if (opts.help) {
-    std::fputs(usage_text(), stdout);
+    std::fputs(help_text().c_str(), stdout);
+    return 0;
+  }
+  if (opts.version) {
+    std::printf("%s\n", version_text().c_str());
     return 0;
   }
   try {

@@ -1,8 +1,10 @@
-// One replay of a parsed trace on a fresh simulated device, and the fit search.
+// One replay of a parsed trace on a fresh simulated device, and the fit search
+// on the memory fraction.
 #include "replay.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 
 #include "reservoir/allocator.hpp"
@@ -52,6 +54,61 @@ class TimelineSampler {
   bool enabled_ = false;
 };
 
+// The facts of the first OOM. The engine's own message speaks of device stream
+// handles and of the environment; the report speaks of the trace (report.hpp).
+struct OomRecorder {
+  bool seen = false;
+  std::size_t device_request = 0, allowed = 0, device_free = 0;
+  void attach(Allocator& alloc) {
+    alloc.attach_oom_observer([this](int, std::size_t size, std::size_t cap, std::size_t free) {
+      seen = true;
+      device_request = size;
+      allowed = cap;
+      device_free = free;
+    });
+  }
+  OomFacts facts(Allocator& alloc, bool simulated, std::size_t event, const Event& ev) const {
+    OomFacts f;
+    f.event = event;
+    f.stream = ev.stream;
+    f.requested = ev.size;
+    f.simulated = simulated;
+    f.device_request = device_request;
+    f.device_free = device_free;
+    MemoryInfo info;
+    if (alloc.backend().memory_info(kDevice, &info) == DeviceStatus::ok)
+      f.device_total = info.total;
+    f.fraction = alloc.memory_fraction(kDevice);
+    if (f.fraction < 1.0) f.allowed = allowed;
+    const DeviceStats s = alloc.stats(kDevice);
+    f.reserved = as_u64(s.reserved_bytes.all().current);
+    f.allocated = as_u64(s.allocated_bytes.all().current);
+    f.expandable_segments = alloc.config().expandable_segments;
+    return f;
+  }
+};
+
+// Statistics behind explain_ratio, read at the end of a run (before the blocks the
+// trace never freed are returned).
+CacheFacts cache_facts(Allocator& alloc, const DeviceStats& s) {
+  CacheFacts c;
+  const std::size_t mss = alloc.config().max_split_size;
+  c.max_split_size = mss == std::numeric_limits<std::size_t>::max() ? 0 : mss;
+  c.max_non_split_rounding = alloc.config().max_non_split_rounding_size;
+  c.oversize_segments_peak = as_u64(s.oversize_segments.peak);
+  c.oversize_allocations_peak = as_u64(s.oversize_allocations.peak);
+  c.inactive_split_bytes_peak = as_u64(s.inactive_split_bytes.all().peak);
+  c.at_peak = s.reserved_bytes.all().current == s.reserved_bytes.all().peak;
+  if (c.max_split_size > 0 && c.oversize_segments_peak > 0) {
+    for (const SegmentInfo& seg : alloc.snapshot().segments) {
+      if (seg.total_size < c.max_split_size) continue;
+      c.oversize_segment_bytes += seg.total_size;
+      ++c.oversize_segment_count;
+    }
+  }
+  return c;
+}
+
 }  // namespace
 
 ReplayResult replay_trace(const Trace& trace, const std::string& config,
@@ -69,23 +126,31 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
     sim = std::make_shared<SimBackend>(sim_options);
     backend = sim;
   }
-  // Trace stream k: handle k + 1 on the simulated device, a real stream otherwise.
-  std::vector<StreamHandle> streams(trace.streams);
-  for (std::uint32_t k = 0; k < trace.streams; ++k) {
+  // Trace stream k: handle k + 1 on the simulated device, a real stream otherwise
+  // (created only for the numbers the trace uses).
+  std::vector<StreamHandle> streams(
+      trace.stream_ids.empty() ? 0 : std::size_t{trace.stream_ids.back()} + 1);
+  for (std::size_t k = 0; k < streams.size(); ++k)
     streams[k] = handle_of(static_cast<std::uint16_t>(k));
-    if (!sim && backend->create_stream(kDevice, &streams[k]) != DeviceStatus::ok)
-      throw DeviceError("reservoir-replay: creating a stream failed: " + backend->last_error());
-  }
+  std::vector<StreamHandle> created;
   struct StreamCleanup {
     Backend& b;
     std::vector<StreamHandle>& s;
-    bool real;
     ~StreamCleanup() {
-      if (real)
-        for (StreamHandle h : s) (void)b.destroy_stream(kDevice, h);
+      for (StreamHandle h : s) (void)b.destroy_stream(kDevice, h);
     }
-  } cleanup{*backend, streams, !sim};
+  } cleanup{*backend, created};
+  if (!sim) {
+    for (const std::uint16_t k : trace.stream_ids) {
+      if (backend->create_stream(kDevice, &streams[k]) != DeviceStatus::ok)
+        throw DeviceError("reservoir-replay: creating a stream failed: " + backend->last_error());
+      created.push_back(streams[k]);
+    }
+  }
+  OomRecorder oom;  // before the allocator: it must outlive the observer
   Allocator alloc(backend, std::move(cfg));
+  if (options.memory_fraction) alloc.set_memory_fraction(*options.memory_fraction, kDevice);
+  oom.attach(alloc);
 
   // Dense slot -> pointer; nullptr for a slot not allocated yet, freed, of size 0,
   // or whose allocation failed (its later frees and uses are then skipped).
@@ -102,8 +167,8 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
       case EventKind::alloc:
         try {
           ptrs[ev.slot] = alloc.allocate(ev.size, streams[ev.stream], kDevice);
-        } catch (const OutOfMemoryError& e) {
-          if (result.ooms++ == 0) result.first_oom = e.what();
+        } catch (const OutOfMemoryError&) {
+          if (result.ooms++ == 0) result.first_oom = oom.facts(alloc, sim != nullptr, done, ev);
         }
         break;
       case EventKind::free:
@@ -148,6 +213,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   result.device_frees = as_u64(s.num_device_free);
   result.alloc_retries = as_u64(s.num_alloc_retries);
   result.device_time_us = sim ? sim->counters().device_time_us : 0.0;
+  if (!options.stop_at_first_oom) result.cache = cache_facts(alloc, s);
 
   // Allocations the trace never frees (weights) go back before the allocator is
   // destroyed, so teardown sees a clean engine.
@@ -156,48 +222,50 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   return result;
 }
 
-FitResult fit_capacity(const Trace& trace, const std::string& config,
-                       const ReplayResult& unconstrained, const FitOptions& options) {
+FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
+                              const ReplayResult& unconstrained, const FitOptions& options) {
   FitResult fit;
-  auto works = [&](std::uint64_t capacity) {
+  fit.device_total = options.device_total;
+  const auto total = static_cast<double>(options.device_total);
+  auto works = [&](double fraction) {
     if (options.on_step) options.on_step(fit.runs + 1);
     ReplayOptions ro;
-    ro.capacity = capacity;
+    ro.capacity = options.device_total;
+    ro.memory_fraction = fraction;
     ro.stop_at_first_oom = true;
     ro.progress = options.progress;
     ++fit.runs;
     return replay_trace(trace, config, ro).ooms == 0;
   };
+  auto found = [&](double fraction) {
+    fit.fraction = fraction;
+    // What the engine allows under that fraction (DeviceEngine::set_memory_fraction).
+    fit.capacity = static_cast<std::uint64_t>(fraction * total);
+    return fit;
+  };
 
   // Nothing below the peak of live requested bytes can work, whatever the allocator.
   // (The statistics' peak requested can be higher: it also counts freed blocks
   // waiting for other streams, which an allocator under pressure may wait out.)
-  const std::uint64_t floor = trace.peak_live_bytes;
-  std::uint64_t lo = floor;
-  if (lo == 0) {  // nothing is ever live
-    fit.capacity = 0;
-    return fit;
-  }
-  std::uint64_t hi = std::max(unconstrained.peak_reserved + unconstrained.peak_reserved / 100,
-                              lo + options.tolerance);
-  // Known good upper bound: hi normally works at once; if the engine behaves
-  // differently under pressure, widen it (a few doublings at most).
-  constexpr std::uint64_t kLimit = std::uint64_t{1} << 60;
-  while (!works(hi)) {
-    if (hi >= kLimit) return fit;  // never fits: leave capacity empty
+  if (trace.peak_live_bytes == 0) return found(0.0);  // nothing is ever live
+  if (trace.peak_live_bytes > options.device_total) return fit;
+  const double floor = static_cast<double>(trace.peak_live_bytes) / total;
+  double lo = floor;
+  double hi = std::min(1.0, 1.01 * static_cast<double>(unconstrained.peak_reserved) / total);
+  hi = std::max(hi, lo);
+  // hi normally works at once; if the engine behaves differently under pressure,
+  // the whole device is the last bound to try.
+  if (!works(hi)) {
+    if (hi >= 1.0 || !works(1.0)) return fit;  // does not fit on this device
     lo = hi;
-    hi *= 2;
+    hi = 1.0;
   }
-  if (lo == floor && works(lo)) {
-    fit.capacity = lo;
-    return fit;
-  }
-  for (int i = 0; i < options.max_steps && hi - lo > options.tolerance; ++i) {
-    const std::uint64_t mid = lo + (hi - lo) / 2;
+  if (lo == floor && works(lo)) return found(lo);
+  for (int i = 0; i < options.max_steps && hi - lo > options.precision * hi; ++i) {
+    const double mid = lo + (hi - lo) / 2;
     (works(mid) ? hi : lo) = mid;
   }
-  fit.capacity = hi;
-  return fit;
+  return found(hi);
 }
 
 }  // namespace reservoir::replay

@@ -2,7 +2,7 @@
 //
 //   Trace t = read_trace(path);
 //   ReplayResult r = replay_trace(t, "max_split_size_mb:256", {.capacity = 80ull << 30});
-//   FitResult f = fit_capacity(t, "", r);
+//   FitResult f = fit_memory_fraction(t, "", r);
 //
 // Every run uses a fresh SimBackend and Allocator, so runs are independent and
 // deterministic. Semantics (docs/replay.md):
@@ -24,19 +24,20 @@
 #include <vector>
 
 #include "reservoir/backend.hpp"
+#include "reservoir/sim_backend.hpp"
 #include "trace_reader.hpp"
 
 namespace reservoir::replay {
-
-inline constexpr std::size_t kGiB = std::size_t{1} << 30;
-// An H200's memory: the default simulated device.
-inline constexpr std::size_t kDefaultCapacity = std::size_t{141} * kGiB;
 
 // Called now and then during a run with (events done, events in the trace).
 using ProgressFn = std::function<void(std::size_t done, std::size_t total)>;
 
 struct ReplayOptions {
-  std::size_t capacity = kDefaultCapacity;  // simulated device memory, bytes
+  std::size_t capacity = kDefaultSimCapacity;  // simulated device memory, bytes
+  // Set on the fresh allocator before the first request (as
+  // torch.cuda.set_per_process_memory_fraction): reserved memory is capped at
+  // fraction * capacity, and the out-of-memory ladder runs at the cap.
+  std::optional<double> memory_fraction;
   // Stop at the first OOM (fit search: only success matters there).
   bool stop_at_first_oom = false;
   // Points per series of the timeline (0 = no timeline). Sampling reads the
@@ -61,23 +62,58 @@ struct Timeline {
   std::vector<std::uint64_t> reserved;
 };
 
+// The first allocation that failed, in the trace's terms, and the allocator's state
+// then (after its out-of-memory ladder released what it could).
+struct OomFacts {
+  std::uint64_t event = 0;           // index of the alloc event in the trace, from 0
+  std::uint16_t stream = 0;          // trace stream number
+  std::uint64_t requested = 0;       // bytes the trace asked for
+  std::uint64_t device_request = 0;  // bytes the allocator asked of the device
+  bool simulated = true;             // the device was the simulated one
+  std::uint64_t device_total = 0;    // device memory
+  std::uint64_t device_free = 0;     // free on the device at the failure
+  std::uint64_t allowed = 0;         // the memory fraction's cap; 0 = no fraction set
+  double fraction = 1.0;             // that fraction
+  std::uint64_t reserved = 0;        // held by the allocator at the failure
+  std::uint64_t allocated = 0;       // of which allocated to live blocks
+  bool expandable_segments = false;  // the setting in force
+};
+
+// What the cache held, to explain a high reserved/requested ratio (explain_ratio).
+// Invariant: at_peak => oversize_segment_bytes and oversize_segment_count describe
+// the segments held at the peak of reserved memory.
+struct CacheFacts {
+  std::uint64_t max_split_size = 0;          // blocks this large are never split; 0 = none
+  std::uint64_t max_non_split_rounding = 0;  // an oversize block serves requests this much smaller
+  std::uint64_t oversize_segments_peak = 0;  // most segments of >= max_split_size at once
+  std::uint64_t oversize_allocations_peak = 0;  // most live allocations of >= max_split_size
+  std::uint64_t inactive_split_bytes_peak = 0;  // most free bytes inside split segments
+  // Segments of >= max_split_size held at the end of the run: those of the peak
+  // when nothing was given back after it (at_peak: reserved at the end == peak).
+  bool at_peak = false;
+  std::uint64_t oversize_segment_bytes = 0;
+  std::uint64_t oversize_segment_count = 0;
+};
+
 struct ReplayResult {
-  std::string config;                // as given ("" = defaults)
-  std::uint64_t events = 0;          // events replayed (all, unless stopped at an OOM)
-  std::uint64_t peak_requested = 0;  // requested_bytes.all.peak
-  std::uint64_t peak_allocated = 0;  // allocated_bytes.all.peak
-  std::uint64_t peak_reserved = 0;   // reserved_bytes.all.peak
-  double ratio = 0;                  // peak_reserved / peak_requested (0 if nothing requested)
-  std::uint64_t device_allocs = 0;   // num_device_alloc
-  std::uint64_t device_frees = 0;    // num_device_free
-  double device_time_us = 0;         // SimBackend cost model
-  std::uint64_t ooms = 0;            // allocations that threw OutOfMemoryError
-  std::uint64_t alloc_retries = 0;   // num_alloc_retries (cache flushed to satisfy a request)
-  double ns_per_event = 0;           // host time of the replay loop / events
-  std::string first_oom;             // message of the first OutOfMemoryError
-  Timeline timeline;                 // empty unless ReplayOptions::timeline_points
-  // Set by fit_capacity.
-  std::optional<std::uint64_t> fit_capacity;
+  std::string config;                 // as given ("" = defaults)
+  std::uint64_t events = 0;           // events replayed (all, unless stopped at an OOM)
+  std::uint64_t peak_requested = 0;   // requested_bytes.all.peak
+  std::uint64_t peak_allocated = 0;   // allocated_bytes.all.peak
+  std::uint64_t peak_reserved = 0;    // reserved_bytes.all.peak
+  double ratio = 0;                   // peak_reserved / peak_requested (0 if nothing requested)
+  std::uint64_t device_allocs = 0;    // num_device_alloc
+  std::uint64_t device_frees = 0;     // num_device_free
+  double device_time_us = 0;          // SimBackend cost model
+  std::uint64_t ooms = 0;             // allocations that threw OutOfMemoryError
+  std::uint64_t alloc_retries = 0;    // num_alloc_retries (cache flushed to satisfy a request)
+  double ns_per_event = 0;            // host time of the replay loop / events
+  std::optional<OomFacts> first_oom;  // the first allocation that threw OutOfMemoryError
+  CacheFacts cache;
+  Timeline timeline;  // empty unless ReplayOptions::timeline_points
+  // Set from fit_memory_fraction.
+  std::optional<std::uint64_t> fit_capacity;  // fit_fraction * device total, bytes
+  double fit_fraction = 0;
   double fit_ratio = 0;  // fit_capacity / peak_requested
 };
 
@@ -87,24 +123,32 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
                           const ReplayOptions& options = {});
 
 struct FitOptions {
-  std::size_t tolerance = std::size_t{2} << 20;  // stop when hi - lo <= this
-  int max_steps = 30;
+  // The simulated device whose memory fraction is searched (--capacity).
+  std::size_t device_total = kDefaultSimCapacity;
+  // Stop when hi - lo <= precision * hi, fractions known to fail (lo) and to work (hi).
+  double precision = 1e-4;
+  int max_steps = 60;
   // Called before each run with its number (1, 2, ...).
   std::function<void(int run)> on_step;
   ProgressFn progress;
 };
 
 struct FitResult {
-  std::optional<std::uint64_t> capacity;  // smallest capacity that ran with no OOM
+  std::optional<double> fraction;         // smallest memory fraction found to work
+  std::optional<std::uint64_t> capacity;  // the bytes it allows: fraction * device_total
+  std::uint64_t device_total = 0;
   int runs = 0;
 };
 
-// Bisection on the simulated capacity for the smallest one under which the whole
-// trace runs with no OOM. Bounds: lo = trace.peak_live_bytes (nothing below can
-// work; equal to the peak requested unless freed blocks wait on other streams),
-// hi = unconstrained.peak_reserved + 1% (doubled until it works). unconstrained is
-// a run of the same trace and config with ample capacity.
-FitResult fit_capacity(const Trace& trace, const std::string& config,
-                       const ReplayResult& unconstrained, const FitOptions& options = {});
+// PyTorch's meaning of "fits": the smallest per-process memory fraction of the
+// device under which the whole trace runs with no OOM, the allocator's own
+// out-of-memory ladder working at the cap (torch.cuda.set_per_process_memory_fraction).
+// Bisection on the fraction, each probe a fresh allocator with the fraction set
+// before its first request. Bounds: lo = trace.peak_live_bytes / device_total
+// (nothing below can work), hi = min(1, 1.01 * unconstrained.peak_reserved /
+// device_total), widened to 1 if it fails; no fraction when even 1 fails.
+// unconstrained: a run of the same trace and config with ample memory.
+FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
+                              const ReplayResult& unconstrained, const FitOptions& options = {});
 
 }  // namespace reservoir::replay

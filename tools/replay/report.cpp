@@ -8,15 +8,11 @@
 #include <filesystem>
 #include <string_view>
 
+#include "explain.hpp"
+
 namespace reservoir::replay {
 
 namespace {
-
-std::string printf_string(const char* fmt, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), fmt, v);
-  return buf;
-}
 
 // Doubles as JSON numbers: finite only (JSON has no NaN or infinity).
 std::string json_number(double v) {
@@ -40,6 +36,12 @@ struct Row {
 };
 
 }  // namespace
+
+std::string printf_string(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
 
 std::string config_label(const std::string& config) {
   return config.empty() ? "default" : config;
@@ -92,6 +94,9 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
     add("fit capacity", [](const ReplayResult& r) {
       return r.fit_capacity ? bytes_cell(*r.fit_capacity) : std::string("does not fit");
     });
+    add("fit memory fraction", [](const ReplayResult& r) {
+      return r.fit_capacity ? printf_string("%.6f", r.fit_fraction) : std::string("-");
+    });
     add("fit / requested", [](const ReplayResult& r) {
       return r.fit_capacity ? printf_string("%.4f", r.fit_ratio) : std::string("-");
     });
@@ -105,14 +110,16 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
       widths[c] = std::max(widths[c], r.cells[c].size());
   }
 
-  std::string out = "trace " + std::filesystem::path(trace.path).filename().string() + ": " +
-                    with_commas(trace.events.size()) + " events, " +
-                    with_commas(trace.allocations) + " allocations, " +
-                    std::to_string(trace.streams) + (trace.streams == 1 ? " stream" : " streams") +
-                    (device.empty() ? "; simulated device " + human_bytes(capacity)
-                                    : "; measured on " + device +
-                                          (with_fit ? ", fit on the simulated device" : "")) +
-                    "\n\n";
+  std::string out =
+      "trace " + std::filesystem::path(trace.path).filename().string() + ": " +
+      with_commas(trace.events.size()) + " events, " + with_commas(trace.allocations) +
+      " allocations, " + std::to_string(trace.streams) +
+      (trace.streams == 1 ? " stream" : " streams") +
+      (device.empty()
+           ? "; simulated device " + human_bytes(capacity)
+           : "; measured on " + device +
+                 (with_fit ? ", fit on a simulated " + human_bytes(capacity) + " device" : "")) +
+      "\n\n";
   for (const Row& r : rows) {
     std::string line = r.name + std::string(name_width - r.name.size() + 2, ' ');
     for (std::size_t c = 0; c < r.cells.size(); ++c) {
@@ -125,9 +132,14 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
     out += line + "\n";
     if (&r == &rows.front()) out += std::string(line.size(), '-') + "\n";
   }
-  for (const ReplayResult& r : results)
-    if (r.ooms > 0)
-      out += "\nfirst OOM under " + config_label(r.config) + ": " + r.first_oom + "\n";
+  std::string notes;
+  for (const ReplayResult& r : results) {
+    if (const std::string why = explain_ratio(r); !why.empty()) notes += why + "\n";
+    if (r.first_oom)
+      notes +=
+          "first OOM under " + config_label(r.config) + ": " + describe_oom(*r.first_oom) + "\n";
+  }
+  if (!notes.empty()) out += "\n" + notes;
   return out;
 }
 
@@ -184,6 +196,7 @@ std::string format_json(const std::vector<ReplayResult>& results, bool with_fit)
       out += ", \"fit_capacity\": " +
              (r.fit_capacity ? std::to_string(*r.fit_capacity) : std::string("null"));
       out += ", \"fit_ratio\": " + (r.fit_capacity ? json_number(r.fit_ratio) : "null");
+      out += ", \"fit_fraction\": " + (r.fit_capacity ? json_number(r.fit_fraction) : "null");
     }
     out += "}";
   }

@@ -1,5 +1,5 @@
 // Text outputs of reservoir-replay: the side-by-side table and the JSON array.
-// (The SVG plot is in plot_svg.hpp.)
+// (The plots are in plot.hpp.)
 #pragma once
 
 #include <cstdint>
@@ -17,12 +17,16 @@ std::string config_label(const std::string& config);
 // 14902362112 -> "14,902,362,112".
 std::string with_commas(std::uint64_t value);
 
+// v formatted by a printf format with one double conversion: ("%.4f", 1.1417).
+std::string printf_string(const char* fmt, double v);
+
 // Bytes in the largest binary unit that keeps the number >= 1: "13.88 GiB", "512 B".
 std::string human_bytes(std::uint64_t bytes);
 
 // One column per result, one row per figure, preceded by a line describing the
-// trace and the simulated capacity. with_fit adds the fit rows.
-// device: the device the measured replays ran on ("" = the simulated one).
+// trace and the simulated capacity, followed by a line for each setting whose ratio
+// is extreme (explain_ratio) and each first OOM (describe_oom). with_fit adds the
+// fit rows. device: the device the measured replays ran on ("" = the simulated one).
 std::string format_table(const Trace& trace, std::uint64_t capacity,
                          const std::vector<ReplayResult>& results, bool with_fit,
                          const std::string& device = "");
@@ -30,7 +34,7 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
 // A JSON array, one object per result, with exactly the keys
 //   config, events, peak_requested, peak_allocated, peak_reserved, ratio,
 //   device_allocs, device_frees, device_time_us, ooms, ns_per_event
-// and, with with_fit, fit_capacity (null if nothing fits) and fit_ratio.
+// and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits).
 std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);
 
 // s as a JSON string literal, quotes included.

@@ -3,6 +3,7 @@
 // line stops the read with its file and line number.
 #include "trace_reader.hpp"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <array>
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <vector>
 
 namespace reservoir::replay {
 
@@ -156,12 +158,19 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
          "unknown event " + quoted(line) +
              " (lines are a,ID,SIZE,STREAM | f,ID | u,ID,STREAM | s,STREAM | # comment)");
   }
-  if (ev.kind != EventKind::free && ev.stream >= trace_.streams) trace_.streams = ev.stream + 1u;
+  if (ev.kind != EventKind::free) {
+    if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
+    stream_seen_[ev.stream] = true;
+  }
   trace_.events.push_back(ev);
 }
 
 Trace TraceParser::finish() {
   trace_.live_at_end = live_.size();
+  for (std::size_t k = 0; k < stream_seen_.size(); ++k)
+    if (stream_seen_[k]) trace_.stream_ids.push_back(static_cast<std::uint16_t>(k));
+  trace_.streams = static_cast<std::uint32_t>(trace_.stream_ids.size());
+  stream_seen_.clear();
   live_.clear();
   live_bytes_ = 0;
   trace_.events.shrink_to_fit();
@@ -182,47 +191,110 @@ Trace parse_trace_text(std::string_view text, const std::string& name) {
   return parser.finish();
 }
 
-Trace read_trace(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw TraceError(path + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) throw TraceError(path + ": is a directory");
-  // gzopen reads plain files transparently, so one code path serves both.
-  struct Closer {
-    void operator()(gzFile_s* f) const { gzclose(f); }
-  };
-  errno = 0;
-  std::unique_ptr<gzFile_s, Closer> file(gzopen(path.c_str(), "rb"));
-  if (!file)
-    throw TraceError(path +
-                     ": cannot open: " + (errno ? std::strerror(errno) : "out of memory in zlib"));
-  gzbuffer(file.get(), 1 << 18);
+namespace {
 
-  TraceParser parser(path);
-  std::array<char, 4096> buf;
-  std::string long_line;  // only used for lines longer than buf
-  std::uint64_t line_number = 0;
-  while (gzgets(file.get(), buf.data(), static_cast<int>(buf.size())) != nullptr) {
-    std::string_view chunk(buf.data(), std::strlen(buf.data()));
-    const bool complete = !chunk.empty() && chunk.back() == '\n';
-    if (complete) chunk.remove_suffix(1);
-    if (!complete && gzeof(file.get()) == 0) {  // the line continues in the next read
-      long_line.append(chunk);
-      continue;
+// Bytes per read, and zlib's input buffer. Small on purpose: on damaged data zlib
+// drops the whole chunk it was decompressing (up to twice its buffer, or one read),
+// so the line a damage report names is at most this far before the damage.
+constexpr std::size_t kChunk = std::size_t{1} << 14;
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const { gzclose(f); }
+};
+using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
+
+// gzopen and gzdopen read plain data transparently, so one code path serves both.
+GzFile open_trace(const std::string& path, const std::string& name) {
+  errno = 0;
+  GzFile file;
+  if (path == kStdinPath) {
+    const int fd = dup(STDIN_FILENO);  // gzclose closes it, not standard input
+    if (fd >= 0) {
+      file.reset(gzdopen(fd, "rb"));
+      if (!file) close(fd);
     }
-    if (!long_line.empty()) {
-      long_line.append(chunk);
-      parser.add_line(long_line, ++line_number);
-      long_line.clear();
-    } else {
-      parser.add_line(chunk, ++line_number);
-    }
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) throw TraceError(path + ": no such file");
+    if (std::filesystem::is_directory(path, ec)) throw TraceError(path + ": is a directory");
+    file.reset(gzopen(path.c_str(), "rb"));
   }
-  if (!long_line.empty()) parser.add_line(long_line, ++line_number);
+  if (!file)
+    throw TraceError(name +
+                     ": cannot open: " + (errno ? std::strerror(errno) : "out of memory in zlib"));
+  gzbuffer(file.get(), static_cast<unsigned>(kChunk));
+  return file;
+}
+
+// zlib's complaint about the stream so far ("" while it is sound), without the
+// "PATH: " zlib puts before it. A truncated stream shows only here: gzread returns
+// its data and then 0, as at a proper end.
+std::string gzip_problem(gzFile_s* file) {
   int err = Z_OK;
-  const char* msg = gzerror(file.get(), &err);
-  if (err != Z_OK && err != Z_STREAM_END)
-    throw TraceError(path + ":" + std::to_string(line_number + 1) +
-                     ": cannot read (corrupt or truncated gzip data?): " + msg);
+  const char* msg = gzerror(file, &err);
+  if (err == Z_OK || err == Z_STREAM_END) return "";
+  if (msg == nullptr || *msg == '\0') return "zlib error " + std::to_string(err);
+  const std::string_view text = msg;
+  const std::size_t colon = text.rfind(": ");
+  return std::string(colon == std::string_view::npos ? text : text.substr(colon + 2));
+}
+
+[[noreturn]] void throw_corrupt(const std::string& name, std::uint64_t line,
+                                const std::string& problem) {
+  throw TraceError(name + ": corrupt or truncated gzip data at line " + std::to_string(line) +
+                   ": " + problem);
+}
+
+}  // namespace
+
+Trace read_trace(const std::string& path) {
+  const std::string name = path == kStdinPath ? kStdinName : path;
+  GzFile file = open_trace(path, name);
+  const bool compressed = gzdirect(file.get()) == 0;
+
+  TraceParser parser(name);
+  std::uint64_t line_number = 0;
+  // A bad line in gzip data may be garbage from damage further on (the checksum is
+  // at the end): read on, and if zlib then objects, report the damage instead.
+  auto add_line = [&](std::string_view line) {
+    ++line_number;
+    try {
+      parser.add_line(line, line_number);
+    } catch (const TraceError&) {
+      if (!compressed) throw;
+      std::array<char, kChunk> sink;
+      while (gzread(file.get(), sink.data(), static_cast<unsigned>(sink.size())) > 0) {
+      }
+      if (const std::string problem = gzip_problem(file.get()); !problem.empty())
+        throw_corrupt(name, line_number, problem);
+      throw;
+    }
+  };
+
+  std::vector<char> buf(kChunk);
+  std::string pending;  // the start of a line that continues in the next read
+  while (true) {
+    const int n = gzread(file.get(), buf.data(), static_cast<unsigned>(buf.size()));
+    if (n < 0) throw_corrupt(name, line_number + 1, gzip_problem(file.get()));
+    if (n == 0) break;
+    std::string_view chunk(buf.data(), static_cast<std::size_t>(n));
+    for (std::size_t nl = chunk.find('\n'); nl != std::string_view::npos; nl = chunk.find('\n')) {
+      if (pending.empty()) {
+        add_line(chunk.substr(0, nl));
+      } else {
+        pending.append(chunk.substr(0, nl));
+        add_line(pending);
+        pending.clear();
+      }
+      chunk.remove_prefix(nl + 1);
+    }
+    pending.append(chunk);
+  }
+  // Checked before the last line: a cut stream ends inside a line, which must not
+  // be reported as malformed.
+  if (const std::string problem = gzip_problem(file.get()); !problem.empty())
+    throw_corrupt(name, line_number + 1, problem);
+  if (!pending.empty()) add_line(pending);
   return parser.finish();
 }
 

@@ -46,7 +46,11 @@ struct Trace {
   std::string path;  // as given, for messages
   std::vector<Event> events;
   std::uint32_t allocations = 0;  // number of alloc events (= slots)
-  std::uint32_t streams = 0;      // highest stream number + 1 (0 for an empty trace)
+  // Stream numbers used, ascending, and how many (streams == stream_ids.size()):
+  // a trace on streams 3 and 65535 has 2. Per-stream tables indexed by the number
+  // are stream_ids.back() + 1 long.
+  std::vector<std::uint16_t> stream_ids;
+  std::uint32_t streams = 0;
   std::uint64_t frees = 0, uses = 0, host_waits = 0;
   // Highest sum of live requested bytes: what any allocator must hold at least.
   std::uint64_t peak_live_bytes = 0;
@@ -83,11 +87,19 @@ class TraceParser {
   Trace trace_;
   std::unordered_map<std::uint64_t, Live> live_;  // file ID -> allocation
   std::uint64_t live_bytes_ = 0;
+  std::vector<bool> stream_seen_;  // by stream number; grown on demand
 };
 
-// Reads a trace file, plain or gzip-compressed (detected from the content, not the
-// name). Throws TraceError for a missing or unreadable file, a corrupt gzip stream,
-// or a malformed line.
+// The path that means standard input, and the name messages give it.
+inline constexpr const char* kStdinPath = "-";
+inline constexpr const char* kStdinName = "<stdin>";
+
+// Reads a trace file, or standard input for kStdinPath, plain or gzip-compressed
+// (detected from the content, not the name). Throws TraceError for a missing or
+// unreadable file, a malformed line, and a corrupt or truncated gzip stream:
+//   "PATH: corrupt or truncated gzip data at line N: unexpected end of file"
+// (N: the first line not read whole). Damaged gzip data is reported as such, never
+// as the malformed line it may decompress to.
 Trace read_trace(const std::string& path);
 
 // Parses trace text held in memory; name is used in messages.

@@ -1,11 +1,14 @@
 // Allocates through the installed library on the simulated device and checks the
-// statistics: proves headers, library and package config work together.
+// statistics: proves headers (the generated version.hpp too), library and package
+// config work together.
 #include <reservoir/reservoir.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <reservoir/allocator.hpp>
 #include <reservoir/sim_backend.hpp>
+#include <reservoir/version.hpp>
 
 int main() {
   reservoir::Allocator a(std::make_shared<reservoir::SimBackend>(), reservoir::Config{});
@@ -13,6 +16,8 @@ int main() {
   bool ok = a.stats(0).allocated_bytes.all().current == (1 << 20);
   a.deallocate(p);
   ok = ok && a.stats(0).allocated_bytes.all().current == 0;
-  std::printf("consumer: %s\n", ok ? "ok" : "FAILED");
+  ok = ok && std::strcmp(reservoir::version(), reservoir::kVersionString) == 0 &&
+       std::strcmp(reservoir_version(), reservoir::kVersionString) == 0;
+  std::printf("consumer: %s (reservoir %s)\n", ok ? "ok" : "FAILED", reservoir::version());
   return ok ? 0 : 1;
 }
