@@ -127,7 +127,14 @@ void DeviceEngine::add_peer(int device) {
     if (std::find(peers_.begin(), peers_.end(), device) != peers_.end()) return;
     peers_.push_back(device);
   }
-  for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+  try {
+    for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+  } catch (...) {
+    // Not a peer until every segment granted access: a retry grants the rest.
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    std::erase(peers_, device);
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------- budget

@@ -24,17 +24,25 @@ bool allocatable(const Block* b) {
 Block* StreamPool::allocate_expandable(std::size_t size, bool small, const Context& context) {
   Block* c = find_expandable(size, small);
   if (!c) return nullptr;
-  if (c->state == BlockState::unmapped) {
-    c = map_block(c, std::min(c->size, size), context);
-    if (!c) return nullptr;
+  Segment* seg = c->segment;
+  // A failed grow of a segment that maps nothing (a new one) gives back its range too.
+  auto undo_reserve = [&] {
+    std::string ignored;  // what the device refused stays on the books, retried later
+    if (seg->mapped_bytes == 0) release_expandable_segment(seg, &ignored);
+  };
+  try {
+    if (c->state == BlockState::unmapped) c = map_block(c, std::min(c->size, size), context);
+    // c is free and mapped; grow it into the unmapped room after it.
+    while (c && c->size < size) {
+      Block* next = c->next;
+      RESERVOIR_ASSERT(next && next->state == BlockState::unmapped);
+      c = map_block(next, std::min(size - c->size, next->size), context);
+    }
+  } catch (...) {
+    undo_reserve();
+    throw;
   }
-  // c is free and mapped; grow it into the unmapped room after it.
-  while (c->size < size) {
-    Block* next = c->next;
-    RESERVOIR_ASSERT(next && next->state == BlockState::unmapped);
-    c = map_block(next, std::min(size - c->size, next->size), context);
-    if (!c) return nullptr;
-  }
+  if (!c) undo_reserve();
   return c;
 }
 
@@ -97,17 +105,16 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   const std::size_t page = seg->vm->page_size();
   const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
   if (!engine_.reserve(want)) return nullptr;
+  const std::size_t held = seg->vm->held_bytes();
   std::size_t mapped = 0;
   try {
     mapped = seg->vm->map(b->address, want);
   } catch (...) {
-    engine_.unreserve(want);  // nothing was mapped
+    count_held(seg, held, want);  // nothing was mapped
     throw;
   }
-  if (mapped == 0) {
-    engine_.unreserve(want);
-    return nullptr;
-  }
+  count_held(seg, held, want - mapped);
+  if (mapped == 0) return nullptr;
   unmapped_set(b).erase(b->unmapped_at);
   if (mapped < b->size) {  // the rest stays unmapped, after b
     Block* rest = new_block();
@@ -164,6 +171,7 @@ bool StreamPool::unmap_block(Block* b) {
                       std::to_string(engine_.device()) +
                       " failed: " + engine_.backend().last_error());
   std::string error;
+  const std::size_t held = seg->vm->held_bytes();
   auto [start, length] = seg->vm->unmap(inner.first, inner.second, &error);
   if (length > 0) {
     index_erase(b);
@@ -208,7 +216,7 @@ bool StreamPool::unmap_block(Block* b) {
     keep->state = BlockState::unmapped;
     keep->unmapped_at = unmapped_set(keep).insert(keep).first;
     seg->mapped_bytes -= length;
-    engine_.unreserve(length);
+    count_held(seg, held, length);  // pages whose memory could not be released stay reserved
     counters_.add(kReservedBytes, seg->small ? 0 : 1, -static_cast<std::int64_t>(length));
     engine_.count_device_free();
     engine_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
@@ -217,9 +225,13 @@ bool StreamPool::unmap_block(Block* b) {
   return length > 0;
 }
 
-void StreamPool::release_expandable_segment(Segment* seg) {
+bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->next && b->state == BlockState::unmapped && seg->mapped_bytes == 0);
+  const std::size_t held = seg->vm->held_bytes();
+  *error = seg->vm->release();
+  count_held(seg, held, 0);
+  if (!error->empty()) return false;  // kept, with what it still holds counted
   unmapped_set(b).erase(b->unmapped_at);
   delete_block(b);
   engine_.segments().erase(seg);
@@ -231,6 +243,46 @@ void StreamPool::release_expandable_segment(Segment* seg) {
   if (seg->next_in_pool) seg->next_in_pool->prev_in_pool = seg->prev_in_pool;
   counters_.add(kSegment, seg->small ? 0 : 1, -1);
   engine_.recycle_segment(seg);
+  return true;
+}
+
+// Retries the held pages of every expandable segment and gives back each segment
+// that maps nothing (all its pages were unmapped, or a failed grow left it held
+// pages). Returns the bytes given back; throws DeviceError, after trying them all,
+// when the device refused some.
+std::size_t StreamPool::release_idle_expandable() {
+  std::size_t released = 0;
+  std::string failure;
+  for (Segment *seg = segments_, *next = nullptr; seg; seg = next) {
+    next = seg->next_in_pool;
+    if (!seg->expandable || (seg->mapped_bytes > 0 && seg->vm->held_bytes() == 0)) continue;
+    const std::size_t held = seg->vm->held_bytes();
+    std::string error;
+    std::size_t left = 0;
+    if (seg->mapped_bytes == 0) {
+      if (!release_expandable_segment(seg, &error)) left = seg->vm->held_bytes();
+    } else {
+      error = seg->vm->release_held();
+      count_held(seg, held, 0);
+      left = seg->vm->held_bytes();
+    }
+    released += held - left;
+    if (failure.empty()) failure = std::move(error);
+  }
+  if (!failure.empty()) throw DeviceError("reservoir: " + failure);
+  return released;
+}
+
+// seg's held bytes (ExpandableSegment::held_bytes) changed since held_before: they
+// count as reserved. unused: budget the caller reserved but did not map (returned
+// here, less what became held).
+void StreamPool::count_held(Segment* seg, std::size_t held_before, std::size_t unused) {
+  const std::size_t held = seg->vm->held_bytes();
+  RESERVOIR_ASSERT(unused + held_before >= held);
+  if (held != held_before)
+    counters_.add(kReservedBytes, seg->small ? 0 : 1,
+                  static_cast<std::int64_t>(held) - static_cast<std::int64_t>(held_before));
+  if (unused + held_before > held) engine_.unreserve(unused + held_before - held);
 }
 
 void StreamPool::add_peer(int device) {

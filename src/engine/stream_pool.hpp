@@ -13,6 +13,7 @@
 //   counters.allocated_bytes[pool] == sum of sizes of allocated blocks in pool
 //   counters.active_bytes[pool] == allocated_bytes + sum of sizes of pending blocks
 //   counters.reserved_bytes[pool] == sum of mapped bytes of its segments in pool
+//     + held bytes of its expandable segments (memory a failed give-back kept)
 //   |free_[pool]| == number of free blocks in pool segments; |allocated_| == allocated blocks
 //   pending_blocks_ == number of pending blocks with event_count > 0
 // Locking: public members take the lock; a member never takes another pool's lock
@@ -123,7 +124,9 @@ class alignas(64) StreamPool {
   Segment* new_expandable_segment(bool small, std::size_t at_least);
   Block* map_block(Block* block, std::size_t bytes, const Context& context);
   bool unmap_block(Block* block);
-  void release_expandable_segment(Segment* segment);
+  bool release_expandable_segment(Segment* segment, std::string* error);
+  std::size_t release_idle_expandable();
+  void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
   AddressSet& unmapped_set(const Block* b) { return unmapped_[b->segment->small ? 0 : 1]; }
   bool release_oversize(std::size_t size, bool small);
   Block* take(Block* block, std::size_t size, std::size_t requested, bool small,
