@@ -26,9 +26,14 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
 }
 
 ExpandableSegment::~ExpandableSegment() {
+  // Teardown (the engine is going away): errors are ignored, nothing is recorded.
+  auto drop = [&](std::size_t page, PhysicalHandle handle, bool mapped) {
+    if (mapped) (void)backend_.unmap(device_, page_address(page), page_);
+    (void)backend_.release_physical(device_, handle);
+  };
   for (std::size_t i = 0; i < pages_.size(); ++i)
-    if (pages_[i]) (void)give_back(i, *pages_[i], true);
-  (void)release_held();
+    if (pages_[i]) drop(i, *pages_[i], true);
+  for (const Held& h : held_) drop(h.page, h.handle, h.mapped);
   if (!released_)
     (void)backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_);
 }
