@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: builds and tests the release flavour and the full-check
-# flavour (validator after every operation), then the ASan+UBSan flavour.
+# flavour (validator after every operation), then the ASan+UBSan flavour, then a
+# short deterministic run of the libFuzzer walk (fuzz smoke).
 # GPU tests are built when a CUDA toolkit is present and skip without a device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +23,27 @@ flavour checks -DRESERVOIR_CHECKS=ON -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU
 if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ]; then
   CC=clang CXX=clang++ flavour asan -DRESERVOIR_SANITIZE="address;undefined" \
     -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+fi
+
+# Fuzz smoke: the random walk of tests/fuzz under libFuzzer (clang, ASan+UBSan) for
+# a fixed number of runs from a fixed seed, on a copy of tests/corpus, so that CI
+# meets what a short campaign would (the corpus itself is replayed by every flavour
+# above). About a minute on two cores (90 executions a second), plus its build. A
+# finding fails the run and is saved in build/fuzz/smoke/artifacts/ (minimize it and
+# commit it to tests/corpus/).
+if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ] && [ "${RESERVOIR_SKIP_FUZZ:-0}" != 1 ]; then
+  echo "=== fuzz smoke ==="
+  cmake --preset fuzz >/dev/null
+  cmake --build build/fuzz --target reservoir_fuzz -j"${jobs}"
+  smoke=build/fuzz/smoke
+  rm -rf "${smoke}"
+  mkdir -p "${smoke}/corpus" "${smoke}/artifacts"
+  cp tests/corpus/* "${smoke}/corpus/"
+  # The same seed gives the same run only without address-space randomization (the
+  # walk compares host addresses) and without timed re-reads of the corpus.
+  norandom=()
+  if setarch "$(uname -m)" -R true 2>/dev/null; then norandom=(setarch "$(uname -m)" -R); fi
+  ${norandom[@]+"${norandom[@]}"} build/fuzz/tests/fuzz/reservoir_fuzz "${smoke}/corpus" \
+    -runs="${RESERVOIR_FUZZ_RUNS:-5000}" -seed=1 -reload=0 -max_len=1024 -timeout=30 -detect_leaks=0 \
+    -print_final_stats=1 -artifact_prefix="${smoke}/artifacts/"
 fi

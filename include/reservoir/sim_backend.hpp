@@ -10,7 +10,10 @@
 //   the test calls advance(stream) (or synchronize_*); in eager mode all work
 //   completes at once.
 // - Fault injection: fail the Nth raw allocation, fail allocations above a size,
-//   make event queries (or any named operation) return an error.
+//   make event queries (or any named operation) return an error. Cleanup calls
+//   (unmap, release_physical, release_address_range, deallocate) can be failed like
+//   any other: a real driver can refuse them too, and the engine must keep what it
+//   could not give back on its books (docs/reliability.md).
 // - Counters and a cost model (µs per raw alloc/free/map/unmap) so tools can report
 //   the device time a workload would spend.
 #pragma once
@@ -20,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "reservoir/backend.hpp"
 
@@ -71,7 +75,12 @@ enum class SimOp {
   unmap,
   set_access,
   reserve_address_range,
+  release_physical,
+  release_address_range,
+  synchronize_stream,
 };
+// The operation's name ("unmap"), as injected failures report it.
+RESERVOIR_API const char* to_string(SimOp op) noexcept;
 
 class RESERVOIR_API SimBackend final : public Backend {
  public:
@@ -133,6 +142,10 @@ class RESERVOIR_API SimBackend final : public Backend {
   void fail_operation(SimOp op, DeviceStatus status);
   // The nth call of op from now (1 = the next) answers status, once.
   void fail_operation_number(SimOp op, std::uint64_t n, DeviceStatus status);
+  // Once the next injected failure (of any kind) has answered, the following count
+  // calls of op answer status too: the calls that undo or clean up after a failure
+  // fail as well, as on a device that keeps refusing. Armed once.
+  void fail_after_fault(SimOp op, std::uint64_t count, DeviceStatus status);
   void clear_faults();
   // Called inside allocate() before it answers (for tests of lock release).
   void set_allocate_hook(std::function<void()> hook);
@@ -142,11 +155,19 @@ class RESERVOIR_API SimBackend final : public Backend {
   std::size_t capacity(int device) const;
   std::size_t used(int device) const;  // bytes of live segments + physical memory
   std::size_t live_segments(int device) const;
+  // Address ranges reserved on device and not released yet.
+  std::size_t live_reservations(int device) const;
+  // The devices set_access granted on the mapping that starts at ptr (sorted; empty
+  // when nothing is mapped there).
+  std::vector<int> access(void* ptr) const;
   // Fake clock: now_us() returns this value plus the cost model's device time.
   void set_clock_us(std::uint64_t us);
   void advance_clock_us(std::uint64_t us);
 
   SimCounters counters() const;
+  // Calls of op since construction that named a valid device, failed ones included:
+  // what fail_operation_number counts (never reset).
+  std::uint64_t calls(SimOp op) const;
   void reset_counters();
 
  private:

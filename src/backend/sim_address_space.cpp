@@ -361,6 +361,12 @@ std::string VirtualSpace::set_access(int device, void* ptr, std::size_t size, co
   return "";
 }
 
+std::size_t VirtualSpace::reservations(int device) const {
+  return static_cast<std::size_t>(
+      std::count_if(reservations_.begin(), reservations_.end(),
+                    [device](const auto& entry) { return entry.second.device == device; }));
+}
+
 std::vector<int> VirtualSpace::access(void* ptr) const {
   auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(ptr));
   return it == mappings_.end() ? std::vector<int>{} : it->second.access;

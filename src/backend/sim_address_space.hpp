@@ -98,6 +98,7 @@ class VirtualSpace {
   // The devices set_access granted on the mapping that starts at ptr (for tests).
   std::vector<int> access(void* ptr) const;
   std::size_t reservations() const { return reservations_.size(); }
+  std::size_t reservations(int device) const;
   std::size_t mappings() const { return mappings_.size(); }
 
  private:

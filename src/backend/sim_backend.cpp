@@ -36,15 +36,13 @@ namespace {
 constexpr std::uintptr_t kBase = 0x7f0000000000;
 constexpr std::size_t kSmallAlignment = 512;
 constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::reserve_address_range) + 1;
-
-const char* op_name(SimOp op) {
-  static constexpr std::array<const char*, kOpCount> names = {
-      "allocate",    "deallocate",        "create_event",         "record_event",
-      "query_event", "synchronize_event", "create_physical",      "map",
-      "unmap",       "set_access",        "reserve_address_range"};
-  return names[static_cast<std::size_t>(op)];
-}
+constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::synchronize_stream) + 1;
+// clang-format off
+constexpr std::array<const char*, kOpCount> kOpNames = {
+    "allocate", "deallocate", "create_event", "record_event", "query_event",
+    "synchronize_event", "create_physical", "map", "unmap", "set_access",
+    "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream"};
+// clang-format on
 
 std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -112,7 +110,7 @@ DeviceStatus error(std::string message) {
 
 DeviceStatus injected_failure(SimOp op, DeviceStatus status) {
   return Failer::fail(status,
-                      std::string("sim: injected ") + to_string(status) + " in " + op_name(op));
+                      std::string("sim: injected ") + to_string(status) + " in " + to_string(op));
 }
 
 }  // namespace
@@ -211,6 +209,13 @@ struct SimBackend::State {
   std::array<std::uint64_t, kOpCount> calls{};
   std::array<std::optional<DeviceStatus>, kOpCount> persistent{};
   std::vector<NumberedFault> numbered;
+  // Armed by fail_after_fault: count calls of op fail once the next fault fires.
+  struct FaultCascade {
+    SimOp op;
+    std::uint64_t count;
+    DeviceStatus status;
+  };
+  std::vector<FaultCascade> after_fault;
   std::optional<std::size_t> fail_above;
   std::shared_ptr<const std::function<void()>> hook;
 
@@ -264,10 +269,22 @@ std::optional<DeviceStatus> SimBackend::State::injected(SimOp op, std::size_t si
       (op == SimOp::allocate || op == SimOp::create_physical)) {
     ++counters.failed_allocs;
   }
+  if (answer) {
+    // The calls that follow this failure (undo, clean-up) fail too.
+    for (const FaultCascade& f : after_fault) {
+      const std::uint64_t next = calls[static_cast<std::size_t>(f.op)];
+      for (std::uint64_t k = 1; k <= f.count; ++k) numbered.push_back({f.op, next + k, f.status});
+    }
+    after_fault.clear();
+  }
   return answer;
 }
 
 // ---- Devices and segments ----------------------------------------------------------
+
+const char* to_string(SimOp op) noexcept {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
 
 SimBackend::SimBackend(SimOptions options) : state_(std::make_unique<State>(options)) {}
 
@@ -443,7 +460,7 @@ DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle, EventHandle
 
 DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
   State& s = *state_;
-  return s.call(device, std::nullopt, [&](State::Device&) {
+  return s.call(device, SimOp::synchronize_stream, [&](State::Device&) {
     auto it = s.streams.find(stream);
     if (it != s.streams.end()) it->second.completed = it->second.submitted;
     ++s.counters.stream_syncs;
@@ -489,7 +506,7 @@ DeviceStatus SimBackend::reserve_address_range(int device, std::size_t size, std
 DeviceStatus SimBackend::release_address_range(int device, void* ptr, std::size_t size) {
   State& s = *state_;
   if (!s.options.virtual_memory) return Backend::release_address_range(device, ptr, size);
-  return s.call(device, std::nullopt, [&](State::Device&) {
+  return s.call(device, SimOp::release_address_range, [&](State::Device&) {
     std::string problem = s.vm.release(device, ptr, size);
     return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
   });
@@ -523,7 +540,7 @@ DeviceStatus SimBackend::create_physical(int device, std::size_t size, PhysicalH
 DeviceStatus SimBackend::release_physical(int device, PhysicalHandle handle) {
   State& s = *state_;
   if (!s.options.virtual_memory) return Backend::release_physical(device, handle);
-  return s.call(device, std::nullopt, [&](State::Device& d) {
+  return s.call(device, SimOp::release_physical, [&](State::Device& d) {
     std::size_t freed = 0;
     if (std::string problem = s.vm.release_physical(device, handle, &freed); !problem.empty()) {
       return error(std::move(problem));
@@ -673,10 +690,17 @@ void SimBackend::fail_operation_number(SimOp op, std::uint64_t n, DeviceStatus s
   state_->numbered.push_back({op, call, status});
 }
 
+void SimBackend::fail_after_fault(SimOp op, std::uint64_t count, DeviceStatus status) {
+  if (count == 0 || status == DeviceStatus::ok) return;
+  std::lock_guard lock(state_->mutex);
+  state_->after_fault.push_back({op, count, status});
+}
+
 void SimBackend::clear_faults() {
   std::lock_guard lock(state_->mutex);
   state_->persistent = {};
   state_->numbered.clear();
+  state_->after_fault.clear();
   state_->fail_above.reset();
 }
 
@@ -706,6 +730,17 @@ std::size_t SimBackend::live_segments(int device) const {
   return state_->device_or_throw(device).live.size();
 }
 
+std::size_t SimBackend::live_reservations(int device) const {
+  std::lock_guard lock(state_->mutex);
+  state_->device_or_throw(device);
+  return state_->vm.reservations(device);
+}
+
+std::vector<int> SimBackend::access(void* ptr) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->vm.access(ptr);
+}
+
 void SimBackend::set_clock_us(std::uint64_t us) {
   std::lock_guard lock(state_->mutex);
   state_->clock_us = us;
@@ -714,6 +749,11 @@ void SimBackend::set_clock_us(std::uint64_t us) {
 void SimBackend::advance_clock_us(std::uint64_t us) {
   std::lock_guard lock(state_->mutex);
   state_->clock_us += us;
+}
+
+std::uint64_t SimBackend::calls(SimOp op) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->calls[static_cast<std::size_t>(op)];
 }
 
 SimCounters SimBackend::counters() const {

@@ -96,7 +96,13 @@ std::vector<StreamPool*> DeviceEngine::pools_snapshot() {
 
 void DeviceEngine::add_peer(int device) {
   if (!peers_.add(device)) return;
-  for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+  try {
+    for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+  } catch (...) {
+    // Not a peer until every segment granted access: a retry grants the rest.
+    peers_.remove(device);
+    throw;
+  }
 }
 
 // ---------------------------------------------------------------- budget

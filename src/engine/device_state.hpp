@@ -91,6 +91,10 @@ class PeerSet {
     peers_.push_back(device);
     return true;
   }
+  void remove(int device) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    std::erase(peers_, device);
+  }
 
  private:
   mutable std::mutex mutex_;

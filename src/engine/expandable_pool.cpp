@@ -22,17 +22,25 @@ bool allocatable(const Block* b) {
 Block* StreamPool::allocate_expandable(std::size_t size, PoolIndex pool, const Context& context) {
   Block* c = find_expandable(size, pool);
   if (!c) return nullptr;
-  if (c->state == BlockState::unmapped) {
-    c = map_block(c, std::min(c->size, size), context);
-    if (!c) return nullptr;
+  Segment* seg = c->segment;
+  // A failed grow of a segment that maps nothing (a new one) gives back its range too.
+  auto undo_reserve = [&] {
+    std::string ignored;  // what the device refused stays on the books, retried later
+    if (seg->mapped_bytes == 0) release_expandable_segment(seg, &ignored);
+  };
+  try {
+    if (c->state == BlockState::unmapped) c = map_block(c, std::min(c->size, size), context);
+    // c is free and mapped; grow it into the unmapped room after it.
+    while (c && c->size < size) {
+      Block* next = c->next;
+      RESERVOIR_ASSERT(next && next->state == BlockState::unmapped);
+      c = map_block(next, std::min(size - c->size, next->size), context);
+    }
+  } catch (...) {
+    undo_reserve();
+    throw;
   }
-  // c is free and mapped; grow it into the unmapped room after it.
-  while (c->size < size) {
-    Block* next = c->next;
-    RESERVOIR_ASSERT(next && next->state == BlockState::unmapped);
-    c = map_block(next, std::min(size - c->size, next->size), context);
-    if (!c) return nullptr;
-  }
+  if (!c) undo_reserve();
   return c;
 }
 
@@ -104,17 +112,16 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   const std::size_t page = seg->vm->page_size();
   const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
   if (!services_.budget.reserve(want)) return nullptr;
+  const std::size_t held = seg->vm->held_bytes();
   std::size_t mapped = 0;
   try {
     mapped = seg->vm->map(b->address, want);
   } catch (...) {
-    services_.budget.unreserve(want);  // nothing was mapped
+    count_held(seg, held, want);  // nothing was mapped
     throw;
   }
-  if (mapped == 0) {
-    services_.budget.unreserve(want);
-    return nullptr;
-  }
+  count_held(seg, held, want - mapped);
+  if (mapped == 0) return nullptr;
   unindex_unmapped(b);
   if (mapped < b->size) {  // the rest stays unmapped, after b
     Block* rest = new_block(b->address + mapped, b->size - mapped, seg, BlockState::unmapped);
@@ -149,6 +156,7 @@ bool StreamPool::unmap_block(Block* b) {
                       std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
   std::string error;
+  const std::size_t held = seg->vm->held_bytes();
   auto [start, length] = seg->vm->unmap(inner.first, inner.second, &error);
   if (length > 0) {
     unindex_free(b);
@@ -179,7 +187,7 @@ bool StreamPool::unmap_block(Block* b) {
     std::int64_t merged = 0, merged_bytes = 0;
     coalesce(b, BlockState::unmapped, &merged, &merged_bytes);
     seg->mapped_bytes -= length;
-    services_.budget.unreserve(length);
+    count_held(seg, held, length);  // pages whose memory could not be released stay reserved
     counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
     if (tracing())
@@ -189,15 +197,59 @@ bool StreamPool::unmap_block(Block* b) {
   return length > 0;
 }
 
-void StreamPool::release_expandable_segment(Segment* seg) {
+bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->next && b->state == BlockState::unmapped && seg->mapped_bytes == 0);
+  const std::size_t held = seg->vm->held_bytes();
+  *error = seg->vm->release();
+  count_held(seg, held, 0);
+  if (!error->empty()) return false;  // kept, with what it still holds counted
   unindex_unmapped(b);
   delete_block(b);
   delete seg->vm;
   unlink_segment(seg);
   counters_.add<kSegment>(seg->pool, -1);
   services_.segments.retire(seg);
+  return true;
+}
+
+// Retries the held pages of every expandable segment and gives back each segment
+// that maps nothing (all its pages were unmapped, or a failed grow left it held
+// pages). Returns the bytes given back; throws DeviceError, after trying them all,
+// when the device refused some.
+std::size_t StreamPool::release_idle_expandable() {
+  std::size_t released = 0;
+  std::string failure;
+  for (Segment *seg = segments_, *next = nullptr; seg; seg = next) {
+    next = seg->next_in_pool;
+    if (!seg->expandable || (seg->mapped_bytes > 0 && seg->vm->held_bytes() == 0)) continue;
+    const std::size_t held = seg->vm->held_bytes();
+    std::string error;
+    std::size_t left = 0;
+    if (seg->mapped_bytes == 0) {
+      if (!release_expandable_segment(seg, &error)) left = seg->vm->held_bytes();
+    } else {
+      error = seg->vm->release_held();
+      count_held(seg, held, 0);
+      left = seg->vm->held_bytes();
+    }
+    released += held - left;
+    if (failure.empty()) failure = std::move(error);
+  }
+  if (!failure.empty()) throw DeviceError("reservoir: " + failure);
+  return released;
+}
+
+// seg's held bytes (ExpandableSegment::held_bytes) changed since held_before: they
+// count as reserved. unused: budget the caller reserved but did not map (returned
+// here, less what became held).
+void StreamPool::count_held(Segment* seg, std::size_t held_before, std::size_t unused) {
+  const std::size_t held = seg->vm->held_bytes();
+  RESERVOIR_ASSERT(unused + held_before >= held);
+  if (held != held_before)
+    counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(held) -
+                                                 static_cast<std::int64_t>(held_before));
+  if (unused + held_before > held) services_.budget.unreserve(unused + held_before - held);
 }
 
 }  // namespace reservoir::detail

@@ -1,15 +1,12 @@
 #include "engine/expandable_segment.hpp"
 
+#include <algorithm>
+
 #include "reservoir/errors.hpp"
+#include "util/checks.hpp"
 #include "util/format.hpp"
 
 namespace reservoir::detail {
-
-namespace {
-[[noreturn]] void device_error(Backend& backend, const std::string& what) {
-  throw DeviceError("reservoir: " + what + " failed: " + backend.last_error());
-}
-}  // namespace
 
 ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t page_size,
                                      std::size_t reserve_bytes, std::vector<int> peers)
@@ -20,81 +17,110 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
   void* ptr = nullptr;
   if (backend_.reserve_address_range(device_, size_, page_ <= (2u << 20) ? page_ : (2u << 20),
                                      &ptr) != DeviceStatus::ok)
-    device_error(backend_, "reserving " + format_size(size_) +
-                               " of address space for an expandable segment on device " +
-                               std::to_string(device_) +
-                               " (lower it with expandable_segments_reserve)");
+    throw DeviceError(
+        "reservoir: reserving " + format_size(size_) +
+        " of address space for an expandable segment on device " + std::to_string(device_) +
+        " (lower it with expandable_segments_reserve) failed: " + backend_.last_error());
   base_ = reinterpret_cast<std::uintptr_t>(ptr);
   pages_.resize(pages);
 }
 
 ExpandableSegment::~ExpandableSegment() {
-  for (std::size_t i = 0; i < pages_.size(); ++i) {
-    if (!pages_[i]) continue;
-    (void)backend_.unmap(device_, reinterpret_cast<void*>(base_ + i * page_), page_);
-    (void)backend_.release_physical(device_, *pages_[i]);
+  // Teardown (the engine is going away): errors are ignored, nothing is recorded.
+  auto drop = [&](std::size_t page, PhysicalHandle handle, bool mapped) {
+    if (mapped) (void)backend_.unmap(device_, page_address(page), page_);
+    (void)backend_.release_physical(device_, handle);
+  };
+  for (std::size_t i = 0; i < pages_.size(); ++i)
+    if (pages_[i]) drop(i, *pages_[i], true);
+  for (const Held& h : held_) drop(h.page, h.handle, h.mapped);
+  if (!released_)
+    (void)backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_);
+}
+
+std::string ExpandableSegment::give_back(std::size_t page, PhysicalHandle handle, bool mapped) {
+  // held_ has room reserved by the caller: recording a failure never allocates.
+  if (mapped && backend_.unmap(device_, page_address(page), page_) != DeviceStatus::ok) {
+    held_.push_back(Held{page, handle, true});
+    return "unmapping the page at " + format_pointer(page_address(page)) + ": " +
+           backend_.last_error();
   }
-  (void)backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_);
+  if (backend_.release_physical(device_, handle) != DeviceStatus::ok) {
+    held_.push_back(Held{page, handle, false});
+    return "releasing the physical memory of the page at " + format_pointer(page_address(page)) +
+           ": " + backend_.last_error();
+  }
+  return "";
+}
+
+std::string ExpandableSegment::undo(std::size_t first, std::size_t end, std::size_t mapped_end) {
+  std::string failure;
+  for (std::size_t i = first; i < end; ++i) {
+    const PhysicalHandle handle = *pages_[i];
+    pages_[i].reset();
+    std::string why = give_back(i, handle, i < mapped_end);
+    if (failure.empty()) failure = std::move(why);
+  }
+  return failure;
+}
+
+void ExpandableSegment::fail(const std::string& what, const std::string& why,
+                             const std::string& undo_failure) const {
+  std::string message =
+      "reservoir: " + what + " on device " + std::to_string(device_) + " failed: " + why;
+  if (!undo_failure.empty())
+    message += "; undoing it failed too (" + undo_failure +
+               "): that memory stays reserved until empty_cache() gives it back";
+  throw DeviceError(message);
+}
+
+bool ExpandableSegment::grant(std::size_t first_page, std::size_t end_page,
+                              const std::vector<int>& devices) {
+  if (first_page >= end_page) return true;
+  return backend_.set_access(device_, page_address(first_page), (end_page - first_page) * page_,
+                             devices.data(), static_cast<int>(devices.size())) == DeviceStatus::ok;
 }
 
 std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
   const std::size_t first = (address - base_) / page_;
   const std::size_t end = (address - base_ + bytes + page_ - 1) / page_;
+  if (!held_.empty()) {
+    const std::string why = release_held();
+    for (const Held& h : held_)
+      if (h.mapped && h.page >= first && h.page < end)
+        fail("mapping a page of an expandable segment",
+             "the page at " + format_pointer(page_address(h.page)) +
+                 " is still mapped after an earlier failure (" + why + ")",
+             "");
+  }
+  held_.reserve(held_.size() + (end - first));  // undo() records failures without allocating
   std::size_t created = first;
   for (; created < end; ++created) {
     if (pages_[created]) break;  // stop at an already-mapped page (never happens by contract)
     PhysicalHandle handle = 0;
-    DeviceStatus st = backend_.create_physical(device_, page_, &handle);
+    const DeviceStatus st = backend_.create_physical(device_, page_, &handle);
     if (st != DeviceStatus::ok) {
-      // Undo this call's pages: a failed map leaves nothing behind.
-      for (std::size_t i = first; i < created; ++i) {
-        (void)backend_.release_physical(device_, *pages_[i]);
-        pages_[i].reset();
-      }
-      if (st == DeviceStatus::out_of_memory) return 0;
-      device_error(backend_, "creating a " + format_size(page_) + " physical page on device " +
-                                 std::to_string(device_));
+      const std::string why = backend_.last_error();
+      const std::string undo_failure = undo(first, created, first);
+      if (st == DeviceStatus::out_of_memory) return 0;  // held pages stay counted
+      fail("creating a " + format_size(page_) + " physical page", why, undo_failure);
     }
     pages_[created] = handle;
   }
   for (std::size_t i = first; i < created; ++i) {
-    if (backend_.map(device_, reinterpret_cast<void*>(base_ + i * page_), page_, *pages_[i]) !=
-        DeviceStatus::ok) {
-      std::string why = backend_.last_error();
-      for (std::size_t j = first; j < i; ++j)
-        (void)backend_.unmap(device_, reinterpret_cast<void*>(base_ + j * page_), page_);
-      for (std::size_t j = first; j < created; ++j) {
-        (void)backend_.release_physical(device_, *pages_[j]);
-        pages_[j].reset();
-      }
-      throw DeviceError("reservoir: mapping a page of an expandable segment on device " +
-                        std::to_string(device_) + " failed: " + why);
+    if (backend_.map(device_, page_address(i), page_, *pages_[i]) != DeviceStatus::ok) {
+      const std::string why = backend_.last_error();
+      fail("mapping a page of an expandable segment", why, undo(first, created, i));
     }
   }
-  try {
-    set_access(first, created);
-  } catch (...) {
-    // Nothing stays mapped from a failed call.
-    for (std::size_t i = first; i < created; ++i) {
-      (void)backend_.unmap(device_, reinterpret_cast<void*>(base_ + i * page_), page_);
-      (void)backend_.release_physical(device_, *pages_[i]);
-      pages_[i].reset();
-    }
-    throw;
+  std::vector<int> devices{device_};
+  devices.insert(devices.end(), peers_.begin(), peers_.end());
+  if (!grant(first, created, devices)) {
+    const std::string why = backend_.last_error();
+    fail("granting access to an expandable segment", why, undo(first, created, created));
   }
   mapped_pages_ += created - first;
   return (created - first) * page_;
-}
-
-void ExpandableSegment::set_access(std::size_t first_page, std::size_t end_page) {
-  if (first_page >= end_page) return;
-  std::vector<int> devices{device_};
-  devices.insert(devices.end(), peers_.begin(), peers_.end());
-  if (backend_.set_access(device_, reinterpret_cast<void*>(base_ + first_page * page_),
-                          (end_page - first_page) * page_, devices.data(),
-                          static_cast<int>(devices.size())) != DeviceStatus::ok)
-    device_error(backend_,
-                 "granting access to an expandable segment on device " + std::to_string(device_));
 }
 
 std::pair<std::uintptr_t, std::size_t> ExpandableSegment::inner_pages(std::uintptr_t address,
@@ -112,34 +138,68 @@ std::pair<std::uintptr_t, std::size_t> ExpandableSegment::unmap(std::uintptr_t a
   if (length == 0) return {start, 0};
   const std::size_t first = (start - base_) / page_;
   const std::size_t end = first + length / page_;
+  held_.reserve(held_.size() + (end - first));
+  std::string release_failure;
   for (std::size_t i = first; i < end; ++i) {
-    if (backend_.unmap(device_, reinterpret_cast<void*>(base_ + i * page_), page_) !=
-        DeviceStatus::ok) {
+    if (backend_.unmap(device_, page_address(i), page_) != DeviceStatus::ok) {
       *error = "unmapping a page of an expandable segment on device " + std::to_string(device_) +
                ": " + backend_.last_error();
       return {start, (i - first) * page_};
     }
-    (void)backend_.release_physical(device_, *pages_[i]);
+    const PhysicalHandle handle = *pages_[i];
     pages_[i].reset();
     --mapped_pages_;
+    std::string why = give_back(i, handle, false);  // on failure the page is held
+    if (release_failure.empty()) release_failure = std::move(why);
   }
+  if (!release_failure.empty())
+    *error = release_failure + " (device " + std::to_string(device_) +
+             "; that memory stays reserved until empty_cache() gives it back)";
   return {start, length};
 }
 
+std::string ExpandableSegment::release_held() {
+  std::vector<Held> retry;
+  retry.swap(held_);
+  held_.reserve(retry.size());  // give_back records failures without allocating
+  std::string failure;
+  for (const Held& h : retry) {
+    std::string why = give_back(h.page, h.handle, h.mapped);
+    if (failure.empty()) failure = std::move(why);
+  }
+  if (failure.empty()) return "";
+  return "giving back " + format_size(held_bytes()) + " held by an expandable segment on device " +
+         std::to_string(device_) + ": " + failure;
+}
+
+std::string ExpandableSegment::release() {
+  RESERVOIR_ASSERT(mapped_pages_ == 0);
+  std::string why = release_held();
+  if (!why.empty() || released_) return why;
+  if (backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_) !=
+      DeviceStatus::ok)
+    return "releasing the " + format_size(size_) +
+           " address range of an expandable segment on device " + std::to_string(device_) + ": " +
+           backend_.last_error();
+  released_ = true;
+  return "";
+}
+
 void ExpandableSegment::add_peer(int device) {
-  peers_.push_back(device);
+  // A peer has access to every mapped page (pages mapped later include it).
+  if (std::find(peers_.begin(), peers_.end(), device) != peers_.end()) return;
+  const std::vector<int> one{device};
   std::size_t run = 0;
   for (std::size_t i = 0; i <= pages_.size(); ++i) {
-    bool mapped = i < pages_.size() && pages_[i].has_value();
+    const bool mapped = i < pages_.size() && pages_[i].has_value();
     if (mapped) continue;
-    if (run < i) {
-      std::vector<int> one{device};
-      if (backend_.set_access(device_, reinterpret_cast<void*>(base_ + run * page_),
-                              (i - run) * page_, one.data(), 1) != DeviceStatus::ok)
-        device_error(backend_, "granting peer access to an expandable segment");
-    }
+    if (!grant(run, i, one))
+      throw DeviceError("reservoir: granting device " + std::to_string(device) +
+                        " access to an expandable segment on device " + std::to_string(device_) +
+                        " failed: " + backend_.last_error());
     run = i + 1;
   }
+  peers_.push_back(device);
 }
 
 }  // namespace reservoir::detail

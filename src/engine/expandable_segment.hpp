@@ -4,9 +4,19 @@
 // [Expandable Segments]). The blocks that tile the range live in the owning
 // StreamPool like any segment's; this class only knows which pages are backed.
 //
+// Growing a page takes three device steps (create physical memory, map it, grant
+// access); a failed grow undoes every step it made. The undo calls can fail too: a
+// page whose give-back failed is *held* — its memory is still the process's, so the
+// engine counts it as reserved, and it is given back by a later retry.
+//
 // Invariants: base and page_size are multiples of the backend's granularity;
-//   pages_[i] holds a physical handle iff [base + i*page, base + (i+1)*page) is mapped;
-//   mapped_bytes() == page_size * |{i : pages_[i]}|.
+//   pages_[i] holds a handle iff [base + i*page, base + (i+1)*page) is mapped with
+//     access granted (the pages the engine's blocks may use);
+//   mapped_bytes() == page_size * |{i : pages_[i]}|;
+//   held_ lists the device memory whose give-back failed, none of it in pages_:
+//     held_bytes() == page_size * |held_|; a held page with mapped == true still
+//     occupies its address (nothing can be mapped there until it is given back);
+//   after release() succeeded the segment owns nothing on the device.
 // Not thread-safe: used under the owning pool's lock.
 #pragma once
 
@@ -14,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reservoir/backend.hpp"
@@ -26,7 +37,7 @@ class ExpandableSegment {
   // DeviceError when the device cannot reserve it.
   ExpandableSegment(Backend& backend, int device, std::size_t page_size, std::size_t reserve_bytes,
                     std::vector<int> peers);
-  // Unmaps every page and releases the range (errors are ignored: teardown).
+  // Gives back whatever release() did not (errors are ignored: teardown).
   ~ExpandableSegment();
   ExpandableSegment(const ExpandableSegment&) = delete;
   ExpandableSegment& operator=(const ExpandableSegment&) = delete;
@@ -35,10 +46,14 @@ class ExpandableSegment {
   std::size_t size() const noexcept { return size_; }
   std::size_t page_size() const noexcept { return page_; }
   std::size_t mapped_bytes() const noexcept { return mapped_pages_ * page_; }
+  // Device memory whose give-back failed: still held, counted as reserved.
+  std::size_t held_bytes() const noexcept { return held_.size() * page_; }
 
   // Maps the pages covering [address, address + bytes); address is page-aligned.
   // Returns the bytes mapped from address (a page multiple >= bytes), or 0 when the
-  // device is out of memory (nothing mapped then). Throws DeviceError otherwise.
+  // device is out of memory (nothing mapped then). Throws DeviceError otherwise,
+  // with nothing mapped either. Retries the held pages first; a page of the range
+  // that stays held makes it throw. Either way held_bytes() may change.
   std::size_t map(std::uintptr_t address, std::size_t bytes);
   // The whole pages inside [address, address + bytes): {first byte, length}.
   std::pair<std::uintptr_t, std::size_t> inner_pages(std::uintptr_t address,
@@ -46,20 +61,47 @@ class ExpandableSegment {
   // Unmaps the whole pages inside [address, address + bytes) (the caller has
   // synchronized their users). Returns the range unmapped: all of inner_pages(), or,
   // when the device fails part way, the leading part that was (then *error says why).
+  // A page unmapped whose physical memory could not be released is held (held_bytes()
+  // grows by it, *error says why).
   std::pair<std::uintptr_t, std::size_t> unmap(std::uintptr_t address, std::size_t bytes,
                                                std::string* error);
+  // Retries giving back the held pages. Returns "" when none is left, else why not.
+  std::string release_held();
+  // Gives back the held pages, then the address range (pre: nothing mapped). Returns
+  // "" when the segment owns nothing any more, else why not (retry later).
+  std::string release();
   // Grants device read/write access to every mapped page, and to pages mapped later.
+  // Throws DeviceError; device is then not a peer (a retry grants all pages again).
   void add_peer(int device);
 
  private:
-  void set_access(std::size_t first_page, std::size_t end_page);
+  // Device memory whose give-back failed.
+  struct Held {
+    std::size_t page;       // index in the range
+    PhysicalHandle handle;  // not released yet
+    bool mapped;            // still mapped at page
+  };
+  void* page_address(std::size_t page) const {
+    return reinterpret_cast<void*>(base_ + page * page_);
+  }
+  // Unmaps (when mapped) and releases one page; on failure holds it. "" or why not.
+  std::string give_back(std::size_t page, PhysicalHandle handle, bool mapped);
+  // Undoes a failed map(): gives back pages [first, end), of which [first,
+  // mapped_end) were mapped. Returns the first undo failure ("" if none).
+  std::string undo(std::size_t first, std::size_t end, std::size_t mapped_end);
+  [[noreturn]] void fail(const std::string& what, const std::string& why,
+                         const std::string& undo_failure) const;
+  bool grant(std::size_t first_page, std::size_t end_page, const std::vector<int>& devices);
+
   Backend& backend_;
   int device_;
   std::size_t page_;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
+  bool released_ = false;  // release() gave the range back
   std::vector<std::optional<PhysicalHandle>> pages_;
   std::size_t mapped_pages_ = 0;
+  std::vector<Held> held_;
   std::vector<int> peers_;
 };
 

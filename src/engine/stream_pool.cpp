@@ -347,6 +347,14 @@ void StreamPool::defer_free(Block* b) {
   }
   b->extras->uses.clear();
   if (!failure.empty()) {
+    // Out of circulation for good: withdraw the events queued above (the newest of
+    // their queues), or their completion would free it.
+    for (UseQueue& q : pending_queues_)
+      while (b->event_count > 0 && !q.entries.empty() && q.entries.back().block == b) {
+        services_.events.release(q.entries.back().event);
+        q.entries.pop_back();
+        --b->event_count;
+      }
     stranded_.push_back(b);
     throw DeviceError("reservoir: deferring the free of " +
                       format_pointer(reinterpret_cast<void*>(b->address)) + " on device " +
@@ -456,8 +464,8 @@ std::size_t StreamPool::release_cached() {
     std::size_t before = seg->mapped_bytes;
     unmap_block(b);
     released += before - seg->mapped_bytes;
-    if (seg->mapped_bytes == 0 && seg->head->next == nullptr) release_expandable_segment(seg);
   }
+  released += release_idle_expandable();
   finish_operation();
   return released;
 }

@@ -14,7 +14,8 @@
 //   counters.allocated_bytes[p] == sum of their sizes,
 //   counters.pending[p], pending_bytes[p] == the same for pending blocks,
 //   counters.requested_bytes[p] == sum of requested sizes of allocated and pending blocks,
-//   counters.reserved_bytes[p] == sum of mapped bytes of its segments in pool p,
+//   counters.reserved_bytes[p] == sum of mapped bytes of its segments in pool p
+//     + held bytes of its expandable segments (memory a failed give-back kept),
 //   |free_[p]| == number of free blocks in pool p segments; |allocated_| == allocated blocks,
 //   pending_blocks_ == number of pending blocks with event_count > 0.
 // It depends only on PoolServices (calls go one way: the engine and the
@@ -145,7 +146,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::size_t expandable_reserve();
   Block* map_block(Block* block, std::size_t bytes, const Context& context);
   bool unmap_block(Block* block);
-  void release_expandable_segment(Segment* segment);
+  bool release_expandable_segment(Segment* segment, std::string* error);
+  std::size_t release_idle_expandable();
+  void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block);

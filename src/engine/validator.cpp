@@ -99,10 +99,12 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     RESERVOIR_CHECK(tiled == seg->size, "blocks of segment " + at(seg->base) + " cover " +
                                             std::to_string(tiled) + " of " +
                                             std::to_string(seg->size) + " bytes");
-    expected[kReservedBytes][pool] += static_cast<std::int64_t>(seg->mapped_bytes);
+    // Memory an expandable segment failed to give back stays reserved.
+    const std::size_t held = seg->expandable ? seg->vm->held_bytes() : 0;
+    expected[kReservedBytes][pool] += static_cast<std::int64_t>(seg->mapped_bytes + held);
     expected[kSegment][pool] += 1;
     if (seg->oversize) expected[kOversizeSegments][pool] += 1;
-    totals->reserved += seg->mapped_bytes;
+    totals->reserved += seg->mapped_bytes + held;
     totals->segments += 1;
   }
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),

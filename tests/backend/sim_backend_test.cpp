@@ -412,6 +412,51 @@ TEST(SimFaults, AnyOperationCanBeMadeToFail) {
   EXPECT_EQ(sim.create_physical(0, 2 * MiB, &h), kOk);
 }
 
+// Cleanup calls fail like any other, and leave the state as it was.
+TEST(SimFaults, CleanupCallsCanBeMadeToFail) {
+  SimBackend sim(small(16 * MiB));
+  void* r = nullptr;
+  PhysicalHandle h = 0;
+  ASSERT_EQ(sim.reserve_address_range(0, 4 * MiB, 0, &r), kOk);
+  ASSERT_EQ(sim.create_physical(0, 2 * MiB, &h), kOk);
+  sim.fail_operation(SimOp::release_physical, kError);
+  sim.fail_operation(SimOp::release_address_range, kError);
+  sim.fail_operation(SimOp::synchronize_stream, kError);
+  EXPECT_EQ(sim.release_physical(0, h), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in release_physical");
+  EXPECT_EQ(sim.release_address_range(0, r, 4 * MiB), kError);
+  EXPECT_EQ(sim.synchronize_stream(0, 1), kError);
+  EXPECT_EQ(sim.used(0), 2 * MiB);
+  EXPECT_EQ(sim.live_reservations(0), 1u);
+  sim.clear_faults();
+  EXPECT_EQ(sim.release_physical(0, h), kOk);
+  EXPECT_EQ(sim.release_address_range(0, r, 4 * MiB), kOk);
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_EQ(sim.live_reservations(0), 0u);
+  EXPECT_EQ(sim.calls(SimOp::release_physical), 2u);  // failed calls count too
+}
+
+// fail_after_fault: the calls of an operation that follow the next injected
+// failure fail too (the undo of a failed step), then it is spent.
+TEST(SimFaults, CallsAfterAFaultCanFailToo) {
+  SimBackend sim(small(16 * MiB));
+  void* r = nullptr;
+  ASSERT_EQ(sim.reserve_address_range(0, 8 * MiB, 0, &r), kOk);
+  PhysicalHandle a = 0, b = 0;
+  ASSERT_EQ(sim.create_physical(0, 2 * MiB, &a), kOk);
+  ASSERT_EQ(sim.create_physical(0, 2 * MiB, &b), kOk);
+  ASSERT_EQ(sim.map(0, r, 2 * MiB, a), kOk);
+  sim.fail_after_fault(SimOp::unmap, 2, kError);
+  EXPECT_EQ(sim.unmap(0, r, 2 * MiB), kOk);  // armed, not triggered: no fault yet
+  ASSERT_EQ(sim.map(0, r, 2 * MiB, a), kOk);
+  sim.fail_operation_number(SimOp::map, 1, kError);
+  EXPECT_EQ(sim.map(0, at(r, 2 * MiB), 2 * MiB, b), kError);  // the trigger
+  EXPECT_EQ(sim.unmap(0, r, 2 * MiB), kError);
+  EXPECT_EQ(sim.unmap(0, r, 2 * MiB), kError);
+  EXPECT_EQ(sim.unmap(0, r, 2 * MiB), kOk);  // spent
+  EXPECT_EQ(sim.calls(SimOp::unmap), 4u);
+}
+
 // ---- Events and streams -------------------------------------------------------------
 
 TEST(SimEvents, CompleteOnlyWhenTheStreamAdvances) {
@@ -667,6 +712,30 @@ TEST(SimVmm, VirtualSpaceRecordsAccess) {
   const int devices[] = {3, 1, 3};
   ASSERT_EQ(vs.set_access(0, r, 4 * MiB, devices, 3, 4), "");
   EXPECT_EQ(vs.access(r), (std::vector<int>{1, 3}));
+}
+
+TEST(SimVmm, ReservationsAndAccessCanBeInspected) {
+  SimOptions o = small();
+  o.device_count = 2;
+  SimBackend sim(o);
+  void* r0 = nullptr;
+  void* r1 = nullptr;
+  void* other = nullptr;
+  ASSERT_EQ(sim.reserve_address_range(0, 4 * MiB, 0, &r0), kOk);
+  ASSERT_EQ(sim.reserve_address_range(0, 4 * MiB, 0, &r1), kOk);
+  ASSERT_EQ(sim.reserve_address_range(1, 4 * MiB, 0, &other), kOk);
+  EXPECT_EQ(sim.live_reservations(0), 2u);
+  EXPECT_EQ(sim.live_reservations(1), 1u);
+  PhysicalHandle h = 0;
+  ASSERT_EQ(sim.create_physical(0, 2 * MiB, &h), kOk);
+  ASSERT_EQ(sim.map(0, r0, 2 * MiB, h), kOk);
+  EXPECT_TRUE(sim.access(r0).empty());
+  const int both[] = {1, 0};
+  ASSERT_EQ(sim.set_access(0, r0, 2 * MiB, both, 2), kOk);
+  EXPECT_EQ(sim.access(r0), (std::vector<int>{0, 1}));
+  EXPECT_TRUE(sim.access(r1).empty());  // nothing mapped there
+  ASSERT_EQ(sim.release_address_range(0, r1, 4 * MiB), kOk);
+  EXPECT_EQ(sim.live_reservations(0), 1u);
 }
 
 TEST(SimVmm, HostBackedMappingsAreWritable) {

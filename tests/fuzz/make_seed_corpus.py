@@ -100,6 +100,21 @@ def seeds():
             w.fault(kind, arg).op(EMPTY, 0)
         out[f"fault-{kind}" + ("-expandable" if initial else "")] = w.op(FREE_ALL, 0)
 
+    # Cleanup calls failing (fault kind 2 with arg >= 128: release_physical,
+    # release_address_range, synchronize_stream, once or for the whole next step),
+    # and undo calls failing while a grow of an expandable segment fails.
+    w = Walk(5)
+    for arg in range(128, 256, 7):
+        w.alloc(LARGE, arg * 40, arg % 4).alloc(MEDIUM, arg * 90, arg % 4).record(0, 3).free(0)
+        w.fault(2, arg).op(EMPTY, 0).fault(2, arg).alloc(BIG, arg * 200, arg % 4)
+    out["fault-cleanup-expandable"] = w.op(FREE_ALL, 0).op(EMPTY, 0)
+    w = Walk(5)
+    for undo in (7, 18, 40, 8):  # unmap (1st, 2nd, 3rd call), create_physical
+        for grow in (6, 17, 9, 20, 30):  # map, set_access (1st, 2nd call), create_physical
+            w.fault(4, undo).fault(4, grow).alloc(BIG, undo * grow * 40, grow % 4).op(EMPTY, 0)
+            w.fault(3, undo).fault(4, grow).alloc(LARGE, grow * 900).free(0).op(FREE_ALL, 0)
+    out["fault-undo-expandable"] = w.op(EMPTY, 0)
+
     w = Walk().alloc(SMALL, 100).alloc(LARGE, 100, 1).free(0)
     for action in range(6):
         for pointer_kind in range(4):

@@ -262,8 +262,10 @@ void Walker::free_live_at(std::size_t i) {
   try {
     alloc_->deallocate(reinterpret_cast<void*>(l.address));
   } catch (const DeviceError& e) {
-    // The block is out of the program's hands either way (kept unused).
+    // The block is out of the program's hands either way (kept unused for good).
     WALK_CHECK(device_error_ok_, std::string("DeviceError on free: ") + e.what());
+    kept_.emplace_back(l.address, l.address + l.block);
+    kept_on_[static_cast<std::size_t>(l.device)] = true;
     return;
   }
   freed_[freed_next_++ % freed_.size()] = l.address;
@@ -309,7 +311,12 @@ void Walker::op_advance() {
 void Walker::op_sync() {
   const std::uint8_t kind = in_.u8();
   if (kind % 3 == 1) {
-    alloc_->notify_host_wait((kind >> 2) % 4, (kind >> 4) & 1);
+    try {
+      alloc_->notify_host_wait((kind >> 2) % 4, (kind >> 4) & 1);
+    } catch (const DeviceError& e) {
+      // It completes pending frees: a failing event query surfaces (documented).
+      WALK_CHECK(device_error_ok_, std::string("DeviceError in notify_host_wait: ") + e.what());
+    }
     return;
   }
   if (kind % 3 == 0)
@@ -331,14 +338,17 @@ void Walker::op_empty_cache() {
     return;
   }
   // Pending frees were waited for and every unsplit free segment released: a
-  // device without live blocks holds nothing.
+  // device without live (or kept) blocks holds nothing, not even address space.
   for (int d = 0; d < kDevices; ++d) {
-    if (which != 0 && which - 1 != d) continue;
+    if ((which != 0 && which - 1 != d) || kept_on_[static_cast<std::size_t>(d)]) continue;
     bool any = false;
     for (const Live& l : live_) any |= l.device == d;
-    if (!any)
-      WALK_CHECK(alloc_->stats(d).reserved_bytes.all().current == 0,
-                 "device " + std::to_string(d) + " keeps memory after empty_cache");
+    if (any) continue;
+    WALK_CHECK(alloc_->stats(d).reserved_bytes.all().current == 0,
+               "device " + std::to_string(d) + " keeps memory after empty_cache");
+    WALK_CHECK(sim_->live_reservations(d) == 0, "device " + std::to_string(d) + " keeps " +
+                                                    std::to_string(sim_->live_reservations(d)) +
+                                                    " address range(s) reserved after empty_cache");
   }
 }
 
@@ -374,7 +384,8 @@ void Walker::op_config() {
 void Walker::op_fault() {
   const std::uint8_t kind = in_.u8();
   const std::uint8_t arg = in_.u8();
-  // Every operation the engine calls that can fail (the last five: expandable segments).
+  // Operations the engine calls that can fail (the last five: expandable segments).
+  // Kept as they are so that the corpus keeps its meaning; cleanup calls are below.
   static constexpr SimOp kErrorOps[] = {SimOp::query_event,
                                         SimOp::record_event,
                                         SimOp::create_event,
@@ -387,26 +398,42 @@ void Walker::op_fault() {
                                         SimOp::set_access,
                                         SimOp::reserve_address_range};
   constexpr std::size_t kErrorOpCount = sizeof(kErrorOps) / sizeof(kErrorOps[0]);
-  const SimOp op = kErrorOps[arg % kErrorOpCount];
+  // Calls that give memory back or wait before doing so (kind 2, arg >= 128).
+  static constexpr SimOp kCleanupOps[] = {SimOp::release_physical, SimOp::release_address_range,
+                                          SimOp::synchronize_stream};
+  SimOp op = kErrorOps[arg % kErrorOpCount];
   fault_active_ = true;
+  const bool persistent = kind % 5 == 3 || (kind % 5 == 2 && (arg & 0x40));
+  const std::uint64_t n = 1 + (arg >> 4) % 3;
   switch (kind % 5) {
     case 0:
       sim_->fail_allocation_number(1 + arg % 4);
+      if (trace_)
+        std::fprintf(stderr, "  fault: allocate call %d answers out_of_memory\n", 1 + arg % 4);
       return;
     case 1:
       sim_->fail_allocations_above(size_for(5, arg));
+      if (trace_) std::fprintf(stderr, "  fault: allocations above %zu bytes\n", size_for(5, arg));
       return;
     case 2:
-      sim_->fail_operation(SimOp::allocate, DeviceStatus::out_of_memory);
-      return;
-    case 3:
-      sim_->fail_operation(op, DeviceStatus::error);
-      device_error_ok_ = true;
-      return;
+      if (arg < 0x80) {
+        sim_->fail_operation(SimOp::allocate, DeviceStatus::out_of_memory);
+        if (trace_) std::fprintf(stderr, "  fault: every allocate answers out_of_memory\n");
+        return;
+      }
+      op = kCleanupOps[arg % 3];
+      break;
     default:
-      sim_->fail_operation_number(op, 1 + (arg >> 4) % 3, DeviceStatus::error);
-      device_error_ok_ = true;
-      return;
+      break;
+  }
+  if (persistent)
+    sim_->fail_operation(op, DeviceStatus::error);
+  else
+    sim_->fail_operation_number(op, n, DeviceStatus::error);
+  device_error_ok_ = true;
+  if (trace_) {
+    const std::string which = persistent ? "every call" : "call " + std::to_string(n);
+    std::fprintf(stderr, "  fault: %s of %s fails\n", which.c_str(), to_string(op));
   }
 }
 

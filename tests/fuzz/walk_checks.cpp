@@ -20,6 +20,9 @@ void Walker::check_disjoint(const Live& l) {
     WALK_CHECK(end <= f.lo || l.address >= f.hi,
                "memory freed with pending uses on other streams was handed out before "
                "those streams advanced");
+  for (const auto& [lo, hi] : kept_)
+    WALK_CHECK(end <= lo || l.address >= hi,
+               "a block whose free failed (kept unused for good) was handed out again");
 }
 
 void Walker::check_pattern(const Live& l) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuzz/random_walk.hpp"
@@ -154,6 +155,9 @@ class Walker {
   std::vector<Live> live_;
   std::map<std::uintptr_t, std::uintptr_t> shadow_;  // live block start -> end
   std::vector<InFlight> in_flight_;
+  // Blocks whose free failed (a DeviceError): kept out of circulation for good.
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> kept_;
+  std::array<bool, kDevices> kept_on_{};  // device d has a kept block
   std::vector<std::uintptr_t> freed_ = std::vector<std::uintptr_t>(16, 0x2000);
   std::size_t freed_next_ = 0;
   std::unique_ptr<int> heap_object_ = std::make_unique<int>(0);

@@ -2,23 +2,32 @@
 // then, for every N in 1..R, a fresh allocator whose Nth raw allocation fails runs
 // it again. The allocator must stay consistent after every operation, raise
 // OutOfMemoryError only when the device really refused memory, and complete the
-// workload once the fault is cleared. Non-memory device errors must surface as
-// DeviceError naming the failed call, with the books still consistent.
+// workload once the fault is cleared. The call sweep does the same for every kind
+// of device call (growing and shrinking expandable segments, segments, events),
+// with the calls that undo or retry after the failure failing too: the books must
+// count every byte the device holds after each operation, and everything must go
+// back once the faults clear. Non-memory device errors must surface as DeviceError
+// naming the failed call, with the books still consistent.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "reliability/reliability_util.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/sim_backend.hpp"
 
 namespace reservoir {
 namespace {
 
-constexpr std::size_t MiB = std::size_t{1} << 20;
+using testing_util::expect_empty;
+using testing_util::MiB;
+using testing_util::Rig;
 
 struct Op {
   enum Kind { alloc, free, record, advance, empty_cache } kind;
@@ -56,34 +65,41 @@ std::vector<Op> make_workload() {
 
 struct Outcome {
   int ooms = 0;
-  bool refused_on_every_oom = true;  // the device answered out_of_memory each time
-};
-
-struct Rig {
-  explicit Rig(const std::string& config = "") {
-    SimOptions o;
-    o.capacity = std::size_t{2} << 30;  // ample: only injected failures refuse memory
-    sim = std::make_shared<SimBackend>(o);
-    a = std::make_unique<Allocator>(sim, Config::parse(config));
-  }
-  std::shared_ptr<SimBackend> sim;
-  std::unique_ptr<Allocator> a;
+  int device_errors = 0;               // with device_errors_allowed only
+  bool refused_on_every_oom = true;    // the device answered out_of_memory each time
+  bool counted_after_every_op = true;  // reserved_bytes == the device's memory in use
+  bool errors_name_the_fault = true;   // each DeviceError carries the device's reason
 };
 
 // Runs ops, validating after each; returns the OOMs seen. Frees everything at the end.
-Outcome run(Rig& rig, const std::vector<Op>& ops) {
+// device_errors_allowed: an injected fault may make an operation throw DeviceError.
+Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = false) {
   Outcome out;
   std::vector<void*> slots(16, nullptr);
   std::vector<StreamHandle> owner(16, 0);
+  auto guarded = [&](auto&& call) {
+    if (!device_errors_allowed) return call();
+    try {
+      call();
+    } catch (const DeviceError& e) {
+      ++out.device_errors;
+      out.errors_name_the_fault &= std::string(e.what()).find("injected") != std::string::npos;
+    }
+  };
+  auto free_slot = [&](std::size_t slot) {
+    void* p = std::exchange(slots[slot], nullptr);
+    guarded([&] { rig.a->deallocate(p); });  // nullptr is a no-op
+  };
   for (const Op& op : ops) {
     switch (op.kind) {
       case Op::alloc: {
-        if (slots[op.slot]) rig.a->deallocate(slots[op.slot]);
-        slots[op.slot] = nullptr;
+        free_slot(op.slot);
         const std::uint64_t refused = rig.sim->counters().failed_allocs;
         try {
-          slots[op.slot] = rig.a->allocate(op.size, op.stream, 0);
-          owner[op.slot] = op.stream;
+          guarded([&] {
+            slots[op.slot] = rig.a->allocate(op.size, op.stream, 0);
+            owner[op.slot] = op.stream;
+          });
         } catch (const OutOfMemoryError&) {
           ++out.ooms;
           out.refused_on_every_oom &= rig.sim->counters().failed_allocs > refused;
@@ -91,8 +107,7 @@ Outcome run(Rig& rig, const std::vector<Op>& ops) {
         break;
       }
       case Op::free:
-        rig.a->deallocate(slots[op.slot]);  // nullptr is a no-op
-        slots[op.slot] = nullptr;
+        free_slot(op.slot);
         break;
       case Op::record:
         if (slots[op.slot] && owner[op.slot] != op.stream)
@@ -102,24 +117,17 @@ Outcome run(Rig& rig, const std::vector<Op>& ops) {
         rig.sim->advance(op.stream);
         break;
       case Op::empty_cache:
-        rig.a->empty_cache();
+        guarded([&] { rig.a->empty_cache(); });
         break;
     }
     rig.a->validate();
+    out.counted_after_every_op &= testing_util::counted(rig);
   }
-  for (void* p : slots) rig.a->deallocate(p);
+  for (std::size_t slot = 0; slot < slots.size(); ++slot) free_slot(slot);
   rig.sim->advance_all();
-  rig.a->empty_cache();
+  guarded([&] { rig.a->empty_cache(); });
   rig.a->validate();
   return out;
-}
-
-void expect_empty(Rig& rig) {
-  const DeviceStats s = rig.a->stats(0);
-  EXPECT_EQ(s.allocated_bytes.all().current, 0);
-  EXPECT_EQ(s.active_bytes.all().current, 0);
-  EXPECT_EQ(s.reserved_bytes.all().current, 0);
-  EXPECT_EQ(rig.sim->used(0), 0u);
 }
 
 class FaultSweep : public ::testing::TestWithParam<const char*> {};
@@ -183,6 +191,106 @@ INSTANTIATE_TEST_SUITE_P(Configs, FaultSweep,
                          ::testing::Values("", "max_split_size_mb:32",
                                            "roundup_power2_divisions:4"),
                          config_name);
+
+// ---- every device call failing, with the calls that clean up after it ----
+
+// The nth call of op answers status; then the next then_count calls of then fail
+// too (the undo of a failed grow, the retry of a failed give-back). errors: whether
+// a DeviceError reaches the program (1), never does (0, recovered by design), or
+// either (-1).
+struct Plan {
+  const char* name;
+  const char* config;
+  SimOp op;
+  DeviceStatus status;
+  SimOp then;
+  std::uint64_t then_count;
+  int errors;
+};
+
+constexpr DeviceStatus kError = DeviceStatus::error;
+constexpr const char* kExpandable = "expandable_segments:True";
+const Plan kPlans[] = {
+    // Growing an expandable segment: each step, and the undo failing as well.
+    {"CreatePhysical", kExpandable, SimOp::create_physical, kError, SimOp::map, 0, 1},
+    {"CreatePhysicalThenRelease", kExpandable, SimOp::create_physical, kError,
+     SimOp::release_physical, 1, 1},
+    {"CreatePhysicalOomThenRelease", kExpandable, SimOp::create_physical,
+     DeviceStatus::out_of_memory, SimOp::release_physical, 1, -1},
+    {"Map", kExpandable, SimOp::map, kError, SimOp::map, 0, 1},
+    {"MapThenUnmap", kExpandable, SimOp::map, kError, SimOp::unmap, 1, 1},
+    {"MapThenUnmapThrice", kExpandable, SimOp::map, kError, SimOp::unmap, 3, 1},
+    {"MapThenRelease", kExpandable, SimOp::map, kError, SimOp::release_physical, 1, 1},
+    {"SetAccessThenUnmap", kExpandable, SimOp::set_access, kError, SimOp::unmap, 1, 1},
+    {"SetAccessThenRelease", kExpandable, SimOp::set_access, kError, SimOp::release_physical, 2, 1},
+    {"Reserve", kExpandable, SimOp::reserve_address_range, kError, SimOp::map, 0, 1},
+    // Giving pages and ranges back (empty_cache, the out-of-memory ladder).
+    {"Unmap", kExpandable, SimOp::unmap, kError, SimOp::unmap, 0, 1},
+    {"ReleasePhysicalThenRetry", kExpandable, SimOp::release_physical, kError,
+     SimOp::release_physical, 2, 1},
+    {"ReleaseRangeThenRetry", kExpandable, SimOp::release_address_range, kError,
+     SimOp::release_address_range, 1, 1},
+    {"SynchronizeStream", kExpandable, SimOp::synchronize_stream, kError, SimOp::unmap, 0, 1},
+    // Ordinary segments and events.
+    {"Allocate", "", SimOp::allocate, kError, SimOp::map, 0, 1},
+    {"DeallocateThenRetry", "", SimOp::deallocate, kError, SimOp::deallocate, 2, 1},
+    {"QueryEvent", "", SimOp::query_event, kError, SimOp::map, 0, 1},
+    {"SynchronizeEvent", "", SimOp::synchronize_event, kError, SimOp::map, 0, 1},
+    {"RecordEvent", "", SimOp::record_event, kError, SimOp::map, 0, 0},
+    {"CreateEvent", "", SimOp::create_event, kError, SimOp::map, 0, 0},
+};
+
+void PrintTo(const Plan& plan, std::ostream* os) {
+  *os << plan.name;
+}
+
+class CallSweep : public ::testing::TestWithParam<Plan> {};
+
+// Whatever call fails, and whatever fails while undoing it: after every operation
+// the device holds exactly the memory counted as reserved, each DeviceError carries
+// the device's reason, and once the faults clear, empty_cache gives everything back
+// (memory, segments, address ranges) and the workload runs again without an error.
+TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
+  const Plan& plan = GetParam();
+  const std::vector<Op> ops = make_workload();
+  Rig clean(plan.config);
+  run(clean, ops);
+  const std::uint64_t calls = clean.sim->calls(plan.op);
+  ASSERT_GT(calls, 0u) << "the workload never calls " << to_string(plan.op);
+  constexpr std::uint64_t kMaxRuns = 48;
+  const std::uint64_t stride = (calls + kMaxRuns - 1) / kMaxRuns;
+  std::printf("[          ] %s: %llu calls, failing one in %llu\n", to_string(plan.op),
+              static_cast<unsigned long long>(calls), static_cast<unsigned long long>(stride));
+  int errors = 0;
+  for (std::uint64_t n = 1; n <= calls; n += stride) {
+    SCOPED_TRACE(std::string(to_string(plan.op)) + " call " + std::to_string(n) + " of " +
+                 std::to_string(calls));
+    Rig rig(plan.config);
+    rig.sim->fail_operation_number(plan.op, n, plan.status);
+    rig.sim->fail_after_fault(plan.then, plan.then_count, kError);
+    const Outcome out = run(rig, ops, true);
+    EXPECT_TRUE(out.counted_after_every_op);
+    EXPECT_TRUE(out.refused_on_every_oom);
+    EXPECT_TRUE(out.errors_name_the_fault);
+    errors += out.device_errors;
+    rig.sim->clear_faults();
+    rig.a->empty_cache();
+    expect_empty(rig);
+    EXPECT_EQ(run(rig, ops).ooms, 0);  // recovers: a DeviceError would escape here
+    expect_empty(rig);
+  }
+  if (plan.errors == 0) {
+    EXPECT_EQ(errors, 0) << "these failures are recovered from by design";
+  }
+  if (plan.errors == 1) {
+    EXPECT_GT(errors, 0) << "no failure reached the program";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Calls, CallSweep, ::testing::ValuesIn(kPlans),
+                         [](const ::testing::TestParamInfo<Plan>& plan_info) {
+                           return std::string(plan_info.param.name);
+                         });
 
 // ---- non-memory device errors ----
 

@@ -1,15 +1,52 @@
 // Helpers shared by the reliability suites.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/reservoir.h"
+#include "reservoir/sim_backend.hpp"
 
 namespace reservoir::testing_util {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// An allocator on its own simulated device (2 GiB, so that only injected failures
+// refuse memory).
+struct Rig {
+  explicit Rig(const std::string& config = "", int devices = 1) {
+    SimOptions o;
+    o.capacity = std::size_t{2} << 30;
+    o.device_count = devices;
+    sim = std::make_shared<SimBackend>(o);
+    a = std::make_unique<Allocator>(sim, Config::parse(config));
+  }
+  std::shared_ptr<SimBackend> sim;
+  std::unique_ptr<Allocator> a;
+};
+
+// Everything went back to device 0: memory, segments and address ranges.
+inline void expect_empty(Rig& rig) {
+  const DeviceStats s = rig.a->stats(0);
+  EXPECT_EQ(s.allocated_bytes.all().current, 0);
+  EXPECT_EQ(s.active_bytes.all().current, 0);
+  EXPECT_EQ(s.reserved_bytes.all().current, 0);
+  EXPECT_EQ(s.segment.all().current, 0);
+  EXPECT_EQ(rig.sim->used(0), 0u);
+  EXPECT_EQ(rig.sim->live_segments(0), 0u);
+  EXPECT_EQ(rig.sim->live_reservations(0), 0u);
+}
+
+// The device holds exactly the memory device 0's statistics count as reserved.
+inline bool counted(Rig& rig) {
+  return static_cast<std::size_t>(rig.a->stats(0).reserved_bytes.all().current) == rig.sim->used(0);
+}
 
 // How the allocator's messages print a pointer ("%p").
 inline std::string pointer_text(const void* p) {
