@@ -1,6 +1,7 @@
 // Parsing of the allocator settings (include/reservoir/config.hpp, docs/config.md).
 #include "reservoir/config.hpp"
 
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -101,10 +102,17 @@ std::vector<std::string> split_entries(std::string_view text) {
   return out;
 }
 
+// PyTorch's meaning of the list form, quirks included (the default reproduces its
+// rounding to the byte): the interval index of an entry SIZE is log2(SIZE) (clamped to
+// the 16 intervals; interval i holds sizes in [2^i MiB, 2^(i+1) MiB)); the first entry
+// also sets every interval below it; later entries set their own interval only (gaps
+// between entries keep 0, no rounding); ">" sets every interval after the last entry.
+// 0 divisions means no rounding.
 void parse_roundup(Config& c, const std::string& key, const std::string& value) {
   const std::string allowed =
       "a power of two (e.g. 4), or a list of SIZE_MB:DIVISIONS entries with power-of-two "
-      "sizes and a final >:DIVISIONS (e.g. [256:1,512:2,>:8])";
+      "sizes, power-of-two (or 0) divisions and an optional final >:DIVISIONS (e.g. "
+      "[256:1,512:2,>:8])";
   if (value.empty()) bad(key, value, allowed);
   if (value.front() != '[') {
     unsigned long long d = 0;
@@ -113,8 +121,10 @@ void parse_roundup(Config& c, const std::string& key, const std::string& value) 
     return;
   }
   if (value.back() != ']') bad(key, value, allowed);
+  std::array<std::size_t, kRoundupIntervals> divisions{};
   std::string body = value.substr(1, value.size() - 2);
-  std::size_t next_interval = 0;  // first interval not yet assigned
+  std::size_t last_index = 0;
+  bool first = true;
   std::stringstream ss(body);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -124,23 +134,24 @@ void parse_roundup(Config& c, const std::string& key, const std::string& value) 
     if (colon == std::string::npos) bad(key, value, allowed);
     std::string limit = trim(item.substr(0, colon));
     unsigned long long d = 0;
-    if (!parse_uint(trim(item.substr(colon + 1)), &d) || !is_power_of_two(d))
+    if (!parse_uint(trim(item.substr(colon + 1)), &d) || (d != 0 && !is_power_of_two(d)))
       bad(key, value, allowed);
     if (limit == ">") {
-      for (std::size_t i = next_interval; i < kRoundupIntervals; ++i)
-        c.roundup_power2_divisions[i] = d;
-      next_interval = kRoundupIntervals;
+      for (std::size_t i = last_index + 1; i < kRoundupIntervals; ++i) divisions[i] = d;
       continue;
     }
     unsigned long long mb = 0;
     if (!parse_uint(limit, &mb) || !is_power_of_two(mb)) bad(key, value, allowed);
-    // Sizes below mb MiB (not covered by an earlier entry) use d divisions:
-    // interval i holds sizes in [2^i MiB, 2^(i+1) MiB).
-    std::size_t end = 0;
-    while ((1ull << end) < mb && end < kRoundupIntervals) ++end;
-    for (std::size_t i = next_interval; i < end; ++i) c.roundup_power2_divisions[i] = d;
-    if (end > next_interval) next_interval = end;
+    std::size_t index = static_cast<std::size_t>(63 - __builtin_clzll(mb));
+    if (index >= kRoundupIntervals) index = kRoundupIntervals - 1;
+    if (first) {
+      for (std::size_t i = 0; i < index; ++i) divisions[i] = d;
+      first = false;
+    }
+    divisions[index] = d;
+    last_index = index;
   }
+  c.roundup_power2_divisions = divisions;
 }
 
 void apply_entry(Config& c, const std::string& key, const std::string& value) {

@@ -30,15 +30,19 @@ TEST_P(Conformance, RoundupPower2DivisionsSingleValue) {
 
 TEST_P(Conformance, RoundupPower2DivisionsPerInterval) {
   make("roundup_power2_divisions:[256:1,512:2,>:8]");
+  // As PyTorch parses the list: each entry names the interval that starts at its size.
   void* small = alloc(100 * MiB + 1);  // below 256 MiB: 1 division = 512-byte rounding
   EXPECT_EQ(a().block_size(small), 100 * MiB + 512);
   free(small);
-  void* mid = alloc(300 * MiB);  // [256, 512) MiB: 2 divisions of 256 MiB -> 384 MiB
-  EXPECT_EQ(a().block_size(mid), 384 * MiB);
+  void* mid = alloc(300 * MiB + 1);  // [256, 512) MiB: the "256:1" entry, 512-byte rounding
+  EXPECT_EQ(a().block_size(mid), 300 * MiB + 512);
   free(mid);
-  void* big = alloc(600 * MiB);  // >= 512 MiB: 8 divisions of 512 MiB -> 640 MiB
-  EXPECT_EQ(a().block_size(big), 640 * MiB);
+  void* big = alloc(600 * MiB);  // [512, 1024) MiB: 2 divisions of 512 MiB -> 768 MiB
+  EXPECT_EQ(a().block_size(big), 768 * MiB);
   free(big);
+  void* huge = alloc(1100 * MiB);  // >= 1 GiB: 8 divisions of 1 GiB -> 1152 MiB
+  EXPECT_EQ(a().block_size(huge), 1152 * MiB);
+  free(huge);
 }
 
 TEST_P(Conformance, SegmentSizeTable) {

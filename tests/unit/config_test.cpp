@@ -36,9 +36,10 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_TRUE(c.release_lock_on_cudamalloc);
   EXPECT_TRUE(c.per_process_memory_fraction_set);
   EXPECT_DOUBLE_EQ(c.per_process_memory_fraction, 0.5);
+  // PyTorch's meaning: an entry names the interval that starts at its size.
   EXPECT_EQ(c.divisions_for(100 * MiB), 1u);
-  EXPECT_EQ(c.divisions_for(300 * MiB), 2u);
-  EXPECT_EQ(c.divisions_for(600 * MiB), 8u);
+  EXPECT_EQ(c.divisions_for(300 * MiB), 1u);  // [256, 512) MiB: the "256" entry
+  EXPECT_EQ(c.divisions_for(600 * MiB), 2u);  // [512, 1024) MiB: the "512" entry
   EXPECT_EQ(c.divisions_for(std::size_t{64} << 30), 8u);
   EXPECT_EQ(c.device, "sim");
   EXPECT_EQ(c.sim_capacity, std::size_t{8} << 30);
@@ -46,6 +47,24 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(Config::parse("expandable_segments_reserve:0.25").expandable_segments_reserve_fraction,
             0.25);
   EXPECT_EQ(Config::parse("roundup_power2_divisions:4").divisions_for(1), 4u);
+}
+
+// The list form as PyTorch parses it (measured on the H200 against c10: the reading
+// of the documentation, "256:1 = below 256 MiB", reserved 4.8% more on a real trace):
+// the first entry also sets every interval below its own; later entries only their
+// own; ">" every interval after the last entry; 0 divisions is allowed (no rounding).
+TEST(Config, RoundupListFollowsPyTorchsParser) {
+  Config c = Config::parse("roundup_power2_divisions:[256:1,2048:4,>:8]");
+  EXPECT_EQ(c.divisions_for(1000), 1u);
+  EXPECT_EQ(c.divisions_for(300 * MiB), 1u);
+  EXPECT_EQ(c.divisions_for(600 * MiB), 0u);   // [512, 1024) MiB: a gap, no rounding
+  EXPECT_EQ(c.divisions_for(1500 * MiB), 0u);  // [1, 2) GiB: a gap
+  EXPECT_EQ(c.divisions_for(3000 * MiB), 4u);  // [2, 4) GiB: the "2048" entry
+  EXPECT_EQ(c.divisions_for(5000 * MiB), 8u);
+  Config zero = Config::parse("roundup_power2_divisions:[64:0,>:2]");
+  EXPECT_EQ(zero.divisions_for(10 * MiB), 0u);
+  EXPECT_EQ(zero.divisions_for(100 * MiB), 0u);  // interval 6 ([64, 128) MiB) is the entry's
+  EXPECT_EQ(zero.divisions_for(200 * MiB), 2u);
 }
 
 // Each bad value names its key and says what is allowed.
