@@ -15,6 +15,8 @@ constexpr std::size_t kSetNodeSize = 64;
 // Reclaimable pages examined per request before new memory is taken instead: the
 // oldest are the likeliest to have completed their fences.
 constexpr int kReclaimProbes = 8;
+// Pages booked at least when an arena starts being used (1 GiB of 2 MiB pages).
+constexpr std::size_t kMinPublishedPages = 512;
 }  // namespace
 
 CompactPool::CompactPool(PoolServices& services)
@@ -49,7 +51,7 @@ CompactPool::~CompactPool() {
     }
     (void)services_.backend.release_address_range(
         services_.device, reinterpret_cast<void*>(a->segment->base), a->segment->size);
-    services_.segments.retire(a->segment);
+    services_.segments.retire_part(a->segment, a->pages.size() * page_);
   }
   for (PhysicalHandle h : spare_) {
     (void)services_.backend.release_physical(services_.device, h);
@@ -173,12 +175,24 @@ CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {
   seg->head = b;
   seg->set_owner(this);
   arena->segment = seg;
-  arena->pages.resize(size / page_);
-  services_.segments.publish(seg);
+  // Pages (and the segment map's entries) follow the highest block in use (grow_pages):
+  // an arena is far larger than what it holds.
   index_free(b);
   counters_.add<kSegment>(kLargePool, 1);
   arenas_.push_back(std::move(arena));
   return arenas_.back().get();
+}
+
+// Books for pages [0, end) of a (and their entries in the segment map), grown by
+// doubling so that a request far into the arena costs one registration.
+void CompactPool::grow_pages(Arena& a, std::size_t end) {
+  const std::size_t have = a.pages.size();
+  if (end <= have) return;
+  const std::size_t total = a.segment->size / page_;
+  const std::size_t want = std::min(total, std::max({end, 2 * have, kMinPublishedPages}));
+  a.pages.resize(want);
+  services_.segments.publish_part(a.segment, a.segment->base + have * page_,
+                                  (want - have) * page_);
 }
 
 // ---------------------------------------------------------------- physical pages
@@ -211,31 +225,51 @@ void CompactPool::unmap_page(Arena& a, std::size_t index) {
     services_.trace(TraceAction::segment_unmap, at, page_, 0, a.segment->context);
 }
 
+void CompactPool::list_push(PageRef r) {
+  Page& p = page(r);
+  p.listed = true;
+  p.prev = reclaim_tail_;
+  p.next = PageRef{};
+  if (reclaim_tail_)
+    page(reclaim_tail_).next = r;
+  else
+    reclaim_head_ = r;
+  reclaim_tail_ = r;
+}
+
+void CompactPool::list_remove(PageRef r) {
+  Page& p = page(r);
+  if (p.prev)
+    page(p.prev).next = p.next;
+  else
+    reclaim_head_ = p.next;
+  if (p.next)
+    page(p.next).prev = p.prev;
+  else
+    reclaim_tail_ = p.prev;
+  p.prev = p.next = PageRef{};
+  p.listed = false;
+}
+
 // The oldest free page whose last users have completed gives its memory up (not one
 // of the span being backed, which is about to hold a block).
 bool CompactPool::reclaim_one(PhysicalHandle* handle, const Span& keep) {
   int probes = 0;
-  for (auto it = reclaimable_.begin(); it != reclaimable_.end() && probes < kReclaimProbes;) {
-    Page& p = it->arena->pages[it->index];
-    if (!p.mapped || p.live != 0) {  // stale: used again, or unmapped since
-      p.listed = false;
-      it = reclaimable_.erase(it);
-      continue;
-    }
-    if (it->arena == keep.arena && it->index >= keep.first && it->index < keep.end) {
-      ++it;
+  for (PageRef r = reclaim_head_; r && probes < kReclaimProbes;) {
+    Page& p = page(r);
+    const PageRef next = p.next;
+    if (r.arena == keep.arena && r.index >= keep.first && r.index < keep.end) {
+      r = next;
       continue;
     }
     ++probes;
     if (fences_.complete(p.fence)) {
-      PageRef ref = *it;
-      reclaimable_.erase(it);
-      p.listed = false;
+      list_remove(r);
       *handle = p.handle;
-      unmap_page(*ref.arena, ref.index);
+      unmap_page(*r.arena, r.index);
       return true;
     }
-    ++it;
+    r = next;
   }
   return false;
 }
@@ -264,12 +298,14 @@ bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
 // Maps physical memory under every unmapped page of [first, end). All or nothing: on
 // failure nothing stays mapped and the memory taken is kept as spare pages.
 bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
-  std::vector<std::size_t> missing;
+  std::vector<std::size_t>& missing = missing_;
+  missing.clear();
   for (std::size_t i = first; i < end; ++i)
     if (!a.pages[i].mapped) missing.push_back(i);
   if (missing.empty()) return true;
   const Span keep{&a, first, end};
-  std::vector<PhysicalHandle> got;
+  std::vector<PhysicalHandle>& got = got_;
+  got.clear();
   bool enough = true;
   try {
     for (std::size_t k = 0; k < missing.size() && enough; ++k) {
@@ -335,13 +371,11 @@ void CompactPool::add_live(Arena& a, std::uintptr_t address, std::size_t size, s
     const std::uintptr_t hi = std::min(address + size, a.segment->base + (i + 1) * page_);
     Page& p = a.pages[i];
     if (sign > 0) {
+      if (p.listed) list_remove(PageRef{&a, i});
       p.live += hi - lo;
     } else {
       p.live -= hi - lo;
-      if (p.live == 0 && !p.listed) {
-        p.listed = true;
-        reclaimable_.push_back(PageRef{&a, i});
-      }
+      if (p.live == 0) list_push(PageRef{&a, i});
     }
   }
 }
@@ -359,13 +393,17 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   const std::uintptr_t address = b->address;
   const std::size_t taken = b->size - size >= SizePolicy::kMinBlockSize ? size : b->size;
   auto [first, end] = page_span(a, address, taken);
+  grow_pages(a, end);
   if (!back_pages(a, first, end)) return 0;
   // Memory last used on other streams: this stream waits for that work (on the device).
-  Fence before;
-  for (std::size_t i = first; i < end; ++i) before.merge(a.pages[i].fence);
-  if (!before.empty())
+  bool foreign = false;
+  for (std::size_t i = first; i < end && !foreign; ++i) foreign = !a.pages[i].fence.only_on(stream);
+  if (foreign) {
+    Fence before;
+    for (std::size_t i = first; i < end; ++i) before.merge(a.pages[i].fence);
     if (int waits = fences_.order_after(stream, before))
       DeviceCounters::bump(services_.counters.stream_waits, waits);
+  }
   Block* out;
   if (taken < b->size) {
     out = new_block(address, taken, b->segment, BlockState::allocated);
@@ -414,11 +452,12 @@ bool CompactPool::free(std::uintptr_t address) {
   // The memory's users so far: its own stream and those record_stream named.
   auto [first, end] = page_span(a, b->address, b->size);
   const std::uint64_t own = fences_.want_marker(b->stream);
-  std::vector<std::pair<StreamHandle, std::uint64_t>> marks{{b->stream, own}};
+  for (std::size_t i = first; i < end; ++i) a.pages[i].fence.add(b->stream, own);
   if (b->extras)
-    for (StreamHandle s : b->extras->uses) marks.emplace_back(s, fences_.want_marker(s));
-  for (std::size_t i = first; i < end; ++i)
-    for (auto& [s, seq] : marks) a.pages[i].fence.add(s, seq);
+    for (StreamHandle s : b->extras->uses) {
+      const std::uint64_t seq = fences_.want_marker(s);
+      for (std::size_t i = first; i < end; ++i) a.pages[i].fence.add(s, seq);
+    }
   add_live(a, b->address, b->size, -1);
   counters_.on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
                     static_cast<std::int64_t>(b->requested));
@@ -453,12 +492,10 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       Page& p = a->pages[i];
       if (!p.mapped || p.live != 0) continue;
       const PhysicalHandle h = p.handle;
+      list_remove(PageRef{a.get(), i});
       unmap_page(*a, i);
       spare_.push_back(h);
     }
-  for (auto& a : arenas_)
-    for (Page& p : a->pages) p.listed = false;
-  reclaimable_.clear();
   if (give_back) {
     while (!spare_.empty()) {
       PhysicalHandle h = spare_.back();
@@ -479,7 +516,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       (void)services_.backend.release_address_range(
           services_.device, reinterpret_cast<void*>(a.segment->base), a.segment->size);
       counters_.add<kSegment>(kLargePool, -1);
-      services_.segments.retire(a.segment);
+      services_.segments.retire_part(a.segment, a.pages.size() * page_);
       it = arenas_.erase(it);
     }
   }
