@@ -78,6 +78,7 @@ enum class SimOp {
   release_physical,
   release_address_range,
   synchronize_stream,
+  stream_wait_event,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -122,8 +123,18 @@ class RESERVOIR_API SimBackend final : public Backend {
   // ---- Test controls ----
   // The calling thread's current device (thread-local, default 0).
   void set_current_device(int device);
-  // Completes all work submitted to stream so far (on every device).
+  // Completes all work submitted to stream so far (on every device), up to the first
+  // device-side wait (stream_wait_event) on work of another stream that has not
+  // completed: work queued after such a wait cannot run before it.
   void advance(StreamHandle stream);
+  // Work items submitted to stream so far (kernels and recorded events), and those
+  // completed.
+  std::uint64_t submitted(StreamHandle stream) const;
+  std::uint64_t completed(StreamHandle stream) const;
+  // Whether work submitted to waiter from now on runs after stream's work up to
+  // position (1-based, as submitted() counts it): the same stream, that work already
+  // completed, or waiter was made to wait for an event recorded at or after it.
+  bool ordered_after(StreamHandle waiter, StreamHandle stream, std::uint64_t position) const;
   // Completes all work on every stream.
   void advance_all();
   // In eager mode all work completes at once (switching on completes pending work).

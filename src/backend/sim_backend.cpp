@@ -36,12 +36,13 @@ namespace {
 constexpr std::uintptr_t kBase = 0x7f0000000000;
 constexpr std::size_t kSmallAlignment = 512;
 constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::synchronize_stream) + 1;
+constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::stream_wait_event) + 1;
 // clang-format off
 constexpr std::array<const char*, kOpCount> kOpNames = {
     "allocate", "deallocate", "create_event", "record_event", "query_event",
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
-    "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream"};
+    "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
+    "stream_wait_event"};
 // clang-format on
 
 std::size_t round_up(std::size_t value, std::size_t alignment) {
@@ -129,9 +130,20 @@ struct SimBackend::State {
   };
   // Invariant: completed <= submitted. Work item n (1-based) has completed iff
   // n <= completed; an event recorded at position p completed iff p <= completed.
+  // waits: the device-side waits inserted on this stream (stream_wait_event), in
+  // order: work after position `at` cannot complete before `stream` completes
+  // `position`. waited: per other stream, the highest position this stream was made to
+  // wait for (ordered_after).
+  struct Wait {
+    std::uint64_t at;
+    StreamHandle stream;
+    std::uint64_t position;
+  };
   struct Stream {
     std::uint64_t submitted = 0;
     std::uint64_t completed = 0;
+    std::vector<Wait> waits;
+    std::map<StreamHandle, std::uint64_t> waited;
   };
   // Invariant: recorded implies position >= 1 and streams contains stream.
   struct Event {
@@ -192,7 +204,10 @@ struct SimBackend::State {
     return &it->second;
   }
   void complete_all() {
-    for (auto& [handle, stream] : streams) stream.completed = stream.submitted;
+    for (auto& [handle, stream] : streams) {
+      stream.completed = stream.submitted;
+      stream.waits.clear();
+    }
   }
 
   const SimOptions options;
@@ -447,13 +462,18 @@ DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
   });
 }
 
-DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle, EventHandle event) {
+DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
   State& s = *state_;
-  return s.call(device, std::nullopt, [&](State::Device&) {
-    if (s.find_event("stream_wait_event", device, event) == nullptr) {
-      return DeviceStatus::error;
-    }
-    ++s.counters.stream_waits;  // ordering between streams is not simulated
+  return s.call(device, SimOp::stream_wait_event, [&](State::Device&) {
+    const State::Event* e = s.find_event("stream_wait_event", device, event);
+    if (e == nullptr) return DeviceStatus::error;
+    ++s.counters.stream_waits;
+    if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
+    State::Stream& waiter = s.streams[stream];
+    std::uint64_t& w = waiter.waited[e->stream];
+    w = std::max(w, e->position);
+    if (s.streams[e->stream].completed < e->position)
+      waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
     return DeviceStatus::ok;
   });
 }
@@ -632,7 +652,40 @@ void SimBackend::set_current_device(int device) {
 void SimBackend::advance(StreamHandle stream) {
   std::lock_guard lock(state_->mutex);
   auto it = state_->streams.find(stream);
-  if (it != state_->streams.end()) it->second.completed = it->second.submitted;
+  if (it == state_->streams.end()) return;
+  State::Stream& st = it->second;
+  // Work after a wait on an unfinished stream cannot complete: the stream stops there.
+  std::uint64_t target = st.submitted;
+  std::erase_if(st.waits, [&](const State::Wait& w) {
+    if (state_->streams[w.stream].completed >= w.position) return true;
+    target = std::min(target, w.at);
+    return false;
+  });
+  st.completed = std::max(st.completed, target);
+}
+
+std::uint64_t SimBackend::submitted(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.submitted;
+}
+
+std::uint64_t SimBackend::completed(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.completed;
+}
+
+bool SimBackend::ordered_after(StreamHandle waiter, StreamHandle stream,
+                               std::uint64_t position) const {
+  std::lock_guard lock(state_->mutex);
+  if (waiter == stream) return true;  // one stream's work runs in order
+  auto s = state_->streams.find(stream);
+  if (s == state_->streams.end() || s->second.completed >= position) return true;
+  auto w = state_->streams.find(waiter);
+  if (w == state_->streams.end()) return false;
+  auto it = w->second.waited.find(stream);
+  return it != w->second.waited.end() && it->second >= position;
 }
 
 void SimBackend::advance_all() {

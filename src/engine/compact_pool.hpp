@@ -116,18 +116,24 @@ class alignas(64) CompactPool final : public BlockOwner {
   void reposition_free(Block* b);
   Block* coalesce_free(Block* b);
   Arena* new_arena(std::size_t at_least);
+  std::size_t unbacked_pages(const Block* b, std::size_t size) const;
+  Block* choose(FreeSet::iterator best, std::size_t size) const;
   void grow_pages(Arena& a, std::size_t end);
   // Physical memory for the unmapped pages of [first, end) of a: all or nothing.
   bool back_pages(Arena& a, std::size_t first, std::size_t end);
   // A spare, a reclaimed or a new page (never one of keep).
   bool take_physical(PhysicalHandle* handle, const Span& keep);
   bool reclaim_one(PhysicalHandle* handle, const Span& keep);
+  bool create_page(PhysicalHandle* handle);
   Page& page(const PageRef& r) { return r.arena->pages[r.index]; }
   void list_push(PageRef r);
   void list_remove(PageRef r);
   void unmap_page(Arena& a, std::size_t index);  // its fence has completed
   void release_handle(PhysicalHandle handle);
-  void add_live(Arena& a, std::uintptr_t address, std::size_t size, std::int64_t sign);
+  std::size_t overlap(const Arena& a, std::size_t i, std::uintptr_t address,
+                      std::size_t size) const;
+  void add_live(Arena& a, std::uintptr_t address, std::size_t size);
+  void remove_live(Arena& a, const Block& b);
   void finish_operation();
   void validate_locked(ValidationTotals* totals);
 
@@ -144,6 +150,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   // Scratch of back_pages (kept to spare an allocation per request).
   std::vector<std::size_t> missing_;
   std::vector<PhysicalHandle> got_;
+  std::vector<std::size_t> unlisted_;
   std::vector<PhysicalHandle> spare_;
   std::size_t page_ = 0;  // mapping granularity
 };

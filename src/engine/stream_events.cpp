@@ -95,19 +95,12 @@ int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
 }
 
 void StreamEvents::host_waited(StreamHandle stream) {
+  // The program says the host waited for stream: its markers have likely completed.
+  // They are queried, not assumed (a wrong hint must never let memory move early).
   for (Timeline& t : timelines_) {
     if (t.stream != stream) continue;
-    // Every marker recorded so far is behind the wait; an owed one stands for work
-    // that was submitted before it too.
-    if (t.wanted != 0) {
-      t.completed = std::max(t.completed, t.wanted);
-      t.wanted = 0;
-    }
-    for (auto& [seq, event] : t.pending) {
-      t.completed = std::max(t.completed, seq);
-      events_.release(event);
-    }
-    t.pending.clear();
+    record(t);
+    poll(t);
   }
 }
 

@@ -98,7 +98,7 @@ class StreamEvents {
   // Makes stream wait on the device for every incomplete mark of fence on other
   // streams; returns the number of waits inserted. Throws DeviceError.
   int order_after(StreamHandle stream, const Fence& fence);
-  // The host waited for stream: all of its markers are complete.
+  // The host waited for stream: its markers are checked (queried) now.
   void host_waited(StreamHandle stream);
   // Waits on the host for every marker of every stream (the out-of-memory ladder).
   void synchronize_all();
