@@ -202,5 +202,33 @@ TEST(Compact, RefusedWhereTheDeviceCannotMapPages) {
   }
 }
 
+// The device calls the policies make are counted in the statistics, as the device saw
+// them: pages mapped and unmapped, device-side waits.
+TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
+  for (const char* config : {"policy:compact", "expandable_segments:True"}) {
+    SCOPED_TRACE(config);
+    SimAllocator s(config, sim());
+    std::vector<void*> ps;
+    for (int i = 0; i < 30; ++i) {
+      ps.push_back(s.a.allocate((i % 7 + 1) * 3 * MiB, i % 3, 0));
+      if (i % 4 == 3) {
+        s.sim->submit_work(i % 3);
+        s.a.deallocate(ps.front());
+        ps.erase(ps.begin());
+      }
+    }
+    for (void* p : ps) s.a.deallocate(p);
+    s.sim->advance_all();
+    s.a.empty_cache();
+    const DeviceStats st = s.a.stats(0);
+    const SimCounters c = s.sim->counters();
+    EXPECT_GT(st.num_device_map, 0);
+    EXPECT_EQ(st.num_device_map, static_cast<std::int64_t>(c.maps));
+    EXPECT_EQ(st.num_device_unmap, static_cast<std::int64_t>(c.unmaps));
+    EXPECT_EQ(st.num_device_map, st.num_device_unmap);  // all given back
+    EXPECT_EQ(st.num_stream_waits, static_cast<std::int64_t>(c.stream_waits));
+  }
+}
+
 }  // namespace
 }  // namespace reservoir
