@@ -6,9 +6,10 @@
 // process's: reservations from 0x302000000 up (where the driver put the first one),
 // segments from the end of the context's 512 MiB at 0x7f907e000000 down. The probe ran
 // every scenario in one process, each freeing all it made, so each log starts from
-// the same driver state — except the live runs of multistream_train_overlap and
-// resnet50_train, by which time the process had taken the context's 2 MiB hole (their
-// first 2 MiB segment skips it); they start with that hole taken.
+// the same driver state but for one thing: by the live runs of multistream_train_overlap
+// and resnet50_train the process had taken the context's 2 MiB hole (their first 2 MiB
+// segment skips it). A log starts with that hole taken when, with it free, the first
+// difference would be a segment the model puts into it; every address must then match.
 //
 // And: the engine on the simulated device makes the calls it made on the GPU (the
 // live.* logs: sizes, order and which segment each free names).
@@ -52,27 +53,32 @@ std::vector<fs::path> recorded_logs() {
   return out;
 }
 
-bool starts_without_the_small_hole(const std::string& stem) {
-  return stem.starts_with("live.multistream_train_overlap.") ||
-         stem.starts_with("live.resnet50_train.");
-}
-
 std::string hex(std::uintptr_t a) {
   std::ostringstream s;
   s << "0x" << std::hex << a;
   return s.str();
 }
 
-// Replays the log's calls on the model; "" when every address is the recorded one,
-// else the first difference. *placed counts the calls that placed something.
-std::string replay_on_model(const std::vector<PlacementCall>& calls, const SimPlacement& params,
-                            std::size_t* placed) {
+// The context's 2 MiB hole (the first of SimPlacement's context_holes).
+constexpr std::uintptr_t kSmallHole = kProbeTop - 98 * kMiB;
+
+struct ModelRun {
+  std::string diff;             // "" when every address is the recorded one
+  std::uintptr_t model_at = 0;  // at the first difference, where the model placed it
+  std::size_t placed = 0;       // calls that placed something
+};
+
+// Replays the log's calls on the model, up to the first difference.
+ModelRun replay_on_model(const std::vector<PlacementCall>& calls, const SimPlacement& params) {
   reservoir::sim::DriverPlacement model(kProbeBottom, kProbeTop, params);
-  *placed = 0;
+  ModelRun run;
   for (std::size_t i = 0; i < calls.size(); ++i) {
     const PlacementCall& c = calls[i];
     const std::string where = "call " + std::to_string(i + 1) + ": ";
-    if (c.status != reservoir::DeviceStatus::ok) return where + "a failed call (not modelled)";
+    if (c.status != reservoir::DeviceStatus::ok) {
+      run.diff = where + "a failed call (not modelled)";
+      return run;
+    }
     std::uintptr_t got = 0;
     switch (c.kind) {
       case PlacementCall::alloc:
@@ -83,51 +89,66 @@ std::string replay_on_model(const std::vector<PlacementCall>& calls, const SimPl
         break;
       case PlacementCall::free:
       case PlacementCall::release:
-        if (!model.release(c.address)) return where + "nothing placed at " + hex(c.address);
+        if (!model.release(c.address)) {
+          run.diff = where + "nothing placed at " + hex(c.address);
+          return run;
+        }
         continue;
       default:
         continue;
     }
-    ++*placed;
+    ++run.placed;
     if (got != c.address) {
-      return where + (c.kind == PlacementCall::alloc ? "alloc " : "reserve ") +
-             std::to_string(c.size) + ": driver " + hex(c.address) + ", model " + hex(got);
+      run.diff = where + (c.kind == PlacementCall::alloc ? "alloc " : "reserve ") +
+                 std::to_string(c.size) + ": driver " + hex(c.address) + ", model " + hex(got);
+      run.model_at = got;
+      return run;
     }
   }
-  return "";
+  return run;
+}
+
+SimPlacement without_the_small_hole() {
+  SimPlacement params;
+  params.context_holes.erase(params.context_holes.begin());
+  return params;
+}
+
+// The log on the model, from the probe's state: the default model, or — when the
+// first difference is the model putting a segment into the context's 2 MiB hole —
+// the model with that hole taken. *taken says which.
+ModelRun replay_log(const std::vector<PlacementCall>& calls, bool* taken) {
+  ModelRun run = replay_on_model(calls, SimPlacement{});
+  *taken = !run.diff.empty() && run.model_at == kSmallHole;
+  return *taken ? replay_on_model(calls, without_the_small_hole()) : run;
 }
 
 TEST(RecordedPlacement, EveryAddressTheDriverGaveIsTheModels) {
   const std::vector<fs::path> logs = recorded_logs();
   ASSERT_GE(logs.size(), 45u);
-  std::size_t total = 0;
+  std::size_t total = 0, without_hole = 0;
   for (const fs::path& p : logs) {
     const std::string stem = p.stem().string();
-    SimPlacement params;
-    if (starts_without_the_small_hole(stem))
-      params.context_holes.erase(params.context_holes.begin());
-    std::size_t placed = 0;
-    const std::string diff = replay_on_model(parse_calls(read_text(p), stem), params, &placed);
-    EXPECT_EQ(diff, "") << stem;
-    EXPECT_GT(placed, 0u) << stem;
-    total += placed;
+    bool taken = false;
+    const ModelRun run = replay_log(parse_calls(read_text(p), stem), &taken);
+    EXPECT_EQ(run.diff, "") << stem;
+    EXPECT_GT(run.placed, 0u) << stem;
+    total += run.placed;
+    without_hole += taken;
   }
   EXPECT_GE(total, 3000u);
+  EXPECT_LE(without_hole, logs.size() / 4);  // the exception, not the rule
 }
 
 TEST(RecordedPlacement, WithoutTheContextsSmallHoleTheLogsDiffer) {
-  // Without the context's small hole, the other logs no longer match: the state at the
-  // start is part of the model, not a free choice of the test.
+  // The state at the start is part of the model: most logs need the hole free.
   std::size_t differ = 0;
   for (const fs::path& p : recorded_logs()) {
     const std::string stem = p.stem().string();
-    if (starts_without_the_small_hole(stem)) continue;
-    SimPlacement params;
-    params.context_holes.erase(params.context_holes.begin());
-    std::size_t placed = 0;
-    differ += !replay_on_model(parse_calls(read_text(p), stem), params, &placed).empty();
+    differ +=
+        !replay_on_model(parse_calls(read_text(p), stem), without_the_small_hole()).diff.empty();
   }
-  EXPECT_GE(differ, 10u);
+  EXPECT_GE(differ, 12u);
 }
 
 TEST(RecordedPlacement, TheEngineMakesTheCallsItMadeOnTheGpu) {
@@ -157,7 +178,7 @@ TEST(RecordedPlacement, TheEngineMakesTheCallsItMadeOnTheGpu) {
     EXPECT_EQ(format_ops(sim), format_ops(gpu)) << stem;
     ++compared;
   }
-  EXPECT_EQ(compared, 9u);
+  EXPECT_GE(compared, 9u);
 }
 
 TEST(RecordedPlacement, ProbeLogsParseBackAndBadLinesAreNamed) {
