@@ -1,9 +1,11 @@
 // SimBackend: a deterministic simulated device, so every engine behaviour can be
 // tested (and every trace replayed) on a machine without a GPU.
 //
-// - Capacity per device (default kDefaultSimCapacity, an H200); segment addresses
-//   are 512-byte aligned, 2 MiB aligned from 2 MiB up; live ranges never overlap;
-//   freed ranges are reused.
+// - Capacity per device (default kDefaultSimCapacity, an H200). Segments and
+//   reservations are placed where the CUDA driver would place them (SimOptions::
+//   placement, include/reservoir/sim_placement.hpp): new address chunks top-down,
+//   reuse newest chunk first; segment addresses are 512-byte aligned, 2 MiB aligned
+//   from 2 MiB up; live ranges never overlap; freed ranges are reused.
 // - Addresses are synthetic (not dereferenceable) unless host_backed is set, in
 //   which case they point into a host mapping (MAP_NORESERVE) that tests may write.
 // - Streams progress explicitly: an event recorded on a stream completes only when
@@ -26,14 +28,16 @@
 #include <vector>
 
 #include "reservoir/backend.hpp"
+#include "reservoir/sim_placement.hpp"
 
 namespace reservoir {
 
-// The simulated device's memory unless told otherwise: an NVIDIA H200 as nvidia-smi
-// reports it (143,771 MiB = 140.40 GiB). The one default of SimOptions, of the
-// sim_capacity setting and of reservoir-replay --capacity; to be calibrated to what
-// cudaMemGetInfo reports on the GPU host.
-inline constexpr std::size_t kDefaultSimCapacity = std::size_t{143771} << 20;
+// The simulated device's memory unless told otherwise: an NVIDIA H200 as cudaMemGetInfo
+// reports its total (150,109,880,320 bytes = 139.80 GiB, measured in GPU run A;
+// nvidia-smi says 143,771 MiB, a different number). The one default of SimOptions, of
+// the sim_capacity setting and of reservoir-replay --capacity; memory-fraction fits
+// multiply it, as PyTorch multiplies the cudaMemGetInfo total.
+inline constexpr std::size_t kDefaultSimCapacity = 150109880320;
 
 struct SimOptions {
   std::size_t capacity = kDefaultSimCapacity;  // bytes per device
@@ -42,6 +46,7 @@ struct SimOptions {
   bool host_backed = false;                        // addresses point into real host memory
   bool virtual_memory = true;                      // advertise Capability kVirtualMemory
   std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
+  SimPlacement placement;                          // where segments and reservations go
   // Cost model, in microseconds of device time per call.
   double alloc_us = 150.0;
   double free_us = 100.0;

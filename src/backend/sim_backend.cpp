@@ -1,10 +1,11 @@
 // SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp).
 //
 // One mutex guards all state; the allocate hook runs outside it. Address layout
-// (synthetic mode): device d owns [kBase + d * stride, kBase + (d + 1) * stride);
-// segments come from its lower half, reservations from its upper half, so the two
-// never overlap. In host_backed mode segments come from one host mapping per device
-// and each reservation is its own PROT_NONE host mapping.
+// (synthetic mode): device d owns the window [kBase + d * stride, kBase + (d + 1) *
+// stride), where the placement model (sim_placement.hpp) puts segments top-down and
+// reservations bottom-up, as the CUDA driver does. In host_backed mode segments are
+// placed the same way inside one host mapping per device, and each reservation is its
+// own PROT_NONE host mapping.
 //
 // Counters count calls that succeeded (for query_event: answered ok or not_ready),
 // except failed_allocs, which counts out_of_memory answers of allocate and
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "backend/sim_address_space.hpp"
+#include "backend/sim_placement.hpp"
 #include "reservoir/errors.hpp"
 
 namespace reservoir {
@@ -53,10 +55,10 @@ std::string bytes(std::size_t n) {
   return std::to_string(n) + " bytes";
 }
 
-// Synthetic address window per device: big enough that segments fill their half
-// (at least 4x the capacity, for fragmentation) long before running out of room.
+// Synthetic address window per device: at least 64x the capacity, so segments (from
+// the top) and dozens of expandable-segment reservations (each device memory + 1/8,
+// from the bottom) never run out of room.
 std::size_t device_stride(std::size_t capacity) {
-  // Room for dozens of expandable-segment reservations (each device memory + 1/8).
   std::size_t stride = std::size_t{1} << 44;
   while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
   return stride;
@@ -72,6 +74,9 @@ const SimOptions& validated(const SimOptions& o) {
   if (o.host_backed && g % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     throw InvalidArgumentError("SimOptions: host_backed needs a granularity of whole pages");
   }
+  if (std::string problem = sim::placement_problem(o.placement); !problem.empty()) {
+    throw InvalidArgumentError(problem);
+  }
   const std::size_t stride = device_stride(o.capacity);
   if (static_cast<std::size_t>(o.device_count) > (UINTPTR_MAX - kBase) / stride) {
     throw InvalidArgumentError("SimOptions: too many devices for the address space");
@@ -79,14 +84,11 @@ const SimOptions& validated(const SimOptions& o) {
   return o;
 }
 
-// The upper half of each device's synthetic window (reservations).
-std::vector<sim::RangeAllocator> reservation_regions(const SimOptions& o) {
-  std::vector<sim::RangeAllocator> regions;
-  const std::size_t stride = device_stride(o.capacity);
-  for (int d = 0; d < o.device_count; ++d) {
-    regions.emplace_back(kBase + static_cast<std::size_t>(d) * stride + stride / 2, stride / 2);
-  }
-  return regions;
+// The host mapping of a host_backed device: twice the capacity (alignment padding and
+// fragmentation), whole chunks, and the context's part of the window.
+std::size_t host_window(const SimOptions& o) {
+  const std::size_t chunk = o.placement.chunk;
+  return round_up(2 * o.capacity, chunk) + 2 * chunk + o.placement.context_bytes;
 }
 
 std::atomic<std::uint64_t> g_next_instance{1};
@@ -123,7 +125,7 @@ struct SimBackend::State {
   struct Device {
     std::size_t capacity = 0;
     std::size_t used = 0;  // may exceed capacity after set_capacity lowers it
-    sim::RangeAllocator space;
+    sim::DriverPlacement space;
     std::map<std::uintptr_t, std::size_t> live;  // segment start -> requested size
     std::vector<bool> peers;                     // enable_peer_access(this, peer)
     std::size_t free() const { return used < capacity ? capacity - used : 0; }
@@ -242,7 +244,13 @@ struct SimBackend::State {
 SimBackend::State::State(const SimOptions& o)
     : options(validated(o)),
       devices(static_cast<std::size_t>(o.device_count)),
-      vm(o.host_backed, o.granularity, reservation_regions(o)),
+      vm(o.host_backed, o.granularity,
+         {[this](int d, std::size_t size, std::size_t alignment) {
+            return devices[static_cast<std::size_t>(d)].space.reserve(size, alignment);
+          },
+          [this](int d, std::uintptr_t start) {
+            devices[static_cast<std::size_t>(d)].space.release(start);
+          }}),
       eager(o.eager) {
   const std::size_t stride = device_stride(o.capacity);
   if (o.host_backed) host.resize(devices.size());
@@ -251,16 +259,16 @@ SimBackend::State::State(const SimOptions& o)
     device.capacity = o.capacity;
     device.peers.assign(devices.size(), false);
     if (!o.host_backed) {
-      device.space = sim::RangeAllocator(kBase + d * stride, stride / 2);
+      device.space =
+          sim::DriverPlacement(kBase + d * stride, kBase + (d + 1) * stride, o.placement);
       continue;
     }
-    // Twice the capacity, so that alignment padding and fragmentation do not run
-    // out of addresses before the capacity is used up; MAP_NORESERVE makes it free.
-    const std::size_t size = round_up(2 * o.capacity, kLargeAlignment);
+    // MAP_NORESERVE: only what is touched costs memory.
+    const std::size_t size = host_window(o);
     if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE)) {
       throw DeviceError("SimBackend: mmap of " + bytes(size) + " for host_backed failed");
     }
-    device.space = sim::RangeAllocator(host[d].begin(), host[d].size());
+    device.space = sim::DriverPlacement(host[d].begin(), host[d].begin() + size, o.placement);
   }
 }
 
@@ -356,8 +364,7 @@ DeviceStatus SimBackend::allocate(int device, std::size_t size, void** ptr) {
                         "sim: device " + std::to_string(device) + " out of memory: " + bytes(size) +
                             " requested, " + bytes(free) + " free of " + bytes(d.capacity));
   }
-  const std::size_t alignment = size >= kLargeAlignment ? kLargeAlignment : kSmallAlignment;
-  const std::uintptr_t start = d.space.take(round_up(size, kSmallAlignment), alignment);
+  const std::uintptr_t start = d.space.allocate(size);
   if (start == 0) {
     ++s.counters.failed_allocs;
     return Failer::fail(
@@ -386,9 +393,8 @@ DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
       return error("sim: deallocate: " + sim::hex(start) + " was allocated with " +
                    bytes(it->second) + ", not " + bytes(size));
     }
-    const std::size_t block = round_up(size, kSmallAlignment);
-    if (s.options.host_backed) sim::host_discard(start, block);
-    d.space.give_back(start, block);
+    if (s.options.host_backed) sim::host_discard(start, round_up(size, kSmallAlignment));
+    d.space.release(start);
     d.live.erase(it);
     d.used -= size;
     ++s.counters.frees;
