@@ -22,7 +22,7 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
         " of address space for an expandable segment on device " + std::to_string(device_) +
         " (lower it with expandable_segments_reserve) failed: " + backend_.last_error());
   base_ = reinterpret_cast<std::uintptr_t>(ptr);
-  pages_.resize(pages);
+  // pages_ grows with map() (to reach()), not to the reservation's tens of thousands.
 }
 
 ExpandableSegment::~ExpandableSegment() {
@@ -102,6 +102,7 @@ std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
              "");
   }
   held_.reserve(held_.size() + (end - first));  // undo() records failures without allocating
+  if (pages_.size() < end) pages_.resize(end);
   std::size_t created = first;
   for (; created < end; ++created) {
     if (pages_[created]) break;  // stop at an already-mapped page (never happens by contract)

@@ -10,8 +10,9 @@
 // engine counts it as reserved, and it is given back by a later retry.
 //
 // Invariants: base and page_size are multiples of the backend's granularity;
-//   pages_[i] holds a handle iff [base + i*page, base + (i+1)*page) is mapped with
-//     access granted (the pages the engine's blocks may use);
+//   pages_ covers (at least) the pages below reach(); pages_[i] holds a handle iff
+//     [base + i*page, base + (i+1)*page) is mapped with access granted (the pages
+//     the engine's blocks may use);
 //   mapped_bytes() == page_size * |{i : pages_[i]}|;
 //   reach() == page_size * (1 + the highest i ever mapped), 0 before the first map:
 //     it only grows, and every page mapped now lies below it (the engine registers
