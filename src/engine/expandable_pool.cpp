@@ -3,6 +3,11 @@
 // allocated, pending or unmapped; mapping turns unmapped blocks into free ones at
 // the lowest address that fits (filling gaps first), unmapping gives whole free
 // pages back to the device.
+//
+// The segment map holds only [base, base + vm->reach()) of such a segment — the pages
+// mapped so far — not its whole reservation (device memory plus 1/8, tens of
+// thousands of 2 MiB map slots per stream and pool): registering those cost more
+// host time on a multi-stream trace than all its allocations together.
 #include <algorithm>
 
 #include "engine/expandable_segment.hpp"
@@ -99,7 +104,7 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
   seg->head = b;
   seg->set_owner(this);
   link_segment(seg);
-  services_.segments.publish(seg);
+  // Registered in the segment map as its pages are mapped (map_block): nothing yet.
   counters_.add<kSegment>(pool, 1);
   return seg;
 }
@@ -113,6 +118,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
   if (!services_.budget.reserve(want)) return nullptr;
   const std::size_t held = seg->vm->held_bytes();
+  const std::size_t reach = seg->vm->reach();
   std::size_t mapped = 0;
   try {
     mapped = seg->vm->map(b->address, want);
@@ -122,6 +128,9 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   }
   count_held(seg, held, want - mapped);
   if (mapped == 0) return nullptr;
+  // Before any block there is handed out: the free path finds the segment.
+  if (seg->vm->reach() > reach)
+    services_.segments.publish_part(seg, seg->base + reach, seg->vm->reach() - reach);
   unindex_unmapped(b);
   if (mapped < b->size) {  // the rest stays unmapped, after b
     Block* rest = new_block(b->address + mapped, b->size - mapped, seg, BlockState::unmapped);
@@ -209,10 +218,11 @@ bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   if (!error->empty()) return false;  // kept, with what it still holds counted
   unindex_unmapped(b);
   delete_block(b);
+  const std::size_t published = seg->vm->reach();
   delete seg->vm;
   unlink_segment(seg);
   counters_.add<kSegment>(seg->pool, -1);
-  services_.segments.retire(seg);
+  services_.segments.retire_part(seg, published);
   return true;
 }
 

@@ -22,18 +22,26 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
         " of address space for an expandable segment on device " + std::to_string(device_) +
         " (lower it with expandable_segments_reserve) failed: " + backend_.last_error());
   base_ = reinterpret_cast<std::uintptr_t>(ptr);
-  pages_.resize(pages);
+  // pages_ grows with map() (to reach()), not to the reservation's tens of thousands.
 }
 
 ExpandableSegment::~ExpandableSegment() {
   // Teardown (the engine is going away): errors are ignored, nothing is recorded.
-  auto drop = [&](std::size_t page, PhysicalHandle handle, bool mapped) {
-    if (mapped) (void)backend_.unmap(device_, page_address(page), page_);
-    (void)backend_.release_physical(device_, handle);
-  };
-  for (std::size_t i = 0; i < pages_.size(); ++i)
-    if (pages_[i]) drop(i, *pages_[i], true);
-  for (const Held& h : held_) drop(h.page, h.handle, h.mapped);
+  // Each run of mapped pages is unmapped in one call, then its pages released.
+  for (std::size_t i = 0; i < pages_.size();) {
+    if (!pages_[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < pages_.size() && pages_[end]) ++end;
+    (void)backend_.unmap(device_, page_address(i), (end - i) * page_);
+    for (; i < end; ++i) (void)backend_.release_physical(device_, *pages_[i]);
+  }
+  for (const Held& h : held_) {
+    if (h.mapped) (void)backend_.unmap(device_, page_address(h.page), page_);
+    (void)backend_.release_physical(device_, h.handle);
+  }
   if (!released_)
     (void)backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_);
 }
@@ -94,6 +102,7 @@ std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
              "");
   }
   held_.reserve(held_.size() + (end - first));  // undo() records failures without allocating
+  if (pages_.size() < end) pages_.resize(end);
   std::size_t created = first;
   for (; created < end; ++created) {
     if (pages_[created]) break;  // stop at an already-mapped page (never happens by contract)
@@ -120,6 +129,7 @@ std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
     fail("granting access to an expandable segment", why, undo(first, created, created));
   }
   mapped_pages_ += created - first;
+  reach_ = std::max(reach_, created * page_);
   return (created - first) * page_;
 }
 
@@ -139,13 +149,14 @@ std::pair<std::uintptr_t, std::size_t> ExpandableSegment::unmap(std::uintptr_t a
   const std::size_t first = (start - base_) / page_;
   const std::size_t end = first + length / page_;
   held_.reserve(held_.size() + (end - first));
+  // One call for the run: on a GPU each driver call costs microseconds of host time.
+  if (backend_.unmap(device_, page_address(first), length) != DeviceStatus::ok) {
+    *error = "unmapping " + format_size(length) + " of an expandable segment on device " +
+             std::to_string(device_) + ": " + backend_.last_error();
+    return {start, 0};
+  }
   std::string release_failure;
   for (std::size_t i = first; i < end; ++i) {
-    if (backend_.unmap(device_, page_address(i), page_) != DeviceStatus::ok) {
-      *error = "unmapping a page of an expandable segment on device " + std::to_string(device_) +
-               ": " + backend_.last_error();
-      return {start, (i - first) * page_};
-    }
     const PhysicalHandle handle = *pages_[i];
     pages_[i].reset();
     --mapped_pages_;

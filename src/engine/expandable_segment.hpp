@@ -10,9 +10,13 @@
 // engine counts it as reserved, and it is given back by a later retry.
 //
 // Invariants: base and page_size are multiples of the backend's granularity;
-//   pages_[i] holds a handle iff [base + i*page, base + (i+1)*page) is mapped with
-//     access granted (the pages the engine's blocks may use);
+//   pages_ covers (at least) the pages below reach(); pages_[i] holds a handle iff
+//     [base + i*page, base + (i+1)*page) is mapped with access granted (the pages
+//     the engine's blocks may use);
 //   mapped_bytes() == page_size * |{i : pages_[i]}|;
+//   reach() == page_size * (1 + the highest i ever mapped), 0 before the first map:
+//     it only grows, and every page mapped now lies below it (the engine registers
+//     [base, base + reach()) in the segment map, not the whole reservation);
 //   held_ lists the device memory whose give-back failed, none of it in pages_:
 //     held_bytes() == page_size * |held_|; a held page with mapped == true still
 //     occupies its address (nothing can be mapped there until it is given back);
@@ -46,6 +50,8 @@ class ExpandableSegment {
   std::size_t size() const noexcept { return size_; }
   std::size_t page_size() const noexcept { return page_; }
   std::size_t mapped_bytes() const noexcept { return mapped_pages_ * page_; }
+  // Bytes from base to the end of the furthest page ever mapped (never shrinks).
+  std::size_t reach() const noexcept { return reach_; }
   // Device memory whose give-back failed: still held, counted as reserved.
   std::size_t held_bytes() const noexcept { return held_.size() * page_; }
 
@@ -59,10 +65,11 @@ class ExpandableSegment {
   std::pair<std::uintptr_t, std::size_t> inner_pages(std::uintptr_t address,
                                                      std::size_t bytes) const;
   // Unmaps the whole pages inside [address, address + bytes) (the caller has
-  // synchronized their users). Returns the range unmapped: all of inner_pages(), or,
-  // when the device fails part way, the leading part that was (then *error says why).
-  // A page unmapped whose physical memory could not be released is held (held_bytes()
-  // grows by it, *error says why).
+  // synchronized their users), in one device call for the whole run (a driver unmap
+  // may span several whole mappings), then releases each page's memory. Returns the
+  // range unmapped: all of inner_pages(), or nothing when the device refuses (then
+  // *error says why). A page unmapped whose physical memory could not be released is
+  // held (held_bytes() grows by it, *error says why).
   std::pair<std::uintptr_t, std::size_t> unmap(std::uintptr_t address, std::size_t bytes,
                                                std::string* error);
   // Retries giving back the held pages. Returns "" when none is left, else why not.
@@ -101,6 +108,7 @@ class ExpandableSegment {
   bool released_ = false;  // release() gave the range back
   std::vector<std::optional<PhysicalHandle>> pages_;
   std::size_t mapped_pages_ = 0;
+  std::size_t reach_ = 0;
   std::vector<Held> held_;
   std::vector<int> peers_;
 };

@@ -30,8 +30,13 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     const int pool = seg->pool;
     RESERVOIR_CHECK(seg->owner == this, "segment " + at(seg->base) + " has another owner");
-    RESERVOIR_CHECK(services_.segments.published(seg),
-                    "segment " + at(seg->base) + " missing from the segment map");
+    // An expandable segment is registered only as far as it ever mapped pages
+    // (ExpandableSegment::reach): not at all before its first page.
+    const std::size_t registered = seg->expandable ? seg->vm->reach() : seg->size;
+    RESERVOIR_CHECK(services_.segments.published(seg) == (registered > 0),
+                    "segment " + at(seg->base) +
+                        (registered > 0 ? " missing from the segment map"
+                                        : " in the segment map before its first page"));
     RESERVOIR_CHECK(seg->head && seg->head->prev == nullptr,
                     "segment " + at(seg->base) + " has no head block");
     RESERVOIR_CHECK(seg->head->address == seg->base, "head block does not start the segment");
@@ -51,6 +56,9 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
             where + " and its successor are both unmapped but not merged");
       }
       tiled += b->size;
+      RESERVOIR_CHECK(
+          b->state == BlockState::unmapped || b->address + b->size <= seg->base + registered,
+          where + " lies beyond the part of its segment in the segment map");
       switch (b->state) {
         case BlockState::free:
           ++free_blocks[pool];

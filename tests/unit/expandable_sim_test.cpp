@@ -1,8 +1,10 @@
 // Expandable segments on the simulated device: injected failures while creating
-// and mapping pages, and peer access for pages mapped before and after it is granted.
+// and mapping pages, peer access for pages mapped before and after it is granted,
+// and the device calls (and segment-map entries) a grow and a shrink cost.
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "reservoir/allocator.hpp"
@@ -136,6 +138,66 @@ TEST(ExpandableOnSim, PeersGetAccessToPagesMappedBeforeAndAfter) {
   EXPECT_EQ(backend->grants.back().devices, (std::vector<int>{0, 1}));
   a.deallocate(p);
   a.deallocate(q);
+}
+
+// On a GPU each driver call costs microseconds of host time. Growing by N pages needs
+// N physical creates and N maps (a map takes one handle) but one access grant for the
+// run; giving a contiguous run of N pages back needs one unmap and N releases.
+TEST(ExpandableOnSim, AGrowOfNPagesGrantsAccessOnceAndAShrinkUnmapsOnce) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(100 * MiB, 1, 0);  // five 20 MiB pages of a new segment
+  EXPECT_EQ(sim->counters().physical_creates, 5u);
+  EXPECT_EQ(sim->calls(SimOp::map), 5u);
+  EXPECT_EQ(sim->calls(SimOp::set_access), 1u);
+  a.deallocate(p);
+  a.empty_cache();
+  EXPECT_EQ(sim->calls(SimOp::unmap), 1u);
+  EXPECT_EQ(sim->counters().physical_releases, 5u);
+  EXPECT_EQ(sim->used(0), 0u);
+  // The same pages again, then a run with a hole: each contiguous run is one unmap.
+  void* q = a.allocate(100 * MiB, 1, 0);
+  void* r = a.allocate(40 * MiB, 1, 0);
+  void* t = a.allocate(40 * MiB, 1, 0);
+  EXPECT_EQ(r, static_cast<char*>(q) + 100 * MiB);
+  a.deallocate(q);
+  a.deallocate(t);
+  a.empty_cache();  // [q, q + 100 MiB) and t's two pages: two runs
+  EXPECT_EQ(sim->calls(SimOp::unmap), 3u);
+  a.validate();
+  a.deallocate(r);
+}
+
+std::string free_error(Allocator& a, void* p) {
+  try {
+    a.deallocate(p);
+  } catch (const InvalidPointerError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Only the pages a segment mapped are in the segment map, not its whole reservation
+// (device memory plus 1/8 per stream and pool: registering that cost more host time
+// on a multi-stream trace than all of its allocations). An address past the mapped
+// pages is no Reservoir memory; one in a mapped page holds no block.
+TEST(ExpandableOnSim, OnlyMappedPagesAreInTheSegmentMap) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  char* p = static_cast<char*>(a.allocate(3 * MiB, 1, 0));  // one 20 MiB page
+  EXPECT_NE(free_error(a, p + 4 * MiB).find("no block is allocated there"), std::string::npos);
+  EXPECT_NE(free_error(a, p + 1024 * MiB).find("no Reservoir segment contains it"),
+            std::string::npos);
+  // Growing registers the new pages before any block there is handed out.
+  void* q = a.allocate(1024 * MiB, 1, 0);
+  EXPECT_EQ(q, p + 3 * MiB);
+  EXPECT_NE(free_error(a, p + 1024 * MiB).find("inside the allocated block"), std::string::npos);
+  a.validate();
+  a.deallocate(q);
+  a.deallocate(p);
+  a.empty_cache();  // unmapped pages stay registered until the segment goes
+  a.deallocate(a.allocate(3 * MiB, 1, 0));
+  a.validate();
 }
 
 }  // namespace
