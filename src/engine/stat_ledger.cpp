@@ -41,49 +41,64 @@ ShardCounters::ShardCounters() {
 void StatLedger::attach(ShardCounters* shard) {
   std::lock_guard<std::mutex> guard(mutex_);
   shards_.push_back(shard);
+  cur_.resize(shards_.size());
+  want_.resize(shards_.size());
   rebalance_locked();
 }
 
+// Only the quantities the trigger passed are rebalanced: the invariant (limits sum to
+// at most the peak) holds for each quantity and pool on its own, and with several
+// streams near a peak a shard passes a limit often (one stream's rise is another's
+// fall), so a rebalance of all 33 would cost ~30x more than the one that moved.
 void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
   trigger->over = false;
   trigger->last_trigger = ++epoch_;
-  rebalance_locked();
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p)
+      if (reported_all(trigger, q, p) > trigger->limit[q][p].load(std::memory_order_relaxed))
+        rebalance_one(q, p);
 }
 
 void StatLedger::rebalance_locked() {
+  if (shards_.empty()) return;
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p) rebalance_one(q, p);
+}
+
+void StatLedger::rebalance_one(int q, int p) {
   const std::size_t n = shards_.size();
-  if (n == 0) return;
-  std::vector<std::int64_t> cur(n), want(n);
-  for (int q = 0; q < kReportedKinds; ++q) {
-    for (int p = 0; p < 3; ++p) {
-      std::int64_t sum = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        ShardCounters* sh = shards_[i];
-        cur[i] = reported_all(sh, q, p);
-        sum += cur[i];
-        if (epoch_ - sh->last_trigger > kClaimLifetime)
-          sh->high[q][p] = cur[i];  // idle: its old high-water mark claims nothing
-        else
-          sh->high[q][p] = std::max(sh->high[q][p], cur[i]);
-      }
-      std::int64_t& peak = peak_[q][p];
-      peak = std::max(peak, sum);
-      std::int64_t headroom = peak - sum;
-      std::int64_t wanted = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        want[i] = std::max<std::int64_t>(0, shards_[i]->high[q][p] - cur[i]);
-        wanted += want[i];
-      }
-      for (std::size_t i = 0; i < n; ++i) {
-        std::int64_t extra;
-        if (wanted <= headroom)
-          extra = want[i] + (headroom - wanted) / static_cast<std::int64_t>(n);
-        else
-          extra = static_cast<std::int64_t>(static_cast<int128>(want[i]) * headroom / wanted);
-        shards_[i]->limit[q][p].store(cur[i] + extra, std::memory_order_relaxed);
-      }
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ShardCounters* sh = shards_[i];
+    cur_[i] = reported_all(sh, q, p);
+    sum += cur_[i];
+    if (epoch_ - sh->last_trigger > kClaimLifetime)
+      sh->high[q][p] = cur_[i];  // idle: its old high-water mark claims nothing
+    else
+      sh->high[q][p] = std::max(sh->high[q][p], cur_[i]);
+  }
+  std::int64_t& peak = peak_[q][p];
+  peak = std::max(peak, sum);
+  const std::int64_t headroom = peak - sum;
+  std::int64_t wanted = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    want_[i] = std::max<std::int64_t>(0, shards_[i]->high[q][p] - cur_[i]);
+    wanted += want_[i];
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t extra;
+    if (wanted <= headroom) {
+      extra = want_[i] + (headroom - wanted) / static_cast<std::int64_t>(n);
+    } else {
+      // want * headroom / wanted, in 64 bits unless the product overflows.
+      std::int64_t product;
+      if (!__builtin_mul_overflow(want_[i], headroom, &product))
+        extra = product / wanted;
+      else
+        extra = static_cast<std::int64_t>(static_cast<int128>(want_[i]) * headroom / wanted);
     }
+    shards_[i]->limit[q][p].store(cur_[i] + extra, std::memory_order_relaxed);
   }
 }
 

@@ -210,9 +210,11 @@ class StatLedger {
   static void reset_accumulated(ShardCounters* shard);
 
  private:
-  void rebalance_locked();
+  void rebalance_locked();           // every quantity
+  void rebalance_one(int q, int p);  // quantity q over pool scope p (0 all, 1 small, 2 large)
   std::mutex mutex_;
   std::vector<ShardCounters*> shards_;
+  std::vector<std::int64_t> cur_, want_;  // scratch of rebalance_one, one per shard
   std::int64_t peak_[kReportedKinds][3] = {};
   std::uint64_t epoch_ = 0;  // rebalances so far
   // Rebalances after which a shard that triggered none gives up its claims.
