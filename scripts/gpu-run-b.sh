@@ -6,6 +6,8 @@
 #                                    replayed on the GPU and the simulated device under
 #                                    default / expandable / compact, the memory viewer,
 #                                    the examples)                       -> OUT/check/
+#                                    + scripts/gpu-truth.sh (every trace x setting through
+#                                    c10, cudaMallocAsync and Reservoir) -> OUT/truth/
 #   scripts/gpu-run-b.sh torch OUT   the PyTorch and multi-process proofs:
 #       - tests/python/gpu/test_torch_memory_api.py (torch.cuda memory API, OOM, traces
 #         recorded by every front replayed to the live peaks)
@@ -71,6 +73,7 @@ case $phase in
   check)
     start_fuzz
     step gpu-check taskset -c "$gpu_cores" scripts/gpu-check.sh "$out/check"
+    step gpu-truth taskset -c "$gpu_cores" scripts/gpu-truth.sh "$out/truth"
     finish_fuzz
     ;;
   torch)
