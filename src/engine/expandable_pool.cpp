@@ -139,7 +139,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   seg->mapped_bytes += mapped;
   counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
   DeviceCounters::bump(services_.counters.device_allocs);
-  if (tracing()) services_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
+  if (tracing()) trace(TraceAction::segment_map, mapped_at, mapped, context);
   return keep;
 }
 
@@ -191,7 +191,7 @@ bool StreamPool::unmap_block(Block* b) {
     counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
     if (tracing())
-      services_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
+      trace(TraceAction::segment_unmap, start, length, seg->context);
   }
   if (!error.empty()) throw DeviceError("reservoir: " + error);
   return length > 0;
