@@ -81,7 +81,7 @@ struct SegmentInfo {
   bool is_expandable = false;
   PoolId pool;                    // the private pool owning it ({0, 0}: the default pools)
   Context context;                // where the device allocation was made
-  std::vector<BlockInfo> blocks;      // in address order, tiling the segment
+  std::vector<BlockInfo> blocks;  // in address order, tiling the segment
 };
 
 struct Snapshot {

@@ -19,6 +19,18 @@ import ctypes
 import os
 
 from . import _args, _lib
+from ._pools import (
+    MemPool,
+    PoolCheckpoint,
+    capture_to_pool,
+    checkpoint_pool,
+    pool_live_allocations_are,
+    pool_use_count,
+    release_pool,
+    restore_pool,
+    retain_pool,
+    use_mem_pool,
+)
 from ._lib import (
     ReservoirConfigError,
     ReservoirDeviceError,
@@ -34,6 +46,16 @@ from ._lib import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MemPool",
+    "PoolCheckpoint",
+    "capture_to_pool",
+    "checkpoint_pool",
+    "pool_live_allocations_are",
+    "pool_use_count",
+    "release_pool",
+    "restore_pool",
+    "retain_pool",
+    "use_mem_pool",
     "ReservoirConfigError",
     "ReservoirDeviceError",
     "ReservoirError",
@@ -437,6 +459,12 @@ def memory_summary(device=None, abbreviated=False):
         _two_cells(
             "Synchronizations: %d" % stats["num_sync_all_streams"],
             "Max split size: %s" % split_text,
+        )
+    )
+    lines.append(
+        _two_cells(
+            "Private pools: %d" % stats.get("private_pools", 0),
+            "Private reserved: %s" % _format_bytes(stats.get("private_pool_reserved_bytes", 0)),
         )
     )
     lines.append(_line("="))

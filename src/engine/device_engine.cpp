@@ -35,8 +35,8 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       settings_(config),
       events_(backend, device),
       registry_(segments),
-      services_{backend_, device_, events_,  ledger_,   registry_, budget_,
-                counters_, gc_,    peers_,   history_, settings_, capture_} {
+      services_{backend_,  device_, events_, ledger_,  registry_, budget_,
+                counters_, gc_,     peers_,  history_, settings_, capture_} {
   if (config.per_process_memory_fraction_set)
     set_memory_fraction(config.per_process_memory_fraction);
 }
@@ -224,8 +224,8 @@ DeviceStats DeviceEngine::stats() {
   {
     std::lock_guard<std::mutex> guard(create_mutex_);
     for (const auto& p : private_pools_)
-      s.private_pool_reserved_bytes +=
-          p->counters().get(kReservedBytes, kSmallPool) + p->counters().get(kReservedBytes, kLargePool);
+      s.private_pool_reserved_bytes += p->counters().get(kReservedBytes, kSmallPool) +
+                                       p->counters().get(kReservedBytes, kLargePool);
   }
   s.private_pools = static_cast<std::int64_t>(private_registry_.pools().size());
   std::lock_guard<std::mutex> guard(config_mutex_);

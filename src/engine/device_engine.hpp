@@ -199,7 +199,7 @@ class DeviceEngine {
   PoolRegistry private_registry_;
   std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
   std::vector<StreamPool*> spare_;                          // under create_mutex_
-  std::atomic<bool> compact_on_{false};   // policy:compact in force
+  std::atomic<bool> compact_on_{false};                     // policy:compact in force
   std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
   std::atomic<CompactPool*> compact_ptr_{nullptr};
 };

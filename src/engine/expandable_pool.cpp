@@ -23,10 +23,13 @@ Block* StreamPool::allocate_expandable(std::size_t size, PoolIndex pool, const C
   Block* c = find_expandable(size, pool);
   if (!c) return nullptr;
   Segment* seg = c->segment;
-  // A failed grow of a segment that maps nothing (a new one) gives back its range too.
+  // A failed grow of a segment that maps nothing (a new one) gives back its range too,
+  // except during a capture (nothing goes back then): the range, mapping nothing, is
+  // given back at the next release of the cache.
   auto undo_reserve = [&] {
     std::string ignored;  // what the device refused stays on the books, retried later
-    if (seg->mapped_bytes == 0) release_expandable_segment(seg, &ignored);
+    if (seg->mapped_bytes == 0 && !services_.capture.underway())
+      release_expandable_segment(seg, &ignored);
   };
   try {
     if (c->state == BlockState::unmapped) c = map_block(c, std::min(c->size, size), context);
@@ -190,8 +193,7 @@ bool StreamPool::unmap_block(Block* b) {
     count_held(seg, held, length);  // pages whose memory could not be released stay reserved
     counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
-    if (tracing())
-      trace(TraceAction::segment_unmap, start, length, seg->context);
+    if (tracing()) trace(TraceAction::segment_unmap, start, length, seg->context);
   }
   if (!error.empty()) throw DeviceError("reservoir: " + error);
   return length > 0;
@@ -247,8 +249,8 @@ void StreamPool::count_held(Segment* seg, std::size_t held_before, std::size_t u
   const std::size_t held = seg->vm->held_bytes();
   RESERVOIR_ASSERT(unused + held_before >= held);
   if (held != held_before)
-    counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(held) -
-                                                 static_cast<std::int64_t>(held_before));
+    counters_.add<kReservedBytes>(
+        seg->pool, static_cast<std::int64_t>(held) - static_cast<std::int64_t>(held_before));
   if (unused + held_before > held) services_.budget.unreserve(unused + held_before - held);
 }
 

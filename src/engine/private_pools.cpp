@@ -48,8 +48,9 @@ PoolRegistry::Pool PoolRegistry::retain(PoolId id, const PoolOptions& options) {
 
 PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& options) {
   if (id.is_default())
-    throw InvalidArgumentError("reservoir: pool id (0, 0) names the default pools, not a private "
-                               "pool");
+    throw InvalidArgumentError(
+        "reservoir: pool id (0, 0) names the default pools, not a private "
+        "pool");
   if (Pool p = find_locked(id)) {
     if (p->use_count == 0)
       throw InvalidArgumentError("reservoir: private pool " + name(id) +
@@ -112,8 +113,8 @@ std::vector<PoolRegistry::Pool> PoolRegistry::take_dead() {
   std::vector<Pool> dead;
   for (auto it = pools_.begin(); it != pools_.end();) {
     const Pool& p = *it;
-    bool routed = std::any_of(routes_->begin(), routes_->end(),
-                              [&](const Route& r) { return r.pool == p; });
+    bool routed =
+        std::any_of(routes_->begin(), routes_->end(), [&](const Route& r) { return r.pool == p; });
     bool holds = false;
     for (StreamPool* s : p->streams()) holds |= s->holds_segments();
     if (p->use_count == 0 && !routed && !holds) {
@@ -153,8 +154,8 @@ void PoolRegistry::begin(PoolId id, StreamFilter filter, bool capture) {
 bool PoolRegistry::end(PoolId id) {
   std::lock_guard<std::mutex> guard(mutex_);
   auto next = std::make_shared<Routes>(*routes_);
-  auto it = std::find_if(next->begin(), next->end(),
-                         [&](const Route& r) { return r.pool->id() == id; });
+  auto it =
+      std::find_if(next->begin(), next->end(), [&](const Route& r) { return r.pool->id() == id; });
   if (it == next->end())
     throw InvalidArgumentError("reservoir: not routing allocations to private pool " + name(id) +
                                " (end_allocate_to_pool without begin)");

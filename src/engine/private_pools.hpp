@@ -95,7 +95,7 @@ class PoolRegistry {
   void publish(std::shared_ptr<const Routes> routes);
 
   mutable std::mutex mutex_;
-  std::vector<Pool> pools_;  // few: searched linearly
+  std::vector<Pool> pools_;                                            // few: searched linearly
   std::shared_ptr<const Routes> routes_ = std::make_shared<Routes>();  // copied on write
   std::atomic<bool> routing_{false};
   std::atomic<bool> use_on_oom_{false};

@@ -190,8 +190,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   seg->oversize = alloc_size >= policy().max_split_size();
   if (seg->oversize) counters_.add<kOversizeSegments>(pool, 1);
   DeviceCounters::bump(services_.counters.device_allocs);
-  if (tracing())
-    trace(TraceAction::segment_alloc, seg->base, alloc_size, context);
+  if (tracing()) trace(TraceAction::segment_alloc, seg->base, alloc_size, context);
   return b;
 }
 
@@ -241,7 +240,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
   if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
   if (__builtin_expect(tracing(), 0)) {
     trace(TraceAction::alloc, out->address, requested,
-                    services_.history.level() >= ContextLevel::alloc ? context : nullptr);
+          services_.history.level() >= ContextLevel::alloc ? context : nullptr);
     if (context) out->extra().context = context;
   }
   return out->address;
@@ -266,8 +265,7 @@ bool StreamPool::free_traced(std::uintptr_t address) {
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  trace(TraceAction::free_requested, b->address, b->requested,
-                  context ? context : b->context());
+  trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
   release_block(b);
   finish_operation();
   return true;
@@ -290,6 +288,10 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
     else
       defer_free(b);
   }
+}
+
+void StreamPool::release_block_outlined(Block* b) {
+  release_block(b);
 }
 
 // The block's memory is free for reuse on this stream (its counters are settled):
@@ -478,8 +480,7 @@ bool StreamPool::holds_segments() {
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
-  if (tracing())
-    trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
+  if (tracing()) trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
   if (services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
                                    seg->size) != DeviceStatus::ok)
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +

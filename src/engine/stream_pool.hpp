@@ -187,6 +187,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block);
+  void release_block_outlined(Block* block);  // for the pool's other files
   void free_block(Block* block);
   void defer_free(Block* block);
   RESERVOIR_COLD void defer_past_capture(Block* block);

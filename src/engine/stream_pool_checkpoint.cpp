@@ -37,8 +37,8 @@ void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
                                    at(b->address) +
                                    " was freed but waits for work on other streams (a capture "
                                    "is under way, or the device failed)");
-      record.blocks.push_back(CheckpointBlock{b->address, b->size, b->requested,
-                                              b->state == BlockState::allocated});
+      record.blocks.push_back(
+          CheckpointBlock{b->address, b->size, b->requested, b->state == BlockState::allocated});
     }
     out->push_back(std::move(record));
   }
@@ -53,8 +53,8 @@ Segment* StreamPool::segment_at(std::uintptr_t base) {
 void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& segments) {
   Guard guard(lock_);
   for (const CheckpointSegment* record : segments) {
-    const std::string where = "reservoir: cannot restore the checkpoint: segment " +
-                              at(record->base);
+    const std::string where =
+        "reservoir: cannot restore the checkpoint: segment " + at(record->base);
     Segment* seg = segment_at(record->base);
     if (!seg || seg->expandable || seg->size != record->size)
       throw InvalidArgumentError(where +
@@ -95,7 +95,7 @@ void StreamPool::free_all_allocated(std::vector<void*>* freed) {
     RESERVOIR_ASSERT(b);
     freed->push_back(reinterpret_cast<void*>(address));
     if (tracing()) trace(TraceAction::free_requested, b->address, b->requested, b->context());
-    release_block(b);
+    release_block_outlined(b);
   }
   if (pending_blocks_ != 0) process_events(true);
   finish_operation();
