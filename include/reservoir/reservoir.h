@@ -119,6 +119,10 @@ typedef struct reservoir_pool_id {
   uint64_t first;
   uint64_t second;
 } reservoir_pool_id;
+/* Bytes of reserved memory held by private pools, and how many pools exist (not in
+ * reservoir_stats_text, whose keys are PyTorch's memory_stats() keys). */
+RESERVOIR_C_API reservoir_status reservoir_private_pool_stats(int device, int64_t* reserved_bytes,
+                                                              int64_t* pools);
 /* A new pool with a fresh id (use count 1). use_on_oom: its free blocks may serve
  * other requests when the device is out of memory; no_split: its blocks are never
  * split. */

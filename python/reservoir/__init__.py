@@ -26,6 +26,7 @@ from ._pools import (
     checkpoint_pool,
     pool_live_allocations_are,
     pool_use_count,
+    private_pool_stats,
     release_pool,
     restore_pool,
     retain_pool,
@@ -52,6 +53,7 @@ __all__ = [
     "checkpoint_pool",
     "pool_live_allocations_are",
     "pool_use_count",
+    "private_pool_stats",
     "release_pool",
     "restore_pool",
     "retain_pool",
@@ -461,10 +463,11 @@ def memory_summary(device=None, abbreviated=False):
             "Max split size: %s" % split_text,
         )
     )
+    pools = private_pool_stats(device)
     lines.append(
         _two_cells(
-            "Private pools: %d" % stats.get("private_pools", 0),
-            "Private reserved: %s" % _format_bytes(stats.get("private_pool_reserved_bytes", 0)),
+            "Private pools: %d" % pools["private_pools"],
+            "Private reserved: %s" % _format_bytes(pools["private_pool_reserved_bytes"]),
         )
     )
     lines.append(_line("="))

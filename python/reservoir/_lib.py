@@ -137,6 +137,10 @@ _SIGNATURES = {
         [ctypes.c_char_p, ctypes.c_size_t, _c_size_p],
     ),
     "reservoir_metrics_json": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
+    "reservoir_private_pool_stats": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
+    ),
     "reservoir_pool_create": (
         ctypes.c_int,
         [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(PoolId)],

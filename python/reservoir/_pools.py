@@ -30,6 +30,16 @@ def _pair(pool_id):
     return (int(first), int(second))
 
 
+def private_pool_stats(device=None):
+    """{"private_pool_reserved_bytes": bytes of reserved memory held by private pools,
+    "private_pools": how many exist} (not in memory_stats(), whose keys are PyTorch's)."""
+    reserved = ctypes.c_int64(0)
+    pools = ctypes.c_int64(0)
+    _lib.check(_lib.load().reservoir_private_pool_stats(
+        _args.device_index(device), ctypes.byref(reserved), ctypes.byref(pools)))
+    return {"private_pool_reserved_bytes": reserved.value, "private_pools": pools.value}
+
+
 def retain_pool(pool_id, device=None, use_on_oom=False, no_split=False):
     """Creates the pool named pool_id (use count 1) or adds a use of it."""
     _lib.check(_lib.load().reservoir_pool_retain(

@@ -153,11 +153,19 @@ PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
     it->second.push_back(&segment);
   }
   for (auto& [p, segments] : work) p->check_restorable(segments);
+  // A device error while freeing (waiting for a pending free's event) leaves every
+  // block of the pool freed, nothing of the checkpoint allocated, and is rethrown.
   PoolRestore out;
+  std::string failure;
   for (auto& [p, segments] : work) {
-    p->flush_capture_deferred();
-    p->free_all_allocated(&out.freed);
+    try {
+      p->flush_capture_deferred();
+      p->free_all_allocated(&out.freed);
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
   }
+  if (!failure.empty()) throw DeviceError(failure);
   std::vector<void*> allocated;
   for (auto& [p, segments] : work) p->restore(segments, &allocated);
   out.allocated = std::move(allocated);

@@ -90,15 +90,22 @@ void StreamPool::free_all_allocated(std::vector<void*>* freed) {
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
     for (const Block* b = seg->head; b; b = b->next)
       if (b->state == BlockState::allocated) addresses.push_back(b->address);
+  std::string failure;
   for (std::uintptr_t address : addresses) {
     Block* b = allocated_.erase(address);
     RESERVOIR_ASSERT(b);
     freed->push_back(reinterpret_cast<void*>(address));
     if (tracing()) trace(TraceAction::free_requested, b->address, b->requested, b->context());
-    release_block_outlined(b);
+    try {
+      release_block_outlined(b);  // a failed event record strands the block (DeviceError)
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
   }
-  if (pending_blocks_ != 0) process_events(true);
   finish_operation();
+  if (failure.empty() && pending_blocks_ != 0) process_events(true);
+  finish_operation();
+  if (!failure.empty()) throw DeviceError(failure);
 }
 
 void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,

@@ -151,8 +151,6 @@ std::string stats_text(const reservoir::DeviceStats& stats) {
   write_value(out, "num_device_alloc", stats.num_device_alloc);
   write_value(out, "num_device_free", stats.num_device_free);
   write_value(out, "max_split_size", stats.max_split_size);
-  write_value(out, "private_pool_reserved_bytes", stats.private_pool_reserved_bytes);
-  write_value(out, "private_pools", stats.private_pools);
   return out;
 }
 
@@ -392,6 +390,17 @@ reservoir_status reservoir_validate(void) {
 }
 
 // ---------------------------------------------------------------- private pools
+
+reservoir_status reservoir_private_pool_stats(int device, int64_t* reserved_bytes, int64_t* pools) {
+  constexpr const char* kFn = "reservoir_private_pool_stats";
+  return guarded(kFn, [&] {
+    require(reserved_bytes, kFn, "reserved_bytes");
+    require(pools, kFn, "pools");
+    const reservoir::DeviceStats s = Allocator::instance().stats(device);
+    *reserved_bytes = s.private_pool_reserved_bytes;
+    *pools = s.private_pools;
+  });
+}
 
 reservoir_status reservoir_pool_create(int device, int use_on_oom, int no_split,
                                        reservoir_pool_id* id) {

@@ -194,6 +194,7 @@ void Walker::check_books() {
                      std::to_string(st->current) + ", peak " + std::to_string(st->peak));
   }
   note_synchronizations(all);
+  check_capture();
 }
 
 // The ladder's last rung and empty_cache wait for every pending free: after one,

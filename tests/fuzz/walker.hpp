@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -86,6 +87,19 @@ struct Live {
   StreamHandle stream;
   std::uint64_t id;
   std::vector<StreamHandle> uses;  // other streams recorded with record_stream
+  int pool = -1;                   // private pool slot serving it (-1 default, -2 released)
+};
+
+// A private pool the walk made (walk_pools.cpp). The walk holds one use of it while
+// it exists, and one more while routing to it is on.
+struct PoolSlot {
+  bool exists = false;
+  PoolId id;
+  int device = 0;
+  int route = 0;  // 0 none, 1 this thread, 2 capture on stream
+  StreamHandle stream = 0;
+  std::uint64_t order = 0;  // begin order: the first route that accepts wins
+  std::optional<PoolCheckpoint> checkpoint;
 };
 
 // A block freed while other streams used it: its memory must not be handed out
@@ -137,6 +151,13 @@ class Walker {
   void op_fault();
   void op_reset_stats();
 
+  // walk_pools.cpp: private pools (kOpDevice with an argument of 0x80 and up).
+  void op_pool(std::uint8_t arg);
+  int routed_slot(int device, StreamHandle stream) const;
+  void pool_restore(PoolSlot& slot, int index);
+  void check_capture();
+  bool capture_on() const;
+
   // walk_checks.cpp: checks, queries and bad inputs.
   void check_disjoint(const Live& l);
   void check_pattern(const Live& l);
@@ -169,6 +190,9 @@ class Walker {
   bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false;
   bool callback_on_ = false, capacity_changed_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
+  std::array<PoolSlot, 2> pools_{};
+  std::uint64_t next_pool_ = 1, route_order_ = 0;
+  SimCounters capture_base_{};  // device calls when the first capture route began
 };
 
 }  // namespace reservoir::fuzz
