@@ -38,7 +38,7 @@ class PrivatePool {
   void add(StreamPool* pool);
   std::vector<StreamPool*> streams() const;
 
-  int use_count = 1;  // under the registry mutex
+  std::atomic<int> use_count{1};  // changed under the registry mutex
 
  private:
   const PoolId id_;

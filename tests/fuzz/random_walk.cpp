@@ -240,7 +240,7 @@ void Walker::op_alloc() {
          {}};
   WALK_CHECK(l.block >= size && l.block % 512 == 0, "block size " + std::to_string(l.block));
   WALK_CHECK(alloc_->requested_size(p) == size, "requested size differs");
-  l.pool = routed_slot(device, stream);
+  l.pool = serving_slot(device, stream, l.address);
   check_disjoint(l);
   shadow_.emplace(l.address, l.address + l.block);
   for_pattern(l.requested, [&](std::size_t o) {

@@ -99,6 +99,7 @@ struct PoolSlot {
   int route = 0;  // 0 none, 1 this thread, 2 capture on stream
   StreamHandle stream = 0;
   std::uint64_t order = 0;  // begin order: the first route that accepts wins
+  bool use_on_oom = false;  // may lend its free blocks to other requests
   std::optional<PoolCheckpoint> checkpoint;
 };
 
@@ -153,7 +154,8 @@ class Walker {
 
   // walk_pools.cpp: private pools (kOpDevice with an argument of 0x80 and up).
   void op_pool(std::uint8_t arg);
-  int routed_slot(int device, StreamHandle stream) const;
+  // The slot whose pool served a block allocated on device and stream.
+  int serving_slot(int device, StreamHandle stream, std::uintptr_t address);
   void pool_restore(PoolSlot& slot, int index);
   void check_capture();
   bool capture_on() const;
@@ -192,7 +194,11 @@ class Walker {
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
   std::array<PoolSlot, 2> pools_{};
   std::uint64_t next_pool_ = 1, route_order_ = 0;
-  SimCounters capture_base_{};  // device calls when the first capture route began
+  struct DeviceHold {
+    std::size_t used = 0, segments = 0, reservations = 0;
+    bool valid = false;  // a capture was on at the last check
+  };
+  std::array<DeviceHold, kDevices> capture_hold_{};
 };
 
 }  // namespace reservoir::fuzz

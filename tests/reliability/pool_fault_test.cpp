@@ -45,31 +45,41 @@ Result run_rounds(Rig& rig, bool errors_allowed) {
   for (int round = 0; round < 8; ++round) {
     const PoolId pool = a.create_pool({}, 0);
     std::vector<void*> live;
+    // A default block used on the side stream, freed during the capture: its event
+    // is recorded when the capture ends.
+    void* before = nullptr;
+    step([&] { before = a.allocate(2 * MiB, kCapture, 0); });  // may query events
+    if (before) {
+      a.record_stream(before, kSide);
+      rig.sim->submit_work(kSide);
+    }
     a.begin_capture_to_pool(pool, kCapture, 0);
     step([&] {
       for (std::size_t size : {std::size_t{1024}, 3 * MiB, 12 * MiB + 512 * round})
         live.push_back(a.allocate(size, kCapture, 0));
     });
-    if (live.size() == 3) {
-      a.record_stream(live[0], kSide);
-      rig.sim->submit_work(kSide);           // the side stream is still busy
-      step([&] { a.deallocate(live[0]); });  // deferred: no event during the capture
-      live.erase(live.begin());
-    }
-    step([&] { a.end_allocate_to_pool(pool, 0); });  // records the deferred events
-    a.release_pool(pool, 0);                         // the route's use
-    std::optional<PoolCheckpoint> checkpoint;
-    step([&] { checkpoint = a.checkpoint_pool(pool, 0); });  // waits for them
+    if (before) step([&] { a.deallocate(before); });  // deferred past the capture
+    step([&] { a.end_allocate_to_pool(pool, 0); });   // records the deferred event
+    a.release_pool(pool, 0);                          // the route's use
+    // A pool block used on the side stream: its free waits for an event.
     a.begin_allocate_current_thread_to_pool(pool, 0);
-    step([&] { a.deallocate(a.allocate(MiB, kCapture, 0)); });
+    void* used = nullptr;
+    step([&] { used = a.allocate(MiB, kCapture, 0); });
     a.end_allocate_to_pool(pool, 0);
     a.release_pool(pool, 0);
+    if (used) {
+      a.record_stream(used, kSide);
+      rig.sim->submit_work(kSide);
+      step([&] { a.deallocate(used); });
+    }
+    if (!live.empty()) a.record_stream(live[0], kSide);  // the restore frees it: an event
+    rig.sim->submit_work(kSide);
+    std::optional<PoolCheckpoint> checkpoint;
+    step([&] { checkpoint = a.checkpoint_pool(pool, 0); });  // waits for the pool's events
     if (checkpoint) {
       step([&] {
-        PoolRestore r;
         live.clear();  // a restore frees them, even when it fails on the device
-        r = a.restore_pool(*checkpoint);
-        live = r.allocated;
+        live = a.restore_pool(*checkpoint).allocated;
       });
     }
     for (void* p : live) step([&] { a.deallocate(p); });
@@ -122,8 +132,8 @@ TEST_P(PoolCallSweep, EveryCallFailingKeepsThePoolsBooks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Calls, PoolCallSweep, ::testing::ValuesIn(kPlans),
-                         [](const ::testing::TestParamInfo<Plan>& info) {
-                           return std::string(info.param.name);
+                         [](const ::testing::TestParamInfo<Plan>& plan_info) {
+                           return std::string(plan_info.param.name);
                          });
 
 }  // namespace
