@@ -250,7 +250,12 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
-    compact_on_.store(config.policy == Config::Policy::compact, std::memory_order_relaxed);
+    const bool compact = config.policy == Config::Policy::compact;
+    compact_on_.store(compact, std::memory_order_relaxed);
+    if (compact)
+      detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
+    else
+      detours_.fetch_and(static_cast<std::uint8_t>(~kDetourCompact), std::memory_order_relaxed);
     for (auto it = private_pools_.rbegin(); it != private_pools_.rend(); ++it)
       (*it)->lock().unlock();
     for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) (*it)->lock().unlock();

@@ -72,8 +72,7 @@ class DeviceEngine {
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
     // With history on, the user's context recorder runs first (it may be slow or take
     // its own locks), out of the hot path.
-    if (RESERVOIR_UNLIKELY(history_.active() || compact_on_.load(std::memory_order_relaxed) ||
-                           private_registry_.routing()))
+    if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
       return allocate_with_context(requested, stream);
     StreamPool& p = pool(stream);
     if (std::uintptr_t address = p.allocate_cached(requested, kNoContext)) return address;
@@ -196,10 +195,13 @@ class DeviceEngine {
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;
   std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
-  PoolRegistry private_registry_;
+  PoolRegistry private_registry_{detours_, kDetourRouting};
   std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
   std::vector<StreamPool*> spare_;                          // under create_mutex_
   std::atomic<bool> compact_on_{false};                     // policy:compact in force
+  // Why a request cannot take the plain path, as bits: one load on the hot path.
+  static constexpr std::uint8_t kDetourCompact = 1, kDetourRouting = 2;
+  std::atomic<std::uint8_t> detours_{0};
   std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
   std::atomic<CompactPool*> compact_ptr_{nullptr};
 };

@@ -3,6 +3,7 @@
 #include "engine/private_pools.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "reservoir/errors.hpp"
@@ -133,7 +134,12 @@ std::vector<PoolRegistry::Pool> PoolRegistry::take_dead() {
 // ---------------------------------------------------------------- routes
 
 void PoolRegistry::publish(std::shared_ptr<const Routes> routes) {
-  routing_.store(!routes->empty(), std::memory_order_release);
+  const bool on = !routes->empty();
+  routing_.store(on, std::memory_order_release);
+  if (on)
+    flags_.fetch_or(bit_, std::memory_order_release);
+  else
+    flags_.fetch_and(static_cast<std::uint8_t>(~bit_), std::memory_order_release);
   routes_ = std::move(routes);
 }
 

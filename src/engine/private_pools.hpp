@@ -51,6 +51,9 @@ class PoolRegistry {
  public:
   using Pool = std::shared_ptr<PrivatePool>;
 
+  // flags gets bit set while any routing is on (the engine's one hot-path check).
+  PoolRegistry(std::atomic<std::uint8_t>& flags, std::uint8_t bit) : flags_(flags), bit_(bit) {}
+
   // Cheap check for the allocation path: is any routing on?
   bool routing() const noexcept { return routing_.load(std::memory_order_relaxed); }
   bool any_use_on_oom() const noexcept { return use_on_oom_.load(std::memory_order_relaxed); }
@@ -98,6 +101,8 @@ class PoolRegistry {
   std::vector<Pool> pools_;                                            // few: searched linearly
   std::shared_ptr<const Routes> routes_ = std::make_shared<Routes>();  // copied on write
   std::atomic<bool> routing_{false};
+  std::atomic<std::uint8_t>& flags_;
+  const std::uint8_t bit_;
   std::atomic<bool> use_on_oom_{false};
 };
 

@@ -204,6 +204,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   const StreamHandle stream_;
   Lock lock_;
   std::size_t pending_blocks_ = 0;
+  bool no_split_ = false;  // read by every hand_out: kept on the lock's line
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
@@ -215,7 +216,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::vector<Block*> stranded_;  // pending forever after a device error
   std::vector<Block*> capture_deferred_;
   PoolId pool_id_{};
-  bool no_split_ = false;
 };
 
 // ---------------------------------------------------------------- hot inline helpers
