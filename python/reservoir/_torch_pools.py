@@ -20,9 +20,11 @@ What PyTorch calls, and how each reaches Reservoir under install():
 The one thing PyTorch's own restore does that a pluggable allocator cannot: give
 the storages that are live at a restore a deleter (it writes into c10::StorageImpl
 from C++). Reservoir instead keeps a weak reference to each such storage and frees
-its block once the storage is gone, checked whenever cudagraph trees next call into
-the allocator's pool paths (a checkpoint, a restore, routing to the pool); until
-then the block stays allocated in the graph pool, never handed to anyone else.
+its block when cudagraph trees free the storage (_free_And_Remove_DeleterFn, also
+replaced) or once the storage is gone, checked whenever they next call into the
+allocator's pool paths (a checkpoint, a restore, routing to the pool) and at
+torch.cuda.empty_cache(); until then the block stays allocated in the graph pool,
+never handed to anyone else.
 """
 
 import reservoir as _reservoir
@@ -118,6 +120,41 @@ def make_raw_delete(original):
     return raw_delete
 
 
+def make_free_and_remove_deleter(torch):
+    original = torch._C._free_And_Remove_DeleterFn
+
+    def free_and_remove_deleter(cdata):
+        # cudagraph trees free a path's live outputs this way; a storage a restore
+        # adopted has no deleter to call, so Reservoir frees its block here, as
+        # PyTorch's deleter would have.
+        storage = torch.UntypedStorage._new_with_weak_ptr(cdata)
+        address = storage.data_ptr() if storage is not None else None
+        del storage
+        result = original(cdata)
+        if address is not None:
+            keep = []
+            for entry in _adopted:
+                if entry[1] == address:
+                    try:
+                        _reservoir.raw_free(address)
+                    except _reservoir.ReservoirInvalidPointerError:
+                        pass
+                else:
+                    keep.append(entry)
+            _adopted[:] = keep
+        return result
+
+    return free_and_remove_deleter
+
+
+def make_empty_cache(original):
+    def empty_cache(*args, **kwargs):
+        reclaim_dead_storages()
+        return original(*args, **kwargs)
+
+    return empty_cache
+
+
 def make_begin_current_thread(original):
     def begin_allocate_current_thread_to_pool(device, pool):
         reclaim_dead_storages()  # memory the pool may reuse before it records
@@ -157,6 +194,8 @@ def patch(torch):
         "_cuda_checkPoolLiveAllocations": lambda original: check_pool_live_allocations,
         "_cuda_cudaCachingAllocator_raw_delete": make_raw_delete,
         "_cuda_beginAllocateCurrentThreadToPool": make_begin_current_thread,
+        "_free_And_Remove_DeleterFn": lambda original: make_free_and_remove_deleter(torch),
+        "_cuda_emptyCache": make_empty_cache,
     }
     replaced = []
     for name, make in replacements.items():
