@@ -1,10 +1,11 @@
 // SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp).
 //
 // One mutex guards all state; the allocate hook runs outside it. Address layout
-// (synthetic mode): device d owns [kBase + d * stride, kBase + (d + 1) * stride);
-// segments come from its lower half, reservations from its upper half, so the two
-// never overlap. In host_backed mode segments come from one host mapping per device
-// and each reservation is its own PROT_NONE host mapping.
+// (synthetic mode): device d owns the window [kBase + d * stride, kBase + (d + 1) *
+// stride), where the placement model (sim_placement.hpp) puts segments top-down and
+// reservations bottom-up, as the CUDA driver does. In host_backed mode segments are
+// placed the same way inside one host mapping per device, and each reservation is its
+// own PROT_NONE host mapping.
 //
 // Counters count calls that succeeded (for query_event: answered ok or not_ready),
 // except failed_allocs, which counts out_of_memory answers of allocate and
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "backend/sim_address_space.hpp"
+#include "backend/sim_placement.hpp"
 #include "reservoir/errors.hpp"
 
 namespace reservoir {
@@ -37,12 +39,13 @@ namespace {
 constexpr std::uintptr_t kBase = 0x7f0000000000;
 constexpr std::size_t kSmallAlignment = 512;
 constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::synchronize_stream) + 1;
+constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::stream_wait_event) + 1;
 // clang-format off
 constexpr std::array<const char*, kOpCount> kOpNames = {
     "allocate", "deallocate", "create_event", "record_event", "query_event",
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
-    "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream"};
+    "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
+    "stream_wait_event"};
 // clang-format on
 
 std::size_t round_up(std::size_t value, std::size_t alignment) {
@@ -53,10 +56,10 @@ std::string bytes(std::size_t n) {
   return std::to_string(n) + " bytes";
 }
 
-// Synthetic address window per device: big enough that segments fill their half
-// (at least 4x the capacity, for fragmentation) long before running out of room.
+// Synthetic address window per device: at least 64x the capacity, so segments (from
+// the top) and dozens of expandable-segment reservations (each device memory + 1/8,
+// from the bottom) never run out of room.
 std::size_t device_stride(std::size_t capacity) {
-  // Room for dozens of expandable-segment reservations (each device memory + 1/8).
   std::size_t stride = std::size_t{1} << 44;
   while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
   return stride;
@@ -72,6 +75,9 @@ const SimOptions& validated(const SimOptions& o) {
   if (o.host_backed && g % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     throw InvalidArgumentError("SimOptions: host_backed needs a granularity of whole pages");
   }
+  if (std::string problem = sim::placement_problem(o.placement); !problem.empty()) {
+    throw InvalidArgumentError(problem);
+  }
   const std::size_t stride = device_stride(o.capacity);
   if (static_cast<std::size_t>(o.device_count) > (UINTPTR_MAX - kBase) / stride) {
     throw InvalidArgumentError("SimOptions: too many devices for the address space");
@@ -79,14 +85,11 @@ const SimOptions& validated(const SimOptions& o) {
   return o;
 }
 
-// The upper half of each device's synthetic window (reservations).
-std::vector<sim::RangeAllocator> reservation_regions(const SimOptions& o) {
-  std::vector<sim::RangeAllocator> regions;
-  const std::size_t stride = device_stride(o.capacity);
-  for (int d = 0; d < o.device_count; ++d) {
-    regions.emplace_back(kBase + static_cast<std::size_t>(d) * stride + stride / 2, stride / 2);
-  }
-  return regions;
+// The host mapping of a host_backed device: twice the capacity (alignment padding and
+// fragmentation), whole chunks, and the context's part of the window.
+std::size_t host_window(const SimOptions& o) {
+  const std::size_t chunk = o.placement.chunk;
+  return round_up(2 * o.capacity, chunk) + 2 * chunk + o.placement.context_bytes;
 }
 
 std::atomic<std::uint64_t> g_next_instance{1};
@@ -123,16 +126,27 @@ struct SimBackend::State {
   struct Device {
     std::size_t capacity = 0;
     std::size_t used = 0;  // may exceed capacity after set_capacity lowers it
-    sim::RangeAllocator space;
+    sim::DriverPlacement space;
     std::map<std::uintptr_t, std::size_t> live;  // segment start -> requested size
     std::vector<bool> peers;                     // enable_peer_access(this, peer)
     std::size_t free() const { return used < capacity ? capacity - used : 0; }
   };
   // Invariant: completed <= submitted. Work item n (1-based) has completed iff
   // n <= completed; an event recorded at position p completed iff p <= completed.
+  // waits: the device-side waits inserted on this stream (stream_wait_event), in
+  // order: work after position `at` cannot complete before `stream` completes
+  // `position`. waited: per other stream, the highest position this stream was made to
+  // wait for (ordered_after).
+  struct Wait {
+    std::uint64_t at;
+    StreamHandle stream;
+    std::uint64_t position;
+  };
   struct Stream {
     std::uint64_t submitted = 0;
     std::uint64_t completed = 0;
+    std::vector<Wait> waits;
+    std::map<StreamHandle, std::uint64_t> waited;
   };
   // Invariant: recorded implies position >= 1 and streams contains stream.
   struct Event {
@@ -206,7 +220,10 @@ struct SimBackend::State {
     return error(std::string("sim: ") + op + ": the event was recorded during a capture");
   }
   void complete_all() {
-    for (auto& [handle, stream] : streams) stream.completed = stream.submitted;
+    for (auto& [handle, stream] : streams) {
+      stream.completed = stream.submitted;
+      stream.waits.clear();
+    }
   }
 
   const SimOptions options;
@@ -243,7 +260,13 @@ struct SimBackend::State {
 SimBackend::State::State(const SimOptions& o)
     : options(validated(o)),
       devices(static_cast<std::size_t>(o.device_count)),
-      vm(o.host_backed, o.granularity, reservation_regions(o)),
+      vm(o.host_backed, o.granularity,
+         {[this](int d, std::size_t size, std::size_t alignment) {
+            return devices[static_cast<std::size_t>(d)].space.reserve(size, alignment);
+          },
+          [this](int d, std::uintptr_t start) {
+            devices[static_cast<std::size_t>(d)].space.release(start);
+          }}),
       eager(o.eager) {
   const std::size_t stride = device_stride(o.capacity);
   if (o.host_backed) host.resize(devices.size());
@@ -252,16 +275,16 @@ SimBackend::State::State(const SimOptions& o)
     device.capacity = o.capacity;
     device.peers.assign(devices.size(), false);
     if (!o.host_backed) {
-      device.space = sim::RangeAllocator(kBase + d * stride, stride / 2);
+      device.space =
+          sim::DriverPlacement(kBase + d * stride, kBase + (d + 1) * stride, o.placement);
       continue;
     }
-    // Twice the capacity, so that alignment padding and fragmentation do not run
-    // out of addresses before the capacity is used up; MAP_NORESERVE makes it free.
-    const std::size_t size = round_up(2 * o.capacity, kLargeAlignment);
+    // MAP_NORESERVE: only what is touched costs memory.
+    const std::size_t size = host_window(o);
     if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE)) {
       throw DeviceError("SimBackend: mmap of " + bytes(size) + " for host_backed failed");
     }
-    device.space = sim::RangeAllocator(host[d].begin(), host[d].size());
+    device.space = sim::DriverPlacement(host[d].begin(), host[d].begin() + size, o.placement);
   }
 }
 
@@ -357,8 +380,7 @@ DeviceStatus SimBackend::allocate(int device, std::size_t size, void** ptr) {
                         "sim: device " + std::to_string(device) + " out of memory: " + bytes(size) +
                             " requested, " + bytes(free) + " free of " + bytes(d.capacity));
   }
-  const std::size_t alignment = size >= kLargeAlignment ? kLargeAlignment : kSmallAlignment;
-  const std::uintptr_t start = d.space.take(round_up(size, kSmallAlignment), alignment);
+  const std::uintptr_t start = d.space.allocate(size);
   if (start == 0) {
     ++s.counters.failed_allocs;
     return Failer::fail(
@@ -388,9 +410,8 @@ DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
       return error("sim: deallocate: " + sim::hex(start) + " was allocated with " +
                    bytes(it->second) + ", not " + bytes(size));
     }
-    const std::size_t block = round_up(size, kSmallAlignment);
-    if (s.options.host_backed) sim::host_discard(start, block);
-    d.space.give_back(start, block);
+    if (s.options.host_backed) sim::host_discard(start, round_up(size, kSmallAlignment));
+    d.space.release(start);
     d.live.erase(it);
     d.used -= size;
     ++s.counters.frees;
@@ -469,13 +490,18 @@ DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
   });
 }
 
-DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle, EventHandle event) {
+DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
   State& s = *state_;
-  return s.call(device, std::nullopt, [&](State::Device&) {
-    if (s.find_event("stream_wait_event", device, event) == nullptr) {
-      return DeviceStatus::error;
-    }
-    ++s.counters.stream_waits;  // ordering between streams is not simulated
+  return s.call(device, SimOp::stream_wait_event, [&](State::Device&) {
+    const State::Event* e = s.find_event("stream_wait_event", device, event);
+    if (e == nullptr) return DeviceStatus::error;
+    ++s.counters.stream_waits;
+    if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
+    State::Stream& waiter = s.streams[stream];
+    std::uint64_t& w = waiter.waited[e->stream];
+    w = std::max(w, e->position);
+    if (s.streams[e->stream].completed < e->position)
+      waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
     return DeviceStatus::ok;
   });
 }
@@ -659,7 +685,40 @@ void SimBackend::set_current_device(int device) {
 void SimBackend::advance(StreamHandle stream) {
   std::lock_guard lock(state_->mutex);
   auto it = state_->streams.find(stream);
-  if (it != state_->streams.end()) it->second.completed = it->second.submitted;
+  if (it == state_->streams.end()) return;
+  State::Stream& st = it->second;
+  // Work after a wait on an unfinished stream cannot complete: the stream stops there.
+  std::uint64_t target = st.submitted;
+  std::erase_if(st.waits, [&](const State::Wait& w) {
+    if (state_->streams[w.stream].completed >= w.position) return true;
+    target = std::min(target, w.at);
+    return false;
+  });
+  st.completed = std::max(st.completed, target);
+}
+
+std::uint64_t SimBackend::submitted(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.submitted;
+}
+
+std::uint64_t SimBackend::completed(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.completed;
+}
+
+bool SimBackend::ordered_after(StreamHandle waiter, StreamHandle stream,
+                               std::uint64_t position) const {
+  std::lock_guard lock(state_->mutex);
+  if (waiter == stream) return true;  // one stream's work runs in order
+  auto s = state_->streams.find(stream);
+  if (s == state_->streams.end() || s->second.completed >= position) return true;
+  auto w = state_->streams.find(waiter);
+  if (w == state_->streams.end()) return false;
+  auto it = w->second.waited.find(stream);
+  return it != w->second.waited.end() && it->second >= position;
 }
 
 void SimBackend::advance_all() {

@@ -37,6 +37,9 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       registry_(segments),
       services_{backend_,  device_, events_, ledger_,  registry_, budget_,
                 counters_, gc_,     peers_,  history_, settings_, capture_} {
+  const bool compact = config.policy == Config::Policy::compact;
+  compact_on_.store(compact, std::memory_order_relaxed);
+  if (compact) detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
   if (config.per_process_memory_fraction_set)
     set_memory_fraction(config.per_process_memory_fraction);
 }

@@ -142,6 +142,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   seg->mapped_bytes += mapped;
   counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
   DeviceCounters::bump(services_.counters.device_allocs);
+  DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(mapped / page));
   if (tracing()) trace(TraceAction::segment_map, mapped_at, mapped, context);
   return keep;
 }
@@ -193,6 +194,8 @@ bool StreamPool::unmap_block(Block* b) {
     count_held(seg, held, length);  // pages whose memory could not be released stay reserved
     counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
+    DeviceCounters::bump(services_.counters.device_unmaps,
+                         static_cast<std::int64_t>(length / seg->vm->page_size()));
     if (tracing()) trace(TraceAction::segment_unmap, start, length, seg->context);
   }
   if (!error.empty()) throw DeviceError("reservoir: " + error);
