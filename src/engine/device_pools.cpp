@@ -91,6 +91,13 @@ int DeviceEngine::pool_use_count(PoolId id) {
 // ---------------------------------------------------------------- routing
 
 void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture) {
+  // policy:compact queries events and moves pages on its own paths, which a capture
+  // forbids: refused rather than failing inside the capture.
+  if (capture && compact_on_.load(std::memory_order_relaxed))
+    throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
+                               name(id) +
+                               " under policy:compact (it does not support captures yet; "
+                               "use the default policy for CUDA graphs)");
   // The capture is counted first: a free racing with begin must not record events.
   if (capture) capture_.begin();
   try {

@@ -84,10 +84,17 @@ void Walker::op_pool(std::uint8_t arg) {
       const StreamHandle stream = step == 2 ? in_.u8() % 4 : 0;
       if (!slot.exists || slot.route != 0) return;
       const int uses = alloc_->pool_use_count(slot.id, slot.device);
-      if (step == 1)
+      if (step == 1) {
         alloc_->begin_allocate_current_thread_to_pool(slot.id, slot.device);
-      else
-        alloc_->begin_capture_to_pool(slot.id, stream, slot.device);
+      } else {
+        try {
+          alloc_->begin_capture_to_pool(slot.id, stream, slot.device);
+        } catch (const InvalidArgumentError&) {
+          WALK_CHECK(compact_, "a capture route refused without policy:compact");
+          return;
+        }
+        WALK_CHECK(!compact_, "a capture route accepted under policy:compact");
+      }
       WALK_CHECK(alloc_->pool_use_count(slot.id, slot.device) == uses + 1, "begin adds a use");
       slot.route = step;
       slot.stream = stream;
@@ -159,14 +166,10 @@ void Walker::pool_restore(PoolSlot& slot, int index) {
     StreamHandle stream = 0;
     for (const CheckpointSegment& s : slot.checkpoint->segments)
       if (address >= s.base && address < s.base + s.size) stream = s.stream;
-    Live l{address,
-           alloc_->requested_size(p),
-           alloc_->block_size(p),
-           slot.device,
-           stream,
-           next_id_++,
-           {},
-           index};
+    Live l{
+        address, alloc_->requested_size(p), alloc_->block_size(p), slot.device, stream, next_id_++,
+        {}};
+    l.pool = index;  // a private pool's block (never a compact one)
     check_disjoint(l);
     shadow_.emplace(l.address, l.address + l.block);
     for_pattern(l.requested, [&](std::size_t o) {

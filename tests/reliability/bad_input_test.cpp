@@ -455,6 +455,86 @@ TEST_F(BadInput, RestoreOfACheckpointThatNoLongerFits) {
   for (int i = 0; i < 3; ++i) a_.release_pool(pool, 0);
 }
 
+TEST_F(BadInput, RestoreOfACheckpointOfAnotherPool) {
+  const PoolId a = a_.create_pool({}, 0), b = a_.create_pool({}, 0);
+  std::vector<void*> blocks;
+  for (PoolId id : {a, b}) {
+    a_.begin_allocate_current_thread_to_pool(id, 0);
+    blocks.push_back(a_.allocate(MiB, 1, 0));
+    a_.end_allocate_to_pool(id, 0);
+  }
+  PoolCheckpoint of_a = a_.checkpoint_pool(a, 0);
+  of_a.pool = b;  // b has memory on the same stream, but not a's segment
+  before_ = stats_vector(a_);
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(of_a); },
+                                       {"is not a segment of the pool any more"});
+  EXPECT_TRUE(a_.pool_live_allocations_are(b, {blocks[1]}, 0)) << "b's block was freed";
+  for (void* p : blocks) a_.deallocate(p);
+  a_.release_pool(a, 0);
+  a_.release_pool(b, 0);
+}
+
+// Not refused, but deferred: a pool released while routing to it is on, or while it
+// holds blocks, keeps serving and keeps its memory until both are over.
+TEST_F(BadInput, ReleaseOfAPoolInUseOrWithLiveBlocksIsDeferred) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  a_.release_pool(pool, 0);  // the route still holds a use
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 1);
+  void* p = a_.allocate(MiB, 1, 0);
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {p}, 0)) << "the route stopped at release";
+  a_.end_allocate_to_pool(pool, 0);  // the route's use stays until released (a graph's)
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 1);
+  a_.release_pool(pool, 0);
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 0);
+  const std::int64_t held = a_.stats(0).private_pool_reserved_bytes;
+  EXPECT_GT(held, 0);
+  a_.empty_cache(0);
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, held) << "a live block's segment went back";
+  a_.deallocate(p);
+  a_.empty_cache(0);
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, 0);
+  before_ = stats_vector(a_);  // forgotten now
+  expect_refused<InvalidArgumentError>([&] { a_.pool_use_count(pool, 0); }, {"no private pool"});
+}
+
+// During a capture, requests on a stream the route does not accept stay in the
+// default pools (PyTorch's capture filter), and the pool gets nothing of them.
+TEST_F(BadInput, RequestsOnAnotherStreamDuringACaptureStayInTheDefaultPools) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  void* other = a_.allocate(MiB, 2, 0);
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {}, 0));
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, 0);
+  a_.deallocate(other);
+  a_.end_allocate_to_pool(pool, 0);
+  a_.release_pool(pool, 0);
+  a_.validate();
+}
+
+TEST_F(BadInput, CaptureRoutesUnderPolicyCompact) {
+  Allocator compact(sim_, Config::parse("policy:compact"));
+  const PoolId pool = compact.create_pool({}, 0);
+  EXPECT_THROW(
+      {
+        try {
+          compact.begin_capture_to_pool(pool, 1, 0);
+        } catch (const InvalidArgumentError& e) {
+          EXPECT_NE(std::string(e.what()).find("policy:compact"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidArgumentError);
+  EXPECT_EQ(compact.pool_use_count(pool, 0), 1) << "a refused begin kept a use";
+  compact.begin_allocate_current_thread_to_pool(pool, 0);  // not a capture: served
+  void* p = compact.allocate(MiB, 1, 0);
+  EXPECT_TRUE(compact.pool_live_allocations_are(pool, {p}, 0));
+  compact.end_allocate_to_pool(pool, 0);
+  compact.deallocate(p);
+  compact.release_pool(pool, 0);
+  compact.validate();
+}
+
 TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {
   Allocator expandable(sim_, Config::parse("expandable_segments:True"));
   const PoolId pool = expandable.create_pool({}, 0);
