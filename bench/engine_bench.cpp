@@ -2,11 +2,14 @@
 // patterns as the GPU anchors (shared/tools/anchor_bench.cpp): alloc+free pairs at
 // 512 B / 1 MiB / 64 MiB, log-uniform 256 B-64 MiB with 512 live blocks, and 1 MiB
 // pairs with 2 and 8 threads each on its own stream (time per pair = total time /
-// all pairs, as the anchors count it). Run with --benchmark_min_time=0.01 as a smoke
-// test in CI.
+// all pairs, as the anchors count it). BM_GlibcPair is the host peer timed in the
+// same run: issue 11 bounds a 512 B Reservoir pair on the simulated device at 4x a
+// glibc malloc+free pair of 512 B. CI runs it with --benchmark_min_time=0.002 as a
+// smoke test.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
@@ -39,6 +42,18 @@ void BM_Pair(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_Pair)->Arg(512)->Arg(1 << 20)->Arg(64 << 20);
+
+// The peer: glibc's malloc+free of the same size (its thread cache serves 512 B).
+void BM_GlibcPair(benchmark::State& state) {
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = std::malloc(size);
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_GlibcPair)->Arg(512);
 
 void BM_LogUniform512Live(benchmark::State& state) {
   Allocator& a = shared_allocator();

@@ -21,21 +21,24 @@ flavour release
 flavour checks -DRESERVOIR_CHECKS=ON -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF \
   -DRESERVOIR_WITH_CAIRO=OFF
 if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ]; then
+  # The asan flavour also builds the libFuzzer target (its library gains coverage
+  # instrumentation), so the fuzz smoke below needs no build of its own.
+  fuzz=OFF
+  if [ "${RESERVOIR_SKIP_FUZZ:-0}" != 1 ]; then fuzz=ON; fi
   CC=clang CXX=clang++ flavour asan -DRESERVOIR_SANITIZE="address;undefined" \
-    -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    -DRESERVOIR_BUILD_BENCH=OFF -DRESERVOIR_GPU_TESTS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DRESERVOIR_FUZZ="${fuzz}"
 fi
 
 # Fuzz smoke: the random walk of tests/fuzz under libFuzzer (clang, ASan+UBSan) for
 # a fixed number of runs from a fixed seed, on a copy of tests/corpus, so that CI
 # meets what a short campaign would (the corpus itself is replayed by every flavour
-# above). About a minute on two cores (90 executions a second), plus its build. A
-# finding fails the run and is saved in build/fuzz/smoke/artifacts/ (minimize it and
-# commit it to tests/corpus/).
+# above). About a minute on two cores (90 executions a second). A finding fails the
+# run and is saved in build/asan/fuzz-smoke/artifacts/ (minimize it and commit it to
+# tests/corpus/). Campaigns use the fuzz preset (docs/reliability.md).
 if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ] && [ "${RESERVOIR_SKIP_FUZZ:-0}" != 1 ]; then
   echo "=== fuzz smoke ==="
-  cmake --preset fuzz >/dev/null
-  cmake --build build/fuzz --target reservoir_fuzz -j"${jobs}"
-  smoke=build/fuzz/smoke
+  smoke=build/asan/fuzz-smoke
   rm -rf "${smoke}"
   mkdir -p "${smoke}/corpus" "${smoke}/artifacts"
   cp tests/corpus/* "${smoke}/corpus/"
@@ -43,7 +46,7 @@ if [ "${RESERVOIR_SKIP_SANITIZERS:-0}" != 1 ] && [ "${RESERVOIR_SKIP_FUZZ:-0}" !
   # walk compares host addresses) and without timed re-reads of the corpus.
   norandom=()
   if setarch "$(uname -m)" -R true 2>/dev/null; then norandom=(setarch "$(uname -m)" -R); fi
-  ${norandom[@]+"${norandom[@]}"} build/fuzz/tests/fuzz/reservoir_fuzz "${smoke}/corpus" \
+  ${norandom[@]+"${norandom[@]}"} build/asan/tests/fuzz/reservoir_fuzz "${smoke}/corpus" \
     -runs="${RESERVOIR_FUZZ_RUNS:-5000}" -seed=1 -reload=0 -max_len=1024 -timeout=30 -detect_leaks=0 \
     -print_final_stats=1 -artifact_prefix="${smoke}/artifacts/"
 fi

@@ -5,10 +5,11 @@
 //   - c10: PyTorch's native caching allocator (only when built with TORCH_DIR);
 //   - cudaMallocAsync/cudaFreeAsync on the default pool, release threshold UINT64_MAX;
 //   - cudaMalloc/cudaFree.
-// Prints a side-by-side table; --markdown PATH also writes it as a markdown file.
+// Then every single allocate and free call timed on its own (latency_bench.cpp):
+// p50 / p99 / p99.9 / max with 1 and 8 threads.
+// Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
 //
 //   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]
-#include <cuda_runtime_api.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -28,8 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include "bench_api.hpp"
+#include "latency_bench.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/cuda_backend.hpp"
+#include "text_table.hpp"
 
 #if defined(RESERVOIR_BENCH_WITH_C10)
 #include "c10_api.hpp"
@@ -42,26 +46,9 @@
 namespace {
 
 using clk = std::chrono::steady_clock;
+using reservoir_bench::Api;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
-// ---- The allocators, behind one shape of call (as in anchor_bench.cpp) ----------
-
-struct Api {
-  const char* name;
-  void* (*alloc)(std::size_t, cudaStream_t);
-  void (*free)(void*, cudaStream_t);
-  bool slow;                         // cudaMalloc: fewer iterations, as anchor_bench does
-  void (*reset)();                   // cold start: return cached memory, reset peaks
-  std::uint64_t (*peak_reserved)();  // 0 when the allocator cannot say
-};
+// ---- The allocators, behind one shape of call (bench_api.hpp) ---------------------
 
 reservoir::Allocator* g_reservoir = nullptr;
 cudaMemPool_t g_pool = nullptr;
@@ -267,43 +254,21 @@ struct Row {
   bool ratio = false;   // value is a ratio, not ns
 };
 
-std::string format_value(double v, bool ratio) {
-  char buf[64];
-  if (v < 0) return "n/a";
-  if (ratio) {
-    std::snprintf(buf, sizeof buf, "%.3f", v);
-    return buf;
-  }
-  if (v < 1000) {
-    std::snprintf(buf, sizeof buf, "%.1f", v);
-    return buf;
-  }
-  // Thousands separators, as in the anchors' tables.
-  std::string digits = std::to_string(static_cast<long long>(std::llround(v)));
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
-}
-
-void print_table(const std::vector<Row>& rows) {
-  std::size_t w0 = 7;
-  for (const Row& r : rows) w0 = std::max(w0, r.pattern.size());
-  std::printf("%-*s", static_cast<int>(w0), "pattern");
-  for (const char* c : kColumn) std::printf(" | %15s", c);
-  std::printf("\n%s\n", std::string(w0 + kApis * 18, '-').c_str());
+reservoir_bench::TextTable main_table(const std::vector<Row>& rows) {
+  reservoir_bench::TextTable t;
+  t.header.push_back("pattern");
+  for (const char* c : kColumn) t.header.push_back(c);
   for (const Row& r : rows) {
-    std::printf("%-*s", static_cast<int>(w0), r.pattern.c_str());
-    for (double v : r.value) std::printf(" | %15s", format_value(v, r.ratio).c_str());
-    std::printf("\n");
+    std::vector<std::string> cells = {r.pattern};
+    for (double v : r.value) cells.push_back(reservoir_bench::format_value(v, r.ratio));
+    t.rows.push_back(std::move(cells));
   }
-  std::fflush(stdout);
+  return t;
 }
 
 void write_markdown(const std::string& path, const std::vector<Row>& rows,
-                    const std::string& device, const std::string& setup) {
+                    const std::string& device, const std::string& setup,
+                    const std::string& latency) {
   std::ofstream out(path);
   if (!out) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
@@ -317,25 +282,18 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       << setup << "\n\n"
       << "Host ns per alloc+free pair (threads: total time / all pairs); replay: host ns per "
          "trace event from a cold cache; ratio: peak reserved / peak requested.\n\n"
-      << "| pattern |";
-  for (const char* c : kColumn) out << ' ' << c << " |";
-  out << "\n|---|";
-  for (int i = 0; i < kApis; ++i) out << "---:|";
-  out << '\n';
-  for (const Row& r : rows) {
-    out << "| " << r.pattern << " |";
-    for (double v : r.value) out << ' ' << format_value(v, r.ratio) << " |";
-    out << '\n';
-  }
+      << reservoir_bench::markdown_table(main_table(rows)) << "\n"
+      << latency;
   std::printf("wrote %s\n", path.c_str());
 }
 
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]\n"
-      "  --markdown PATH  also write the table as markdown (with date and device)\n"
+      "  --markdown PATH  also write the tables as markdown (with date and device)\n"
       "  --traces DIR     *.trace.gz to replay (default %s)\n"
-      "  --smoke          1/100 of the iterations and 2000 events per trace (a quick check)\n",
+      "  --smoke          1/100 of the iterations and calls, 2000 events per trace (a quick\n"
+      "                   check)\n",
       RESERVOIR_TRACE_DIR);
   std::exit(code);
 }
@@ -438,6 +396,12 @@ int main(int argc, char** argv) {
     }
 
     const int div = smoke ? 100 : 1;
+    // Single-call latency: 200k timed allocate and free calls per cell (cudaMalloc:
+    // 20k, about 5 s of its 60 us calls), less the clock's cost measured here.
+    const reservoir_bench::ClockCost clock_cost = reservoir_bench::measure_clock_cost(200000);
+    const reservoir_bench::LatencyPlan plan{std::size_t{200000} / div, std::size_t{20000} / div,
+                                            clock_cost.median_ns};
+    std::vector<reservoir_bench::LatencyRow> latency;
     std::vector<Row> rows;
     auto row = [&](const std::string& pattern, bool ratio = false) -> Row& {
       for (Row& r : rows)
@@ -483,15 +447,29 @@ int main(int argc, char** argv) {
               static_cast<double>(r.peak_reserved) / static_cast<double>(r.peak_requested);
         }
       }
+      for (auto& r : reservoir_bench::measure_latency(a, kColumn[c], plan))
+        latency.push_back(std::move(r));
       // Give the memory back so the next allocator starts from an empty device.
       a.reset();
     }
     CK(cudaStreamDestroy(s));
 
     std::printf("\n");
-    print_table(rows);
+    reservoir_bench::print_table(main_table(rows), stdout);
+    const std::string clock_line = reservoir_bench::describe_clock(clock_cost);
+    const reservoir_bench::TextTable latency_table = reservoir_bench::latency_table(latency);
+    std::printf(
+        "\nSingle-call latency, ns (p50 / p99 / p99.9 / max of every allocate and free "
+        "call, each timed on its own)\n%s\n\n",
+        clock_line.c_str());
+    reservoir_bench::print_table(latency_table, stdout);
     if (!markdown.empty()) {
-      write_markdown(markdown, rows, prop.name, setup);
+      write_markdown(markdown, rows, prop.name, setup,
+                     "## Single-call latency (ns)\n\n"
+                     "Every allocate and every free call timed on its own; p50 / p99 / p99.9 / "
+                     "max over all calls of the cell (all threads together); each cell starts "
+                     "from an emptied cache and runs an untimed warm-up first. " +
+                         clock_line + "\n\n" + reservoir_bench::markdown_table(latency_table));
     }
     g_reservoir = nullptr;
   } catch (const std::exception& e) {

@@ -33,7 +33,8 @@ bool env_flag(const char* name) {
   throw OutOfMemoryError(
       "CUDA out of memory. Tried to allocate more than 1EB memory. Reservoir: "
       "the request of " +
-      detail::format_size(size) + " on device " + std::to_string(device) +
+      detail::format_size(size) + " (" + std::to_string(size) + " bytes) on device " +
+      std::to_string(device) +
       " is larger than any device (a negative size converted to unsigned?)");
 }
 }  // namespace

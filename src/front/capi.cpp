@@ -22,10 +22,6 @@ namespace {
 
 using reservoir::Allocator;
 
-// Sizes from 1 EiB up cannot exist on any device; they are refused before any
-// device call (a wrapped negative size from a caller lands here too).
-constexpr std::uint64_t kOneEiB = std::uint64_t{1} << 60;
-
 // A fixed buffer, not a std::string: thread-local objects with destructors are gone
 // before static destructors run, and those may still call the C API (a free at exit).
 thread_local char t_last_error[2048];
@@ -210,11 +206,7 @@ reservoir_status reservoir_allocate(void** ptr, int64_t size, int device, uintpt
       throw reservoir::InvalidArgumentError(std::string(kFn) + ": size " + std::to_string(size) +
                                             " is negative");
     }
-    if (static_cast<std::uint64_t>(size) >= kOneEiB) {
-      throw reservoir::OutOfMemoryError(
-          std::string(kFn) + ": cannot allocate " + std::to_string(size) +
-          " bytes: requests of 1 EiB or more exceed any device's memory");
-    }
+    // Sizes of 1 EiB and more are refused by Allocator::allocate (one check).
     *ptr = Allocator::instance().allocate(static_cast<std::size_t>(size), stream, device);
   });
 }

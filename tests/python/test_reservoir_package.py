@@ -368,9 +368,28 @@ class StatsTest(unittest.TestCase):
         self.assertEqual(reservoir.largest_cached_block(), 0)
 
     def test_validate(self):
-        ptr = reservoir.raw_alloc(12345)
+        # The walk passes in every state the package can reach: blocks live on two
+        # streams, a free deferred by record_stream, split and merged blocks, an empty
+        # cache.
+        small = reservoir.raw_alloc(12345)
+        big = reservoir.raw_alloc(25 * MiB, stream=7)
+        reservoir.record_stream(big, 3)
         reservoir.validate()
-        reservoir.raw_free(ptr)
+        reservoir.raw_free(big)  # pending until stream 3's work passes
+        reservoir.validate()
+        reservoir.raw_free(small)
+        reservoir.empty_cache()
+        reservoir.validate()
+        # A violation found by the C library's walk is raised as ReservoirInternalError.
+        lib = _lib.load()
+        real = lib.reservoir_validate
+        try:
+            lib.reservoir_validate = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 6)
+            with self.assertRaises(reservoir.ReservoirInternalError) as caught:
+                reservoir.validate()
+            self.assertEqual(caught.exception.status_name, "internal")
+        finally:
+            lib.reservoir_validate = real
         reservoir.validate()
 
 
@@ -412,7 +431,20 @@ class SummaryTest(unittest.TestCase):
             self.assertLessEqual(len(fmt(value)), 10)
 
     def test_engine_summary(self):
-        self.assertTrue(reservoir.engine_summary().strip())
+        ptr = reservoir.raw_alloc(3 * MiB)
+        try:
+            text = reservoir.engine_summary()
+            stats = reservoir.memory_stats()
+        finally:
+            reservoir.raw_free(ptr)
+        self.assertIn("Reservoir memory summary, device 0 (sim)", text)
+        self.assertIn("device allocs/frees: %d/%d" % (stats["num_device_alloc"],
+                                                      stats["num_device_free"]), text)
+        # The Allocations row's current and peak counts are the statistics'.
+        row = next(line for line in text.split("\n") if line.startswith("| Allocations "))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        self.assertEqual(int(cells[1]), stats["allocation.all.current"])
+        self.assertEqual(int(cells[2]), stats["allocation.all.peak"])
 
 
 class ConfigTest(unittest.TestCase):

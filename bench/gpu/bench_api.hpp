@@ -1,0 +1,32 @@
+// The allocators reservoir_gpu_bench compares, behind one shape of call (as in
+// /work/shared/tools/anchor_bench.cpp), and its CUDA error check.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+namespace reservoir_bench {
+
+struct Api {
+  const char* name;
+  void* (*alloc)(std::size_t, cudaStream_t);
+  void (*free)(void*, cudaStream_t);
+  bool slow;                         // cudaMalloc: fewer iterations, as anchor_bench does
+  void (*reset)();                   // cold start: return cached memory, reset peaks
+  std::uint64_t (*peak_reserved)();  // 0 when the allocator cannot say
+};
+
+}  // namespace reservoir_bench

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The second batched GPU run (the proofs of issues 11-16 and 18), in two calls of
+# under ten minutes each on an H200:
+#   scripts/gpu-run-b.sh check OUT   build + scripts/gpu-check.sh (GPU tests, memcheck,
+#                                    the side-by-side benchmark, every bundled trace
+#                                    replayed on the GPU and the simulated device under
+#                                    default / expandable / compact, the memory viewer,
+#                                    the examples)                       -> OUT/check/
+#   scripts/gpu-run-b.sh torch OUT   the PyTorch and multi-process proofs:
+#       - tests/python/gpu/test_torch_memory_api.py (torch.cuda memory API, OOM, traces
+#         recorded by every front replayed to the live peaks)
+#       - scripts/gpu-torch-graphs.sh (CUDA graphs, MemPool, torch.compile)
+#       - bench/python/cudnn_bench.py (ResNet-50, cudnn.benchmark off/on)
+#       - bench/python/train_bench.py (gpt2, resnet50, multistream under PyTorch's
+#         allocator, expandable segments and policy:compact)
+#       - scripts/gpu-ipc-async.sh (IPC between processes, backend:cudaMallocAsync)
+# Both phases run a fuzz campaign on the host's last cores meanwhile: FUZZER (a reservoir_fuzz built with clang elsewhere; the
+# GPU host has no clang), FUZZ_WORKERS workers in libFuzzer's fork mode for
+# FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
+# Every step's status is printed at the end; a failed step does not stop the others.
+# Env: CLI11_INCLUDE_DIR (CLI11 headers for reservoir-replay), FUZZER, FUZZ_WORKERS
+# (default 7), FUZZ_SECONDS (default 450).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?usage: scripts/gpu-run-b.sh check|torch OUT}
+out=${2:?usage: scripts/gpu-run-b.sh check|torch OUT}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+names=()
+results=()
+step() {  # name, command...
+  local name=$1 t=$SECONDS rc
+  shift
+  echo "=== $name ($(date -u +%H:%M:%S), ${SECONDS} s into the run)"
+  "$@"
+  rc=$?
+  names+=("$name")
+  results+=("$([ $rc = 0 ] && echo ok || echo "FAILED (rc $rc)"), $((SECONDS - t)) s")
+  echo "--- $name: ${results[-1]}"
+}
+lib=build/gpu/src/libreservoir.so
+py() { RESERVOIR_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} "$@"; }
+
+fuzz_pid=
+start_fuzz() {  # a campaign on the host's last cores while the GPU steps run
+  if [ -z "${FUZZER:-}" ] || [ ! -x "$FUZZER" ]; then
+    echo "fuzz: FUZZER not set or not executable: no campaign"
+    return
+  fi
+  local dir=$out/fuzz workers=${FUZZ_WORKERS:-7}
+  mkdir -p "$dir/corpus" "$dir/artifacts"
+  cp tests/corpus/* "$dir/corpus/"
+  local cores="$(($(nproc) - workers))-$(($(nproc) - 1))"
+  echo "fuzz: $workers workers on cores $cores for ${FUZZ_SECONDS:-450} s"
+  taskset -c "$cores" "$FUZZER" -fork="$workers" -max_total_time="${FUZZ_SECONDS:-450}" \
+    -max_len=1024 -timeout=30 -rss_limit_mb=4096 -detect_leaks=0 -print_final_stats=1 \
+    -artifact_prefix="$dir/artifacts/" "$dir/corpus" >"$dir/fuzz.log" 2>&1 &
+  fuzz_pid=$!
+}
+finish_fuzz() {
+  [ -n "$fuzz_pid" ] || return 0
+  step fuzz-campaign wait "$fuzz_pid"
+  grep -E "INITED|DONE|stat::|ERROR|==[0-9]+==" "$out/fuzz/fuzz.log" | tail -n 20
+  echo "fuzz: corpus $(ls "$out/fuzz/corpus" | wc -l) files, artifacts $(ls "$out/fuzz/artifacts" | wc -l)"
+  rm -rf "$out/fuzz/corpus"  # only findings and the log come back
+}
+# The GPU steps keep the first cores.
+gpu_cores="0-$(($(nproc) - ${FUZZ_WORKERS:-7} - 1))"
+
+case $phase in
+  check)
+    start_fuzz
+    step gpu-check taskset -c "$gpu_cores" scripts/gpu-check.sh "$out/check"
+    finish_fuzz
+    ;;
+  torch)
+    start_fuzz
+    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release && cmake --build build/gpu -j8 --target reservoir; } \
+      >/dev/null 2>&1 || echo "build of $lib FAILED"
+    step torch-memory-api py timeout 200 python3 -m unittest discover -s tests/python/gpu \
+      -p 'test_torch_memory_api.py' -v
+    step torch-graphs timeout 200 scripts/gpu-torch-graphs.sh "$lib"
+    step ipc-async timeout 200 scripts/gpu-ipc-async.sh "$out/ipc-async"
+    step train-bench py timeout 240 python3 bench/python/train_bench.py \
+      --models gpt2,resnet50,multistream \
+      --variants pytorch,pytorch:expandable_segments:True,reservoir,reservoir:policy:compact \
+      --deterministic --json "$out/train_bench.json"
+    step cudnn-bench py timeout 200 python3 bench/python/cudnn_bench.py --rounds 2 \
+      --json "$out/cudnn.json"
+    finish_fuzz
+    ;;
+  *)
+    echo "gpu-run-b: unknown phase $phase (check|torch)"
+    exit 2
+    ;;
+esac
+echo "=== summary"
+for i in "${!names[@]}"; do printf '%-18s %s\n' "${names[$i]}" "${results[$i]}"; done
