@@ -20,7 +20,7 @@ LAYERS = ["util", "backend", "engine", "front", "integrations", "tools"]
 # Public headers by layer: the vocabulary below the engine is util.
 PUBLIC = {
     "export.hpp": "util", "types.hpp": "util", "config.hpp": "util", "errors.hpp": "util",
-    "stats.hpp": "util", "hooks.hpp": "util", "history.hpp": "util",
+    "stats.hpp": "util", "hooks.hpp": "util", "history.hpp": "util", "pools.hpp": "util",
     "backend.hpp": "backend", "sim_backend.hpp": "backend", "sim_placement.hpp": "backend",
     "cuda_backend.hpp": "backend",
     "allocator.hpp": "front", "reservoir.h": "front", "version.hpp": "front",

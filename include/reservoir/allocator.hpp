@@ -24,6 +24,7 @@
 #include "reservoir/export.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/hooks.hpp"
+#include "reservoir/pools.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -77,6 +78,40 @@ class RESERVOIR_API Allocator {
   // Lets device read and write memory allocated on peer (cudaDeviceEnablePeerAccess),
   // including pages of peer's expandable segments mapped now and later.
   void enable_peer_access(int device, int peer);
+
+  // ---- Private pools (reservoir/pools.hpp; docs/pools.md) ----
+  // Each throws InvalidArgumentError for an unknown or released pool, a bad id, or
+  // in uncached mode (RESERVOIR_NO_CACHING=1), which keeps no pools.
+  // A new pool with an id no other call made (use count 1).
+  PoolId create_pool(const PoolOptions& options = {}, int device = -1);
+  // Creates the pool named pool (use count 1), or adds a use of it (PyTorch's
+  // createOrIncrefPool; options apply when it is created).
+  void retain_pool(PoolId pool, const PoolOptions& options = {}, int device = -1);
+  // Drops a use. At 0 the pool is released: its blocks are freed as usual, and its
+  // cached memory goes back to the device at the next empty_cache (or out-of-memory
+  // release) once the pool holds no allocated block; then the pool is forgotten.
+  void release_pool(PoolId pool, int device = -1);
+  int pool_use_count(PoolId pool, int device = -1);
+  // Routes every request whose stream filter accepts to the pool (retaining it)
+  // until end_allocate_to_pool; a CUDA graph capture is taken to be under way
+  // meanwhile (PyTorch's beginAllocateToPool): frees of blocks used on other streams
+  // record their events only after it, and no memory goes back to the device.
+  void begin_allocate_to_pool(PoolId pool, StreamFilter filter, int device = -1);
+  // The same for the requests on one capturing stream.
+  void begin_capture_to_pool(PoolId pool, StreamHandle stream, int device = -1);
+  // Routes the calling thread's requests to the pool (MemPool's use_mem_pool); not a
+  // capture.
+  void begin_allocate_current_thread_to_pool(PoolId pool, int device = -1);
+  void end_allocate_to_pool(PoolId pool, int device = -1);
+  // The pool's segments and blocks now (pending frees are waited for first).
+  PoolCheckpoint checkpoint_pool(PoolId pool, int device = -1);
+  // Rolls the pool back to checkpoint: frees every allocated block of the pool, then
+  // allocates the blocks the checkpoint records as allocated (statistics follow).
+  // Throws InvalidArgumentError, changing nothing, when the pool's segments no longer
+  // match the checkpoint.
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  // Whether the pool's allocated blocks are exactly the pointers in expected.
+  bool pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected, int device = -1);
 
   // ---- Statistics ----
   DeviceStats stats(int device = -1);

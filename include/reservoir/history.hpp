@@ -45,6 +45,7 @@ struct TraceEntry {
   StreamHandle stream = 0;
   std::uint64_t time_us = 0;  // backend clock (microseconds)
   Context context;            // may be null
+  PoolId pool;                // the private pool the block or segment belongs to ({0, 0}: default)
 };
 
 // Called on every entry, whether or not history is kept (PyTorch's trace trackers).
@@ -78,9 +79,9 @@ struct SegmentInfo {
   StreamHandle stream = 0;
   bool is_large = false;
   bool is_expandable = false;
-  std::uint64_t private_pool_id = 0;  // 0 = the default pools
-  Context context;                    // where the device allocation was made
-  std::vector<BlockInfo> blocks;      // in address order, tiling the segment
+  PoolId pool;                    // the private pool owning it ({0, 0}: the default pools)
+  Context context;                // where the device allocation was made
+  std::vector<BlockInfo> blocks;  // in address order, tiling the segment
 };
 
 struct Snapshot {

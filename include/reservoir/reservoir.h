@@ -111,6 +111,59 @@ RESERVOIR_C_API reservoir_status reservoir_metrics_prometheus(char* buffer, size
 RESERVOIR_C_API reservoir_status reservoir_metrics_json(char* buffer, size_t capacity,
                                                         size_t* needed);
 
+/* Private memory pools (docs/pools.md): CUDA graphs and memory pools keep their
+ * memory apart from the default pools in them. A pool is named by two integers
+ * (PyTorch's MempoolId_t); (0, 0) is the default pools. Unknown or released pools,
+ * and uncached mode (RESERVOIR_NO_CACHING=1), are RESERVOIR_ERROR_INVALID_ARGUMENT. */
+typedef struct reservoir_pool_id {
+  uint64_t first;
+  uint64_t second;
+} reservoir_pool_id;
+/* Bytes of reserved memory held by private pools, and how many pools exist (not in
+ * reservoir_stats_text, whose keys are PyTorch's memory_stats() keys). */
+RESERVOIR_C_API reservoir_status reservoir_private_pool_stats(int device, int64_t* reserved_bytes,
+                                                              int64_t* pools);
+/* A new pool with a fresh id (use count 1). use_on_oom: its free blocks may serve
+ * other requests when the device is out of memory; no_split: its blocks are never
+ * split. */
+RESERVOIR_C_API reservoir_status reservoir_pool_create(int device, int use_on_oom, int no_split,
+                                                       reservoir_pool_id* id);
+/* Creates the pool (use count 1) or adds a use; releasing drops one (at 0 the pool's
+ * memory goes back once its blocks are freed, at the next empty_cache). */
+RESERVOIR_C_API reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id,
+                                                       int use_on_oom, int no_split);
+RESERVOIR_C_API reservoir_status reservoir_pool_release(int device, reservoir_pool_id id);
+RESERVOIR_C_API reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id,
+                                                          int* count);
+/* Routes requests on stream (a capture: frees deferred, nothing returned to the
+ * device until the end), or the calling thread's requests, to the pool until
+ * reservoir_pool_end. */
+RESERVOIR_C_API reservoir_status reservoir_pool_begin_capture(int device, reservoir_pool_id id,
+                                                              uintptr_t stream);
+RESERVOIR_C_API reservoir_status reservoir_pool_begin_thread(int device, reservoir_pool_id id);
+RESERVOIR_C_API reservoir_status reservoir_pool_end(int device, reservoir_pool_id id);
+/* Whether the pool's allocated blocks are exactly ptrs[0..count). */
+RESERVOIR_C_API reservoir_status reservoir_pool_live_allocations_are(int device,
+                                                                     reservoir_pool_id id,
+                                                                     void* const* ptrs,
+                                                                     size_t count, int* result);
+/* Checkpoints: the pool's state, taken and restored. A restore frees every allocated
+ * block of the pool and allocates those the checkpoint records; its result lists
+ * both (which: 0 freed, 1 allocated). Handles are freed by the caller. */
+typedef struct reservoir_pool_checkpoint reservoir_pool_checkpoint;
+typedef struct reservoir_pool_restore reservoir_pool_restore;
+RESERVOIR_C_API reservoir_status reservoir_pool_checkpoint_take(int device, reservoir_pool_id id,
+                                                                reservoir_pool_checkpoint** out);
+RESERVOIR_C_API reservoir_status reservoir_pool_checkpoint_restore(
+    const reservoir_pool_checkpoint* checkpoint, reservoir_pool_restore** out);
+RESERVOIR_C_API void reservoir_pool_checkpoint_free(reservoir_pool_checkpoint* checkpoint);
+RESERVOIR_C_API size_t reservoir_pool_restore_count(const reservoir_pool_restore* result,
+                                                    int which);
+/* NULL for an index out of range. */
+RESERVOIR_C_API void* reservoir_pool_restore_pointer(const reservoir_pool_restore* result,
+                                                     int which, size_t index);
+RESERVOIR_C_API void reservoir_pool_restore_free(reservoir_pool_restore* result);
+
 /* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. */
 RESERVOIR_C_API reservoir_status reservoir_validate(void);
 

@@ -149,6 +149,18 @@ class RESERVOIR_API SimBackend final : public Backend {
   // Models a kernel launch on stream: work that an event recorded later captures.
   void submit_work(StreamHandle stream);
 
+  // ---- Graph capture (cudaStreamBeginCapture in global mode, modeled) ----
+  // While any stream captures, the calls a capture forbids answer error ("sim: ...
+  // not permitted while stream S is capturing") and count as capture violations:
+  // deallocate, unmap, release_physical, release_address_range, query_event,
+  // synchronize_event, synchronize_stream and synchronize_device. An event recorded on
+  // a capturing stream is part of the graph: querying or waiting for it later is an
+  // error (and a violation) too.
+  void begin_capture(StreamHandle stream);
+  void end_capture(StreamHandle stream);
+  bool capturing(StreamHandle stream) const;
+  std::uint64_t capture_violations() const;
+
   // ---- Fault injection (each persists until cleared) ----
   // The nth allocate() call from now (1 = the next) answers out_of_memory.
   void fail_allocation_number(std::uint64_t n);

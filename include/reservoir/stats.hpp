@@ -49,10 +49,14 @@ struct DeviceStats {
   std::int64_t num_device_free = 0;       // device frees (and unmaps)
   std::int64_t num_device_map = 0;        // pages mapped (expandable segments, policy:compact)
   std::int64_t num_device_unmap = 0;      // pages unmapped
-  std::int64_t num_stream_waits = 0;      // device-side waits inserted to reuse memory across streams
-  Stat oversize_allocations;              // allocations of >= max_split_size
-  Stat oversize_segments;                 // segments of >= max_split_size
-  std::int64_t max_split_size = 0;        // the setting in force, bytes
+  std::int64_t num_stream_waits = 0;  // device-side waits inserted to reuse memory across streams
+  Stat oversize_allocations;          // allocations of >= max_split_size
+  Stat oversize_segments;             // segments of >= max_split_size
+  std::int64_t max_split_size = 0;    // the setting in force, bytes
+  // Private pools (CUDA graphs, MemPool): bytes of reserved_bytes held by them, and
+  // how many pools exist (released ones too, until their last segment is returned).
+  std::int64_t private_pool_reserved_bytes = 0;
+  std::int64_t private_pools = 0;
 };
 
 // "allocated_bytes.all.current" style key for one of the 9 StatArray members.

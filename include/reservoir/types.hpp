@@ -15,4 +15,14 @@ using EventHandle = std::uintptr_t;
 // A physical memory allocation (virtual-memory capability; CUmemGenericAllocationHandle).
 using PhysicalHandle = std::uint64_t;
 
+// A private memory pool's id: a pair of integers, as PyTorch's MempoolId_t (a graph
+// capture's pools have first != 0, torch.cuda.graph_pool_handle()'s second != 0).
+// {0, 0} names the default pools.
+struct PoolId {
+  std::uint64_t first = 0;
+  std::uint64_t second = 0;
+  bool is_default() const noexcept { return first == 0 && second == 0; }
+  bool operator==(const PoolId&) const = default;
+};
+
 }  // namespace reservoir

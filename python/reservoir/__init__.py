@@ -19,6 +19,19 @@ import ctypes
 import os
 
 from . import _args, _lib
+from ._pools import (
+    MemPool,
+    PoolCheckpoint,
+    capture_to_pool,
+    checkpoint_pool,
+    pool_live_allocations_are,
+    pool_use_count,
+    private_pool_stats,
+    release_pool,
+    restore_pool,
+    retain_pool,
+    use_mem_pool,
+)
 from ._lib import (
     ReservoirConfigError,
     ReservoirDeviceError,
@@ -34,6 +47,17 @@ from ._lib import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MemPool",
+    "PoolCheckpoint",
+    "capture_to_pool",
+    "checkpoint_pool",
+    "pool_live_allocations_are",
+    "pool_use_count",
+    "private_pool_stats",
+    "release_pool",
+    "restore_pool",
+    "retain_pool",
+    "use_mem_pool",
     "ReservoirConfigError",
     "ReservoirDeviceError",
     "ReservoirError",
@@ -437,6 +461,13 @@ def memory_summary(device=None, abbreviated=False):
         _two_cells(
             "Synchronizations: %d" % stats["num_sync_all_streams"],
             "Max split size: %s" % split_text,
+        )
+    )
+    pools = private_pool_stats(device)
+    lines.append(
+        _two_cells(
+            "Private pools: %d" % pools["private_pools"],
+            "Private reserved: %s" % _format_bytes(pools["private_pool_reserved_bytes"]),
         )
     )
     lines.append(_line("="))

@@ -85,6 +85,12 @@ _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 # uintptr_t: same width as size_t on every platform Reservoir builds for.
 _c_uintptr = ctypes.c_size_t
 
+class PoolId(ctypes.Structure):
+    """reservoir_pool_id: a private pool's id (PyTorch's MempoolId_t)."""
+
+    _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
+
+
 _SIGNATURES = {
     "reservoir_last_error": (ctypes.c_char_p, []),
     "reservoir_status_name": (ctypes.c_char_p, [ctypes.c_int]),
@@ -131,6 +137,39 @@ _SIGNATURES = {
         [ctypes.c_char_p, ctypes.c_size_t, _c_size_p],
     ),
     "reservoir_metrics_json": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_size_t, _c_size_p]),
+    "reservoir_private_pool_stats": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)],
+    ),
+    "reservoir_pool_create": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(PoolId)],
+    ),
+    "reservoir_pool_retain": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int, ctypes.c_int]),
+    "reservoir_pool_release": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "reservoir_pool_use_count": (ctypes.c_int, [ctypes.c_int, PoolId, _c_int_p]),
+    "reservoir_pool_begin_capture": (ctypes.c_int, [ctypes.c_int, PoolId, _c_uintptr]),
+    "reservoir_pool_begin_thread": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "reservoir_pool_end": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "reservoir_pool_live_allocations_are": (
+        ctypes.c_int,
+        [ctypes.c_int, PoolId, ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, _c_int_p],
+    ),
+    "reservoir_pool_checkpoint_take": (
+        ctypes.c_int,
+        [ctypes.c_int, PoolId, ctypes.POINTER(ctypes.c_void_p)],
+    ),
+    "reservoir_pool_checkpoint_restore": (
+        ctypes.c_int,
+        [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)],
+    ),
+    "reservoir_pool_checkpoint_free": (None, [ctypes.c_void_p]),
+    "reservoir_pool_restore_count": (ctypes.c_size_t, [ctypes.c_void_p, ctypes.c_int]),
+    "reservoir_pool_restore_pointer": (
+        ctypes.c_void_p,
+        [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t],
+    ),
+    "reservoir_pool_restore_free": (None, [ctypes.c_void_p]),
 }
 
 _lock = threading.Lock()

@@ -78,11 +78,26 @@ def snapshot(include_traces=True):
 
 def _memory_snapshot(arg=None):
     # PyTorch passes None (_snapshot) or (pool_id_0, pool_id_1, include_traces)
-    # (memory_snapshot); Reservoir has no private pools.
+    # (memory_snapshot): a pool id other than (0, 0) keeps that private pool's
+    # segments only, as c10's snapshot of a MemPool does.
     include_traces = True
+    pool = (0, 0)
     if isinstance(arg, tuple) and len(arg) >= 3:
         include_traces = bool(arg[2])
-    return snapshot(include_traces)
+        pool = (int(arg[0]), int(arg[1]))
+    result = snapshot(include_traces)
+    if pool != (0, 0) and isinstance(result, dict):
+        result["segments"] = [s for s in result.get("segments", [])
+                              if tuple(s.get("segment_pool_id", (0, 0))) == pool]
+    return result
+
+
+_history = [False]
+
+
+def history_enabled():
+    """Whether memory history is being recorded (torch._C._cuda_isHistoryEnabled)."""
+    return _history[0]
 
 
 def _history_entries(max_entries):
@@ -97,12 +112,14 @@ def _record_memory_history(enabled, *args, **kwargs):
         _reservoir.record_history(False)
     else:
         _reservoir.record_history(True, _history_entries(max_entries))
+    _history[0] = enabled is not None
 
 
 def _record_memory_history_legacy(enabled, *args, **kwargs):
     # (enabled: bool, record_context, trace_alloc_max_entries, ...).
     max_entries = kwargs.get("trace_alloc_max_entries", args[1] if len(args) >= 2 else 1)
     _reservoir.record_history(bool(enabled), _history_entries(max_entries))
+    _history[0] = bool(enabled)
 
 
 def _replacements():
@@ -114,6 +131,7 @@ def _replacements():
         "_cuda_record_memory_history": _record_memory_history,
         "_cuda_record_memory_history_legacy": _record_memory_history_legacy,
         "_cuda_getMemoryFraction": _reservoir.get_memory_fraction,
+        "_cuda_isHistoryEnabled": history_enabled,
         "_accelerator_getDeviceStats": nested_stats,
         "_accelerator_resetPeakStats": _reservoir.reset_peak_memory_stats,
         "_accelerator_resetAccumulatedStats": _reservoir.reset_accumulated_memory_stats,

@@ -16,13 +16,19 @@ Reservoir's figures in PyTorch's shapes, by replacing the torch._C entry points
 they call (reservoir._torch_memory_api). An allocation that does not fit raises
 torch.cuda.OutOfMemoryError with PyTorch's first sentence and Reservoir's report.
 PyTorch cannot swap its allocator back: there is no uninstall().
+
+CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile's
+"reduce-overhead" mode and its cudagraph trees) and torch.cuda.MemPool /
+use_mem_pool run on Reservoir's private pools: the capture hooks are wired as
+pluggable setters, and the pool paths PyTorch does not forward to a pluggable
+allocator (MemPool creation, checkpoints) are answered by reservoir._torch_pools.
 """
 
 import contextlib
 import os
 import ctypes
 
-from . import _lib, _torch_memory_api, _torch_sync
+from . import _lib, _torch_memory_api, _torch_pools, _torch_sync
 import reservoir as _reservoir
 
 # (setter on torch's _CUDAPluggableAllocator, exported symbol). A setter missing
@@ -136,6 +142,7 @@ def install(config=None):
     _wired.clear()
     _wired.update(wired)
     _patched.extend(_torch_memory_api.patch(torch))
+    _patched.extend(_torch_pools.patch(torch))
     _use_c10_errors(torch, lib)
     return pluggable
 

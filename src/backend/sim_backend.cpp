@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -153,6 +154,7 @@ struct SimBackend::State {
     bool recorded = false;
     StreamHandle stream = 0;
     std::uint64_t position = 0;
+    bool captured = false;  // recorded on a capturing stream: part of a graph
   };
   // Answers status on call number `call` of op (call counts from construction).
   struct NumberedFault {
@@ -205,6 +207,18 @@ struct SimBackend::State {
     }
     return &it->second;
   }
+  // Under the lock: an error when a capture forbids op now (counted), else nullopt.
+  std::optional<DeviceStatus> refused_by_capture(const char* op) {
+    if (capturing.empty()) return std::nullopt;
+    ++capture_violations;
+    return error(std::string("sim: ") + op + " is not permitted while stream " +
+                 std::to_string(*capturing.begin()) + " is capturing");
+  }
+  std::optional<DeviceStatus> refused_captured_event(const char* op, const Event& e) {
+    if (!e.captured) return std::nullopt;
+    ++capture_violations;
+    return error(std::string("sim: ") + op + ": the event was recorded during a capture");
+  }
   void complete_all() {
     for (auto& [handle, stream] : streams) {
       stream.completed = stream.submitted;
@@ -222,6 +236,8 @@ struct SimBackend::State {
   std::unordered_map<EventHandle, Event> events;
   EventHandle next_event = 1;
   bool eager = false;
+  std::set<StreamHandle> capturing;
+  std::uint64_t capture_violations = 0;
 
   std::array<std::uint64_t, kOpCount> calls{};
   std::array<std::optional<DeviceStatus>, kOpCount> persistent{};
@@ -383,6 +399,7 @@ DeviceStatus SimBackend::allocate(int device, std::size_t size, void** ptr) {
 DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
   State& s = *state_;
   return s.call(device, SimOp::deallocate, [&](State::Device& d) {
+    if (auto refused = s.refused_by_capture("deallocate")) return *refused;
     const auto start = reinterpret_cast<std::uintptr_t>(ptr);
     auto it = d.live.find(start);
     if (it == d.live.end()) {
@@ -433,6 +450,7 @@ DeviceStatus SimBackend::record_event(int device, EventHandle event, StreamHandl
     State::Event* e = s.find_event("record_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
     State::Stream& st = s.streams[stream];
+    e->captured = s.capturing.count(stream) != 0;
     e->recorded = true;
     e->stream = stream;
     e->position = ++st.submitted;  // the event is a marker after the work so far
@@ -447,6 +465,8 @@ DeviceStatus SimBackend::query_event(int device, EventHandle event) {
   return s.call(device, SimOp::query_event, [&](State::Device&) {
     const State::Event* e = s.find_event("query_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
+    if (auto refused = s.refused_by_capture("query_event")) return *refused;
+    if (auto refused = s.refused_captured_event("query_event", *e)) return *refused;
     ++s.counters.event_queries;
     if (!e->recorded || s.streams[e->stream].completed >= e->position) return DeviceStatus::ok;
     return DeviceStatus::not_ready;
@@ -458,6 +478,8 @@ DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
   return s.call(device, SimOp::synchronize_event, [&](State::Device&) {
     const State::Event* e = s.find_event("synchronize_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
+    if (auto refused = s.refused_by_capture("synchronize_event")) return *refused;
+    if (auto refused = s.refused_captured_event("synchronize_event", *e)) return *refused;
     if (e->recorded) {
       // The host waits, so the stream's work up to the marker finishes.
       State::Stream& st = s.streams[e->stream];
@@ -487,6 +509,7 @@ DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, Even
 DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
   State& s = *state_;
   return s.call(device, SimOp::synchronize_stream, [&](State::Device&) {
+    if (auto refused = s.refused_by_capture("synchronize_stream")) return *refused;
     auto it = s.streams.find(stream);
     if (it != s.streams.end()) it->second.completed = it->second.submitted;
     ++s.counters.stream_syncs;
@@ -497,6 +520,7 @@ DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
 DeviceStatus SimBackend::synchronize_device(int device) {
   State& s = *state_;
   return s.call(device, std::nullopt, [&](State::Device&) {
+    if (auto refused = s.refused_by_capture("synchronize_device")) return *refused;
     s.complete_all();  // streams are not per device: all of them finish
     ++s.counters.device_syncs;
     return DeviceStatus::ok;
@@ -533,6 +557,7 @@ DeviceStatus SimBackend::release_address_range(int device, void* ptr, std::size_
   State& s = *state_;
   if (!s.options.virtual_memory) return Backend::release_address_range(device, ptr, size);
   return s.call(device, SimOp::release_address_range, [&](State::Device&) {
+    if (auto refused = s.refused_by_capture("release_address_range")) return *refused;
     std::string problem = s.vm.release(device, ptr, size);
     return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
   });
@@ -567,6 +592,7 @@ DeviceStatus SimBackend::release_physical(int device, PhysicalHandle handle) {
   State& s = *state_;
   if (!s.options.virtual_memory) return Backend::release_physical(device, handle);
   return s.call(device, SimOp::release_physical, [&](State::Device& d) {
+    if (auto refused = s.refused_by_capture("release_physical")) return *refused;
     std::size_t freed = 0;
     if (std::string problem = s.vm.release_physical(device, handle, &freed); !problem.empty()) {
       return error(std::move(problem));
@@ -594,6 +620,7 @@ DeviceStatus SimBackend::unmap(int device, void* ptr, std::size_t size) {
   State& s = *state_;
   if (!s.options.virtual_memory) return Backend::unmap(device, ptr, size);
   return s.call(device, SimOp::unmap, [&](State::Device& d) {
+    if (auto refused = s.refused_by_capture("unmap")) return *refused;
     if (size == 0) return error("sim: unmap: size 0");
     std::size_t freed = 0;
     if (std::string problem = s.vm.unmap(device, ptr, size, &freed); !problem.empty()) {
@@ -697,6 +724,26 @@ bool SimBackend::ordered_after(StreamHandle waiter, StreamHandle stream,
 void SimBackend::advance_all() {
   std::lock_guard lock(state_->mutex);
   state_->complete_all();
+}
+
+void SimBackend::begin_capture(StreamHandle stream) {
+  std::lock_guard lock(state_->mutex);
+  state_->capturing.insert(stream);
+}
+
+void SimBackend::end_capture(StreamHandle stream) {
+  std::lock_guard lock(state_->mutex);
+  state_->capturing.erase(stream);
+}
+
+bool SimBackend::capturing(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->capturing.count(stream) != 0;
+}
+
+std::uint64_t SimBackend::capture_violations() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->capture_violations;
 }
 
 void SimBackend::set_eager(bool eager) {

@@ -10,7 +10,8 @@
 //   free      -> its owner's FreeSet for the segment's pool (free_at valid)
 //   allocated -> its owner's AddressMap of allocated blocks
 //   pending   -> freed by the program, waiting for events on other streams
-//                (event_count > 0, or stranded after a device error)
+//                (event_count > 0, stranded after a device error, or deferred until
+//                no capture is under way)
 //   unmapped  -> (expandable segments) its owner's unmapped AddressSet (unmapped_at valid)
 // A block belongs to the owner of its segment (one StreamPool: one stream); blocks
 // never move between owners.
@@ -59,6 +60,10 @@ enum class BlockState : std::uint8_t { free, allocated, pending, unmapped };
 // trivially constructible and the hot path never builds or destroys a vector.
 struct BlockExtras {
   std::vector<StreamHandle> uses;
+  // Of uses, those recorded while a capture was under way: their work is in the
+  // graph, so once no capture is, a deferred free needs no event on them (spec's
+  // block_to_cudagraph_stream_uses).
+  std::vector<StreamHandle> capture_uses;
   Context context;
 };
 

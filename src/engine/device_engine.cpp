@@ -36,14 +36,17 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       events_(backend, device),
       registry_(segments),
       services_{backend_,  device_, events_, ledger_,  registry_, budget_,
-                counters_, gc_,     peers_,  history_, settings_} {
-  compact_on_.store(config.policy == Config::Policy::compact, std::memory_order_relaxed);
+                counters_, gc_,     peers_,  history_, settings_, capture_} {
+  const bool compact = config.policy == Config::Policy::compact;
+  compact_on_.store(compact, std::memory_order_relaxed);
+  if (compact) detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
   if (config.per_process_memory_fraction_set)
     set_memory_fraction(config.per_process_memory_fraction);
 }
 
 DeviceEngine::~DeviceEngine() {
   pools_.clear();
+  private_pools_.clear();
   compact_.reset();
 }
 
@@ -59,6 +62,8 @@ CompactPool& DeviceEngine::compact() {
 }
 
 void DeviceEngine::empty_cache() {
+  // During a capture nothing may go back to the device (nor may events be waited for).
+  if (capture_.underway()) return;
   release_cached_everywhere();
   if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
 }
@@ -70,6 +75,9 @@ void DeviceEngine::host_waited(StreamHandle stream) {
 
 std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
   const Context context = history_.active() ? history_.gather(ContextLevel::state) : Context{};
+  if (private_registry_.routing())
+    if (PoolRegistry::Pool routed = private_registry_.route(stream))
+      return allocate_private(*routed, requested, stream, context);
   if (compact_on_.load(std::memory_order_relaxed))
     return allocate_compact(requested, stream, context);
   StreamPool& p = pool(stream);
@@ -95,10 +103,19 @@ std::vector<StreamPool*> DeviceEngine::pools_snapshot() {
   return out;
 }
 
+std::vector<StreamPool*> DeviceEngine::all_pools_snapshot() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  std::vector<StreamPool*> out;
+  out.reserve(pools_.size() + private_pools_.size());
+  for (const auto& p : pools_) out.push_back(p.get());
+  for (const auto& p : private_pools_) out.push_back(p.get());
+  return out;
+}
+
 void DeviceEngine::add_peer(int device) {
   if (!peers_.add(device)) return;
   try {
-    for (StreamPool* p : pools_snapshot()) p->add_peer(device);
+    for (StreamPool* p : all_pools_snapshot()) p->add_peer(device);
   } catch (...) {
     // Not a peer until every segment granted access: a retry grants the rest.
     peers_.remove(device);
@@ -154,12 +171,20 @@ void DeviceEngine::garbage_collect() {
   }
 }
 
+// The default pools and the released private pools (a pool still in use keeps its
+// cache: replays of its graphs need the addresses).
 void DeviceEngine::release_cached_everywhere() {
-  std::lock_guard<std::mutex> guard(ladder_mutex_);
-  DeviceCounters::bump(counters_.sync_all_streams);
-  auto pools = pools_snapshot();
-  for (StreamPool* p : pools) p->synchronize_pending();
-  for (StreamPool* p : pools) p->release_cached();
+  if (capture_.underway()) return;
+  {
+    std::lock_guard<std::mutex> guard(ladder_mutex_);
+    DeviceCounters::bump(counters_.sync_all_streams);
+    auto pools = pools_snapshot();
+    for (const PoolRegistry::Pool& released : private_registry_.released())
+      for (StreamPool* p : released->streams()) pools.push_back(p);
+    for (StreamPool* p : pools) p->synchronize_pending();
+    for (StreamPool* p : pools) p->release_cached();
+  }
+  collect_dead_pools();
 }
 
 std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
@@ -174,7 +199,7 @@ std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
 
 void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
   std::size_t active = 0;
-  for (StreamPool* p : pools_snapshot()) active += p->snapshot(out);
+  for (StreamPool* p : all_pools_snapshot()) active += p->snapshot(out);
   if (CompactPool* c = compact_if_made()) active += c->snapshot(out);
   if (history_.active()) services_.trace(TraceAction::snapshot, 0, active, 0, nullptr);
 }
@@ -199,13 +224,20 @@ DeviceStats DeviceEngine::stats() {
   s.num_device_map = counters_.device_maps.load(std::memory_order_relaxed);
   s.num_device_unmap = counters_.device_unmaps.load(std::memory_order_relaxed);
   s.num_stream_waits = counters_.stream_waits.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    for (const auto& p : private_pools_)
+      s.private_pool_reserved_bytes += p->counters().get(kReservedBytes, kSmallPool) +
+                                       p->counters().get(kReservedBytes, kLargePool);
+  }
+  s.private_pools = static_cast<std::int64_t>(private_registry_.pools().size());
   std::lock_guard<std::mutex> guard(config_mutex_);
   s.max_split_size = static_cast<std::int64_t>(settings_.policy.max_split_size());
   return s;
 }
 
 void DeviceEngine::reset_accumulated_stats() {
-  for (StreamPool* p : pools_snapshot()) p->reset_accumulated();
+  for (StreamPool* p : all_pools_snapshot()) p->reset_accumulated();
   if (CompactPool* c = compact_if_made()) c->reset_accumulated();
   counters_.reset();
 }
@@ -217,10 +249,18 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
     std::lock_guard<std::mutex> guard(config_mutex_);
     std::lock_guard<std::mutex> creating(create_mutex_);
     for (auto& p : pools_) p->lock().lock();
+    for (auto& p : private_pools_) p->lock().lock();
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
-    compact_on_.store(config.policy == Config::Policy::compact, std::memory_order_relaxed);
+    const bool compact = config.policy == Config::Policy::compact;
+    compact_on_.store(compact, std::memory_order_relaxed);
+    if (compact)
+      detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
+    else
+      detours_.fetch_and(static_cast<std::uint8_t>(~kDetourCompact), std::memory_order_relaxed);
+    for (auto it = private_pools_.rbegin(); it != private_pools_.rend(); ++it)
+      (*it)->lock().unlock();
     for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) (*it)->lock().unlock();
   }
   if (apply_fraction && config.per_process_memory_fraction_set)
@@ -229,7 +269,13 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
 
 void DeviceEngine::validate(bool quiescent) {
   ValidationTotals totals;
-  for (StreamPool* pool : pools_snapshot()) pool->validate(&totals);
+  for (StreamPool* pool : all_pools_snapshot()) pool->validate(&totals);
+  private_registry_.validate();
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    for (StreamPool* spare : spare_)
+      RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
+  }
   if (CompactPool* c = compact_if_made()) c->validate(&totals);
   if (quiescent) {
     RESERVOIR_CHECK(totals.reserved == budget_.reserved(),

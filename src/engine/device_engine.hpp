@@ -9,7 +9,9 @@
 //   budget_.reserved() == sum over pools of their mapped segment bytes, outside of
 //     an operation that is between reserving budget and recording its segment;
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
-//   every pool in pools_ is reachable through table_ by its stream.
+//   every pool in pools_ is reachable through table_ by its stream;
+//   every StreamPool of private_pools_ serves one registered private pool, or is
+//     spare (no segment) and listed in spare_.
 // Lock order: config_mutex_ -> pool locks (in creation order) -> ledger / segment map /
 // event pool / registry mutexes. A pool lock is never held while taking another's.
 #pragma once
@@ -27,11 +29,13 @@
 #include "engine/event_pool.hpp"
 #include "engine/history.hpp"
 #include "engine/pool_services.hpp"
+#include "engine/private_pools.hpp"
 #include "engine/segment_registry.hpp"
 #include "engine/stat_ledger.hpp"
 #include "engine/stream_pool.hpp"
 #include "engine/stream_table.hpp"
 #include "reservoir/hooks.hpp"
+#include "reservoir/pools.hpp"
 #include "reservoir/stats.hpp"
 #include "util/compiler.hpp"
 
@@ -68,7 +72,7 @@ class DeviceEngine {
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
     // With history on, the user's context recorder runs first (it may be slow or take
     // its own locks), out of the hot path.
-    if (RESERVOIR_UNLIKELY(history_.active() || compact_on_.load(std::memory_order_relaxed)))
+    if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
       return allocate_with_context(requested, stream);
     StreamPool& p = pool(stream);
     if (std::uintptr_t address = p.allocate_cached(requested, kNoContext)) return address;
@@ -106,6 +110,23 @@ class DeviceEngine {
   // Grants device access to this device's expandable segments, now and later.
   void add_peer(int device);
 
+  // ---- Private pools (device_pools.cpp; the vocabulary is reservoir/pools.hpp) ----
+  // Creates the pool (use count 1) or adds a use.
+  void retain_pool(PoolId id, const PoolOptions& options);
+  // Drops a use; at 0 the pool's memory goes back once its blocks are freed (at the
+  // next release of the device's caches).
+  void release_pool(PoolId id);
+  int pool_use_count(PoolId id);
+  // Routes requests that filter accepts to the pool (retaining it) until
+  // end_allocate_to_pool. capture: a graph capture may be under way meanwhile.
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture);
+  void end_allocate_to_pool(PoolId id);
+  PoolCheckpoint checkpoint_pool(PoolId id);
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  // Whether the pool's allocated blocks are exactly expected.
+  bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected);
+  bool capture_underway() const noexcept { return capture_.underway(); }
+
   // The compact pool if policy:compact was ever used (else null).
   CompactPool* compact_if_made() const noexcept {
     return compact_ptr_.load(std::memory_order_acquire);
@@ -126,7 +147,21 @@ class DeviceEngine {
   const char* backend_name() const noexcept { return backend_.name(); }
 
  private:
-  std::uintptr_t allocate_slow(StreamPool& pool, std::size_t requested, const Context& context);
+  // private_request: pool belongs to a private pool (no use_on_oom fallback).
+  std::uintptr_t allocate_slow(StreamPool& pool, std::size_t requested, const Context& context,
+                               bool private_request = false);
+  std::uintptr_t allocate_private(PrivatePool& pool, std::size_t requested, StreamHandle stream,
+                                  const Context& context);
+  // The use_on_oom pools' free blocks on stream (0 when none serves it).
+  std::uintptr_t allocate_from_use_on_oom(std::size_t requested, StreamHandle stream,
+                                          const Context& context);
+  StreamPool& private_stream_pool(PrivatePool& pool, StreamHandle stream);
+  // The registered, unreleased pool (throws InvalidArgumentError).
+  PoolRegistry::Pool live_pool(PoolId id, const char* action);
+  // Forgets released pools with nothing left, keeping their caches for reuse.
+  void collect_dead_pools();
+  // Every StreamPool: the default ones, then the private ones.
+  std::vector<StreamPool*> all_pools_snapshot();
   // policy:compact: the device-wide pool, and its ladder (oom_ladder.cpp).
   std::uintptr_t allocate_compact(std::size_t requested, StreamHandle stream,
                                   const Context& context);
@@ -152,14 +187,21 @@ class DeviceEngine {
   GcClock gc_;
   PeerSet peers_;
   History history_;
+  CaptureState capture_;
   PoolServices services_;
 
   mutable std::mutex config_mutex_;  // lock-all operations
   std::mutex create_mutex_;          // pool creation
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;
-  std::vector<std::unique_ptr<StreamPool>> pools_;
-  std::atomic<bool> compact_on_{false};   // policy:compact in force
+  std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
+  PoolRegistry private_registry_{detours_, kDetourRouting};
+  std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
+  std::vector<StreamPool*> spare_;                          // under create_mutex_
+  std::atomic<bool> compact_on_{false};                     // policy:compact in force
+  // Why a request cannot take the plain path, as bits: one load on the hot path.
+  static constexpr std::uint8_t kDetourCompact = 1, kDetourRouting = 2;
+  std::atomic<std::uint8_t> detours_{0};
   std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
   std::atomic<CompactPool*> compact_ptr_{nullptr};
 };

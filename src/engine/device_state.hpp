@@ -77,6 +77,23 @@ class GcClock {
   std::atomic<std::uint64_t> now_{0};
 };
 
+// Whether a CUDA graph capture may be under way on the device: some routing to a
+// private pool begun for a capture (Allocator::begin_allocate_to_pool) has not ended.
+// A conservative guess, as the spec's: while it holds, no event is queried or
+// recorded for a free, and nothing is returned to the device (a capture forbids
+// both: cudaEventQuery and cudaFree are illegal then, and a freed address may be
+// baked into the graph). Pools read it only on their cold paths.
+class CaptureState {
+ public:
+  bool underway() const noexcept { return captures_.load(std::memory_order_acquire) > 0; }
+  void begin() noexcept { captures_.fetch_add(1, std::memory_order_acq_rel); }
+  // True when this was the last capture under way.
+  bool end() noexcept { return captures_.fetch_sub(1, std::memory_order_acq_rel) == 1; }
+
+ private:
+  std::atomic<int> captures_{0};
+};
+
 // Devices granted access to this device's expandable segments (enable_peer_access).
 class PeerSet {
  public:

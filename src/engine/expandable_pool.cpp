@@ -28,10 +28,13 @@ Block* StreamPool::allocate_expandable(std::size_t size, PoolIndex pool, const C
   Block* c = find_expandable(size, pool);
   if (!c) return nullptr;
   Segment* seg = c->segment;
-  // A failed grow of a segment that maps nothing (a new one) gives back its range too.
+  // A failed grow of a segment that maps nothing (a new one) gives back its range too,
+  // except during a capture (nothing goes back then): the range, mapping nothing, is
+  // given back at the next release of the cache.
   auto undo_reserve = [&] {
     std::string ignored;  // what the device refused stays on the books, retried later
-    if (seg->mapped_bytes == 0) release_expandable_segment(seg, &ignored);
+    if (seg->mapped_bytes == 0 && !services_.capture.underway())
+      release_expandable_segment(seg, &ignored);
   };
   try {
     if (c->state == BlockState::unmapped) c = map_block(c, std::min(c->size, size), context);
@@ -149,7 +152,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
   DeviceCounters::bump(services_.counters.device_allocs);
   DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(mapped / page));
-  if (tracing()) services_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
+  if (tracing()) trace(TraceAction::segment_map, mapped_at, mapped, context);
   return keep;
 }
 
@@ -202,8 +205,7 @@ bool StreamPool::unmap_block(Block* b) {
     DeviceCounters::bump(services_.counters.device_frees);
     DeviceCounters::bump(services_.counters.device_unmaps,
                          static_cast<std::int64_t>(length / seg->vm->page_size()));
-    if (tracing())
-      services_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
+    if (tracing()) trace(TraceAction::segment_unmap, start, length, seg->context);
   }
   if (!error.empty()) throw DeviceError("reservoir: " + error);
   return length > 0;

@@ -7,7 +7,11 @@
 //   4. release of cached oversize blocks of this pool, then a new allocation;
 //   5. wait for every pending free and release every cache of the device, then the
 //      cache again and a new allocation (counted as a retry);
-//   6. out of memory: the report, the observers, OutOfMemoryError.
+//   6. the free blocks of private pools made with use_on_oom (default requests only);
+//   7. out of memory: the report, the observers, OutOfMemoryError.
+// While a capture may be under way (CaptureState) the rungs that return memory to
+// the device or wait for events (2, 4, 5) are skipped, as the spec skips its
+// release_cached_blocks: a capture forbids cudaFree and host waits.
 // The pool lock is not held between rungs: each rung takes it itself, so calls go
 // one way (ladder -> engine and pool) and device-wide rungs can lock other pools.
 #include <algorithm>
@@ -77,24 +81,30 @@ std::string oom_message(const OomFacts& f) {
 }  // namespace
 
 std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t requested,
-                                           const Context& context) {
+                                           const Context& context, bool private_request) {
   // 1. The program's free-memory callbacks (outside every lock: they may free memory
   //    through this allocator).
   if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
     if (std::uintptr_t a = pool.allocate_cached(requested, context)) return a;
   // 2. Age-based garbage collection of cached blocks.
-  if (gc_.enabled()) garbage_collect();
+  const bool capturing = capture_.underway();
+  if (gc_.enabled() && !capturing) garbage_collect();
   // 3. A new segment.
   if (std::uintptr_t a = pool.allocate_new_segment(requested, false, context)) return a;
   // 4. Cached oversize blocks of this pool make room.
-  if (pool.release_oversize(requested))
+  if (!capturing && pool.release_oversize(requested))
     if (std::uintptr_t a = pool.allocate_new_segment(requested, false, context)) return a;
   // 5. Every pending free waited for and every cache of the device released; frees
   //    completed meanwhile may already satisfy the request.
-  release_cached_everywhere();
-  if (std::uintptr_t a = pool.allocate_after_release(requested, context)) return a;
+  if (!capturing) {
+    release_cached_everywhere();
+    if (std::uintptr_t a = pool.allocate_after_release(requested, context)) return a;
+  }
+  // 6. Private pools that lend their free blocks when the device is out of memory.
+  if (!private_request && private_registry_.any_use_on_oom())
+    if (std::uintptr_t a = allocate_from_use_on_oom(requested, pool.stream(), context)) return a;
 
-  // 6. Out of memory.
+  // 7. Out of memory.
   std::size_t rounded;
   {
     std::lock_guard<std::mutex> guard(config_mutex_);
@@ -115,10 +125,12 @@ std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandl
   if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
   if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
     if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
-  DeviceCounters::bump(counters_.sync_all_streams);
-  c.release_free_pages(false);
-  DeviceCounters::bump(counters_.alloc_retries);
-  if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  if (!capture_.underway()) {  // nothing goes back to the device during a capture
+    DeviceCounters::bump(counters_.sync_all_streams);
+    c.release_free_pages(false);
+    DeviceCounters::bump(counters_.alloc_retries);
+    if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  }
   std::size_t page;
   {
     std::lock_guard<std::mutex> guard(config_mutex_);

@@ -44,12 +44,14 @@ struct PoolServices {
   PeerSet& peers;
   History& history;
   const PoolSettings& settings;
+  CaptureState& capture;
 
   const SizePolicy& policy() const noexcept { return settings.policy; }
   // A history entry (call only when history.active()).
   void trace(TraceAction action, std::uintptr_t address, std::size_t size, StreamHandle stream,
-             const Context& context) const {
-    history.record(TraceEntry{action, device, address, size, stream, backend.now_us(), context});
+             const Context& context, PoolId pool = {}) const {
+    history.record(
+        TraceEntry{action, device, address, size, stream, backend.now_us(), context, pool});
   }
 };
 

@@ -115,7 +115,8 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
 
 std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context) {
   Guard guard(lock_);
-  if (pending_blocks_ != 0) process_events(false);
+  // No event queries while a capture is under way (illegal then): pending frees wait.
+  if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
   Block* b = find_free(pool, size);
@@ -138,7 +139,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
   Guard guard(lock_);
-  if (pending_blocks_ != 0) process_events(false);
+  if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
   Block* b = find_free(pool, size);
@@ -189,8 +190,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   seg->oversize = alloc_size >= policy().max_split_size();
   if (seg->oversize) counters_.add<kOversizeSegments>(pool, 1);
   DeviceCounters::bump(services_.counters.device_allocs);
-  if (tracing())
-    services_.trace(TraceAction::segment_alloc, seg->base, alloc_size, stream_, context);
+  if (tracing()) trace(TraceAction::segment_alloc, seg->base, alloc_size, context);
   return b;
 }
 
@@ -203,7 +203,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
   const bool counts_split = !b->segment->expandable;  // PyTorch counts none in expandable
   const bool already_split = b->is_split();
   Block* out;
-  if (policy().should_split(pool, b->size, size)) {
+  if (!no_split_ && policy().should_split(pool, b->size, size)) {
     out = new_block(b->address, size, b->segment, BlockState::allocated);
     out->prev = b->prev;
     if (out->prev)
@@ -239,8 +239,8 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
   out->oversize = out->size >= policy().max_split_size();
   if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
   if (__builtin_expect(tracing(), 0)) {
-    services_.trace(TraceAction::alloc, out->address, requested, stream_,
-                    services_.history.level() >= ContextLevel::alloc ? context : nullptr);
+    trace(TraceAction::alloc, out->address, requested,
+          services_.history.level() >= ContextLevel::alloc ? context : nullptr);
     if (context) out->extra().context = context;
   }
   return out->address;
@@ -265,8 +265,7 @@ bool StreamPool::free_traced(std::uintptr_t address) {
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  services_.trace(TraceAction::free_requested, b->address, b->requested, stream_,
-                  context ? context : b->context());
+  trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
   release_block(b);
   finish_operation();
   return true;
@@ -284,8 +283,15 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
     free_block(b);
   } else {
     counters_.on_defer(pool, bytes);
-    defer_free(b);
+    if (RESERVOIR_UNLIKELY(services_.capture.underway()))
+      defer_past_capture(b);
+    else
+      defer_free(b);
   }
+}
+
+void StreamPool::release_block_outlined(Block* b) {
+  release_block(b);
 }
 
 // The block's memory is free for reuse on this stream (its counters are settled):
@@ -293,7 +299,7 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
 RESERVOIR_INLINE void StreamPool::free_block(Block* b) {
   const PoolIndex pool = b->pool();
   if (__builtin_expect(tracing(), 0))
-    services_.trace(TraceAction::free_completed, b->address, b->requested, stream_, b->context());
+    trace(TraceAction::free_completed, b->address, b->requested, b->context());
   if (b->extras) b->extras.reset();
   b->requested = 0;
   std::int64_t merged = 0, merged_bytes = 0;
@@ -398,7 +404,7 @@ void StreamPool::process_events(bool wait) {
 
 void StreamPool::process_events_now() {
   Guard guard(lock_);
-  if (pending_blocks_ != 0) process_events(false);
+  if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   finish_operation();
 }
 
@@ -413,9 +419,60 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (other == stream_) return true;
-  auto& uses = b->extra().uses;
-  if (std::find(uses.begin(), uses.end(), other) == uses.end()) uses.push_back(other);
+  BlockExtras& x = b->extra();
+  if (std::find(x.uses.begin(), x.uses.end(), other) == x.uses.end()) {
+    x.uses.push_back(other);
+    if (RESERVOIR_UNLIKELY(services_.capture.underway())) x.capture_uses.push_back(other);
+  }
   return true;
+}
+
+// ---------------------------------------------------------------- capture
+
+// Freed while a capture may be under way: recording an event now could record it
+// into the graph, and querying it later is illegal, so the block waits (pending,
+// no events) until the engine calls flush_capture_deferred().
+void StreamPool::defer_past_capture(Block* b) {
+  b->state = BlockState::pending;
+  capture_deferred_.push_back(b);
+}
+
+void StreamPool::flush_capture_deferred() {
+  Guard guard(lock_);
+  std::vector<Block*> blocks;
+  blocks.swap(capture_deferred_);
+  std::string failure;
+  for (Block* b : blocks) {
+    BlockExtras& x = *b->extras;
+    // Work captured into a graph is not work on the stream: no event is needed for it.
+    for (StreamHandle s : x.capture_uses) std::erase(x.uses, s);
+    x.capture_uses.clear();
+    if (x.uses.empty()) {
+      counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+                                static_cast<std::int64_t>(b->requested));
+      free_block(b);
+      continue;
+    }
+    try {
+      defer_free(b);  // records the events (a failure strands the block)
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  finish_operation();
+  if (!failure.empty()) throw DeviceError(failure);
+}
+
+void StreamPool::set_private(PoolId pool, bool no_split) {
+  Guard guard(lock_);
+  RESERVOIR_ASSERT(segments_ == nullptr);
+  pool_id_ = pool;
+  no_split_ = no_split;
+}
+
+bool StreamPool::holds_segments() {
+  Guard guard(lock_);
+  return segments_ != nullptr;
 }
 
 // ---------------------------------------------------------------- release
@@ -423,8 +480,7 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
-  if (tracing())
-    services_.trace(TraceAction::segment_free, seg->base, seg->size, stream_, seg->context);
+  if (tracing()) trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
   if (services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
                                    seg->size) != DeviceStatus::ok)
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +

@@ -17,7 +17,12 @@
 //   counters.reserved_bytes[p] == sum of mapped bytes of its segments in pool p
 //     + held bytes of its expandable segments (memory a failed give-back kept),
 //   |free_[p]| == number of free blocks in pool p segments; |allocated_| == allocated blocks,
-//   pending_blocks_ == number of pending blocks with event_count > 0.
+//   pending_blocks_ == number of pending blocks with event_count > 0;
+//   every block in capture_deferred_ is pending with event_count == 0 (freed while a
+//     capture was under way: its events are recorded once no capture is, spec's
+//     needs_events_deferred_until_no_capture).
+// A pool of a private pool (pool_id_ != {0, 0}) is the same cache, kept apart: the
+// engine routes only that pool's requests to it (private_pools.hpp).
 // It depends only on PoolServices (calls go one way: the engine and the
 // out-of-memory ladder call the pool; the pool calls nothing above it).
 // Locking: public members take the lock; a member never takes another pool's lock.
@@ -36,6 +41,7 @@
 #include "engine/pool_services.hpp"
 #include "engine/stat_ledger.hpp"
 #include "reservoir/history.hpp"
+#include "reservoir/pools.hpp"
 #include "util/address_map.hpp"
 #include "util/compiler.hpp"
 #include "util/lock.hpp"
@@ -66,6 +72,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   StreamPool& operator=(const StreamPool&) = delete;
 
   StreamHandle stream() const noexcept { return stream_; }
+  // The private pool this cache serves ({0, 0}: the default pools) and its no_split
+  // option. Set while the pool holds no segment (a new or recycled cache).
+  void set_private(PoolId pool, bool no_split);
+  PoolId pool_id() const noexcept { return pool_id_; }
   ShardCounters& counters() noexcept { return counters_; }
   Lock& lock() noexcept { return lock_; }
 
@@ -98,6 +108,27 @@ class alignas(64) StreamPool final : public BlockOwner {
   void gc_scan(std::uint64_t now, GcTally* tally);
   void gc_release(std::uint64_t now, double age_threshold, GcTally* tally);
   void add_peer(int device);  // grants device access to every mapped expandable page
+  // Records the events of frees deferred while a capture was under way (call once
+  // none is). Throws DeviceError after trying every block.
+  void flush_capture_deferred();
+  bool holds_segments();
+
+  // ---- Checkpoints of a private pool (stream_pool_checkpoint.cpp) ----
+  // Appends every segment with its blocks. Throws InvalidArgumentError for pending
+  // frees (synchronize first) or expandable segments.
+  void checkpoint(std::vector<CheckpointSegment>* out);
+  // Throws InvalidArgumentError (changing nothing) unless every segment of the
+  // checkpoint is a segment of this pool, of its size, tiled by its blocks.
+  void check_restorable(const std::vector<const CheckpointSegment*>& segments);
+  // Frees every allocated block (appending its address) and waits for the frees
+  // that wait for other streams.
+  void free_all_allocated(std::vector<void*>* freed);
+  // pre: free_all_allocated, check_restorable. Splits each segment as recorded and
+  // allocates the blocks recorded as allocated (appending their addresses).
+  void restore(const std::vector<const CheckpointSegment*>& segments,
+               std::vector<void*>* allocated);
+  // Appends the address of every allocated block.
+  void allocated_addresses(std::vector<std::uintptr_t>* out);
   // Appends this pool's segments and blocks; returns the active bytes.
   std::size_t snapshot(std::vector<SegmentInfo>* out);
   void validate(ValidationTotals* totals);
@@ -116,6 +147,10 @@ class alignas(64) StreamPool final : public BlockOwner {
 
   const SizePolicy& policy() const noexcept { return services_.policy(); }
   bool tracing() const noexcept { return services_.history.active(); }
+  void trace(TraceAction action, std::uintptr_t address, std::size_t size,
+             const Context& context) const {
+    services_.trace(action, address, size, stream_, context, pool_id_);
+  }
   // ---- blocks and their indexes ----
   // (the small ones are defined inline at the end of this header: they are the hot path)
   Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
@@ -152,8 +187,13 @@ class alignas(64) StreamPool final : public BlockOwner {
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block);
+  void release_block_outlined(Block* block);  // for the pool's other files
   void free_block(Block* block);
   void defer_free(Block* block);
+  RESERVOIR_COLD void defer_past_capture(Block* block);
+  Segment* segment_at(std::uintptr_t base);
+  void restore_segment(Segment* segment, const CheckpointSegment& record,
+                       std::vector<void*>* allocated);
   void process_events(bool wait);
   void release_segment(Segment* segment);
 
@@ -164,6 +204,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   const StreamHandle stream_;
   Lock lock_;
   std::size_t pending_blocks_ = 0;
+  bool no_split_ = false;  // read by every hand_out: kept on the lock's line
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
@@ -173,6 +214,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
   std::vector<UseQueue> pending_queues_;
   std::vector<Block*> stranded_;  // pending forever after a device error
+  std::vector<Block*> capture_deferred_;
+  PoolId pool_id_{};
 };
 
 // ---------------------------------------------------------------- hot inline helpers

@@ -67,6 +67,7 @@ std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
         info->stream = stream_;
         info->is_large = !seg->is_small();
         info->is_expandable = seg->expandable;
+        info->pool = pool_id_;
         info->context = seg->context;
       }
       BlockInfo block;

@@ -119,6 +119,12 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                   "allocated map holds " + std::to_string(allocated_.size()) + " blocks, " +
                       std::to_string(allocated_blocks) + " are allocated");
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
+  for (const Block* b : capture_deferred_)
+    RESERVOIR_CHECK(b->state == BlockState::pending && b->event_count == 0 && b->extras,
+                    "block " + at(b->address) + " deferred past a capture is not pending");
+  RESERVOIR_CHECK(pool_id_.is_default() || !no_split_ ||
+                      counters_.get(kInactiveSplit, 0) + counters_.get(kInactiveSplit, 1) == 0,
+                  "a no_split pool holds split blocks");
   static const char* const kNames[kStatKinds] = {"allocation",       "segment",
                                                  "pending",          "inactive_split",
                                                  "allocated_bytes",  "reserved_bytes",

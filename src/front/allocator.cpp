@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "engine/caching_allocator.hpp"
 #include "engine/uncached_allocator.hpp"
@@ -71,6 +72,7 @@ struct Allocator::Impl {
     return device;
   }
   detail::DeviceEngine& engine(int device) { return core->engine(resolve(device)); }
+  detail::DeviceEngine& pool_engine(int device);  // throws in uncached mode
 
   // Rebuilds the chain above the recording layer (under layers_mutex).
   void relink(Allocator& owner) {
@@ -254,6 +256,75 @@ void Allocator::enable_peer_access(int device, int peer) {
     throw DeviceError("reservoir: enabling access from device " + std::to_string(d) +
                       " to device " + std::to_string(p) + " failed: " + im.backend->last_error());
   im.core->engine(p).add_peer(d);
+}
+
+// ---------------------------------------------------------------- private pools
+
+namespace {
+// Ids create_pool hands out: above any PyTorch makes (its counters start at 1).
+std::atomic<std::uint64_t> g_next_pool{std::uint64_t{1} << 62};
+}  // namespace
+
+detail::DeviceEngine& Allocator::Impl::pool_engine(int device) {
+  if (uncached)
+    throw InvalidArgumentError(
+        "reservoir: private pools need the caching allocator (RESERVOIR_NO_CACHING=1 is set): "
+        "CUDA graphs and memory pools cannot run uncached");
+  return engine(device);
+}
+
+PoolId Allocator::create_pool(const PoolOptions& options, int device) {
+  detail::DeviceEngine& e = impl_->pool_engine(device);
+  const PoolId id{0, g_next_pool.fetch_add(1, std::memory_order_relaxed)};
+  e.retain_pool(id, options);
+  return id;
+}
+
+void Allocator::retain_pool(PoolId pool, const PoolOptions& options, int device) {
+  impl_->pool_engine(device).retain_pool(pool, options);
+}
+
+void Allocator::release_pool(PoolId pool, int device) {
+  impl_->pool_engine(device).release_pool(pool);
+}
+
+int Allocator::pool_use_count(PoolId pool, int device) {
+  return impl_->pool_engine(device).pool_use_count(pool);
+}
+
+void Allocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter, int device) {
+  impl_->pool_engine(device).begin_allocate_to_pool(pool, std::move(filter), true);
+}
+
+void Allocator::begin_capture_to_pool(PoolId pool, StreamHandle stream, int device) {
+  begin_allocate_to_pool(
+      pool, [stream](StreamHandle s) { return s == stream; }, device);
+}
+
+void Allocator::begin_allocate_current_thread_to_pool(PoolId pool, int device) {
+  impl_->pool_engine(device).begin_allocate_to_pool(
+      pool,
+      [thread = std::this_thread::get_id()](StreamHandle) {
+        return std::this_thread::get_id() == thread;
+      },
+      false);
+}
+
+void Allocator::end_allocate_to_pool(PoolId pool, int device) {
+  impl_->pool_engine(device).end_allocate_to_pool(pool);
+}
+
+PoolCheckpoint Allocator::checkpoint_pool(PoolId pool, int device) {
+  return impl_->pool_engine(device).checkpoint_pool(pool);
+}
+
+PoolRestore Allocator::restore_pool(const PoolCheckpoint& checkpoint) {
+  return impl_->pool_engine(checkpoint.device).restore_pool(checkpoint);
+}
+
+bool Allocator::pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected,
+                                          int device) {
+  return impl_->pool_engine(device).pool_live_allocations_are(pool, expected);
 }
 
 // ---------------------------------------------------------------- statistics and hooks

@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
@@ -154,7 +156,18 @@ std::string pointer_text(const void* ptr) {
   return buf;
 }
 
+reservoir::PoolId pool_of(reservoir_pool_id id) {
+  return reservoir::PoolId{id.first, id.second};
+}
+
 }  // namespace
+
+struct reservoir_pool_checkpoint {
+  reservoir::PoolCheckpoint state;
+};
+struct reservoir_pool_restore {
+  reservoir::PoolRestore result;
+};
 
 extern "C" {
 
@@ -366,6 +379,123 @@ reservoir_status reservoir_metrics_json(char* buffer, size_t capacity, size_t* n
 
 reservoir_status reservoir_validate(void) {
   return guarded("reservoir_validate", [] { Allocator::instance().validate(); });
+}
+
+// ---------------------------------------------------------------- private pools
+
+reservoir_status reservoir_private_pool_stats(int device, int64_t* reserved_bytes, int64_t* pools) {
+  constexpr const char* kFn = "reservoir_private_pool_stats";
+  return guarded(kFn, [&] {
+    require(reserved_bytes, kFn, "reserved_bytes");
+    require(pools, kFn, "pools");
+    const reservoir::DeviceStats s = Allocator::instance().stats(device);
+    *reserved_bytes = s.private_pool_reserved_bytes;
+    *pools = s.private_pools;
+  });
+}
+
+reservoir_status reservoir_pool_create(int device, int use_on_oom, int no_split,
+                                       reservoir_pool_id* id) {
+  constexpr const char* kFn = "reservoir_pool_create";
+  return guarded(kFn, [&] {
+    require(id, kFn, "id");
+    const reservoir::PoolId made =
+        Allocator::instance().create_pool({use_on_oom != 0, no_split != 0}, device);
+    *id = reservoir_pool_id{made.first, made.second};
+  });
+}
+
+reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id, int use_on_oom,
+                                       int no_split) {
+  return guarded("reservoir_pool_retain", [&] {
+    Allocator::instance().retain_pool(pool_of(id), {use_on_oom != 0, no_split != 0}, device);
+  });
+}
+
+reservoir_status reservoir_pool_release(int device, reservoir_pool_id id) {
+  return guarded("reservoir_pool_release",
+                 [&] { Allocator::instance().release_pool(pool_of(id), device); });
+}
+
+reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id, int* count) {
+  constexpr const char* kFn = "reservoir_pool_use_count";
+  return guarded(kFn, [&] {
+    require(count, kFn, "count");
+    *count = Allocator::instance().pool_use_count(pool_of(id), device);
+  });
+}
+
+reservoir_status reservoir_pool_begin_capture(int device, reservoir_pool_id id, uintptr_t stream) {
+  return guarded("reservoir_pool_begin_capture",
+                 [&] { Allocator::instance().begin_capture_to_pool(pool_of(id), stream, device); });
+}
+
+reservoir_status reservoir_pool_begin_thread(int device, reservoir_pool_id id) {
+  return guarded("reservoir_pool_begin_thread", [&] {
+    Allocator::instance().begin_allocate_current_thread_to_pool(pool_of(id), device);
+  });
+}
+
+reservoir_status reservoir_pool_end(int device, reservoir_pool_id id) {
+  return guarded("reservoir_pool_end",
+                 [&] { Allocator::instance().end_allocate_to_pool(pool_of(id), device); });
+}
+
+reservoir_status reservoir_pool_live_allocations_are(int device, reservoir_pool_id id,
+                                                     void* const* ptrs, size_t count, int* result) {
+  constexpr const char* kFn = "reservoir_pool_live_allocations_are";
+  return guarded(kFn, [&] {
+    require(result, kFn, "result");
+    if (count > 0) require(ptrs, kFn, "ptrs");
+    std::vector<void*> expected(ptrs, ptrs + count);
+    *result =
+        Allocator::instance().pool_live_allocations_are(pool_of(id), expected, device) ? 1 : 0;
+  });
+}
+
+reservoir_status reservoir_pool_checkpoint_take(int device, reservoir_pool_id id,
+                                                reservoir_pool_checkpoint** out) {
+  constexpr const char* kFn = "reservoir_pool_checkpoint_take";
+  return guarded(kFn, [&] {
+    require(out, kFn, "out");
+    *out = nullptr;
+    auto made = std::make_unique<reservoir_pool_checkpoint>();
+    made->state = Allocator::instance().checkpoint_pool(pool_of(id), device);
+    *out = made.release();
+  });
+}
+
+reservoir_status reservoir_pool_checkpoint_restore(const reservoir_pool_checkpoint* checkpoint,
+                                                   reservoir_pool_restore** out) {
+  constexpr const char* kFn = "reservoir_pool_checkpoint_restore";
+  return guarded(kFn, [&] {
+    require(checkpoint, kFn, "checkpoint");
+    require(out, kFn, "out");
+    *out = nullptr;
+    auto made = std::make_unique<reservoir_pool_restore>();
+    made->result = Allocator::instance().restore_pool(checkpoint->state);
+    *out = made.release();
+  });
+}
+
+void reservoir_pool_checkpoint_free(reservoir_pool_checkpoint* checkpoint) {
+  delete checkpoint;
+}
+
+size_t reservoir_pool_restore_count(const reservoir_pool_restore* result, int which) {
+  if (result == nullptr) return 0;
+  return which == 0 ? result->result.freed.size() : result->result.allocated.size();
+}
+
+void* reservoir_pool_restore_pointer(const reservoir_pool_restore* result, int which,
+                                     size_t index) {
+  if (result == nullptr) return nullptr;
+  const std::vector<void*>& list = which == 0 ? result->result.freed : result->result.allocated;
+  return index < list.size() ? list[index] : nullptr;
+}
+
+void reservoir_pool_restore_free(reservoir_pool_restore* result) {
+  delete result;
 }
 
 }  // extern "C"

@@ -292,8 +292,8 @@ class Pickler {
     key("segment_type");
     key(seg.is_large ? "large" : "small");
     key("segment_pool_id");  // PyTorch's MempoolId_t: (capture id, pool id)
-    integer(0);
-    number(seg.private_pool_id);
+    number(seg.pool.first);
+    number(seg.pool.second);
     op(kTuple2);
     key("is_expandable");
     boolean(seg.is_expandable);

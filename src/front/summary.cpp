@@ -80,6 +80,14 @@ std::string Allocator::summary(int device) {
   row(out, "Oversize allocations", s.oversize_allocations, false);
   row(out, "Oversize segments", s.oversize_segments, false);
   out += rule;
+  std::snprintf(
+      buf, sizeof buf, "| %-82s|\n",
+      ("Private pools (CUDA graphs, MemPool): " + std::to_string(s.private_pools) + ", reserving " +
+       detail::format_size(static_cast<std::uint64_t>(s.private_pool_reserved_bytes)) +
+       " of the reserved memory")
+          .c_str());
+  out += buf;
+  out += rule;
   return out;
 }
 

@@ -110,12 +110,18 @@ SeenStreams& seen_streams() {
   return *streams;
 }
 
-[[noreturn]] void throw_pool_unsupported(const char* hook) {
-  throw std::runtime_error(
-      std::string("Reservoir does not support PyTorch private memory pools (") + hook +
-      "): CUDA graphs (torch.cuda.graph, torch.compile mode=\"reduce-overhead\") and "
-      "torch.cuda.MemPool need PyTorch's own caching allocator; run without "
-      "reservoir.torch.install() for those programs");
+reservoir::PoolId pool_of(const MempoolId& id) {
+  return reservoir::PoolId{id.first, id.second};
+}
+
+// The first failure of a hook that must not throw (end, release: PyTorch calls them
+// from capture_end's cleanup and from destructors) is printed, like report_free_error.
+std::atomic<bool> g_pool_error_reported{false};
+void report_pool_error(const char* hook, const char* what) noexcept {
+  if (g_pool_error_reported.exchange(true)) return;
+  std::fprintf(stderr,
+               "reservoir: %s for PyTorch failed: %s (further pool errors are not printed)\n", hook,
+               what);
 }
 
 }  // namespace
@@ -191,32 +197,80 @@ RESERVOIR_C_API void reservoir_torch_record_stream(void* ptr, cudaStream_t strea
 }
 
 // set_begin_allocate_to_pool: void(int, MempoolId_t, std::function<bool(cudaStream_t)>).
-// Private pools would need the engine to keep a graph's blocks apart from the
-// general cache; refusing is safer than letting a replayed graph write into
-// memory handed to someone else.
+// CUDAGraph::capture_begin (filter: the stream belongs to this capture),
+// torch.cuda.use_mem_pool and inductor's cudagraph trees (filter: the calling thread)
+// route requests to the pool until end. Which of them called cannot be told from
+// here, so every route counts as a capture under way, as in c10 (captures_underway):
+// frees are deferred and nothing goes back to the device until it ends. Creates the
+// pool, or adds a use.
 RESERVOIR_C_API void reservoir_torch_begin_allocate_to_pool(
     int device, MempoolId mempool_id, std::function<bool(cudaStream_t)> filter) {
-  throw_pool_unsupported("beginAllocateToPool");
+  Allocator::instance().begin_allocate_to_pool(
+      pool_of(mempool_id),
+      [filter = std::move(filter)](StreamHandle stream) {
+        return filter(reinterpret_cast<cudaStream_t>(stream));
+      },
+      device);
 }
 
-// set_end_allocate_to_pool_fn: void(int, MempoolId_t). Nothing to end: no pool was
-// ever begun. Also called on cleanup paths, so it must not throw.
+// set_end_allocate_to_pool_fn: void(int, MempoolId_t). Called after cudaStreamEndCapture
+// and on cleanup paths: reports instead of throwing.
 RESERVOIR_C_API void reservoir_torch_end_allocate_to_pool(int device,
-                                                          MempoolId mempool_id) noexcept {}
+                                                          MempoolId mempool_id) noexcept {
+  try {
+    Allocator::instance().end_allocate_to_pool(pool_of(mempool_id), device);
+  } catch (const std::exception& e) {
+    report_pool_error("endAllocateToPool", e.what());
+  }
+}
 
-// set_release_pool: void(int, MempoolId_t). Called from CUDAGraph destructors too.
-RESERVOIR_C_API void reservoir_torch_release_pool(int device, MempoolId mempool_id) noexcept {}
+// set_release_pool: void(int, MempoolId_t). CUDAGraph::reset (from its destructor),
+// MemPool's destructor, use_mem_pool's exit: drops a use.
+RESERVOIR_C_API void reservoir_torch_release_pool(int device, MempoolId mempool_id) noexcept {
+  try {
+    Allocator::instance().release_pool(pool_of(mempool_id), device);
+  } catch (const std::exception& e) {
+    report_pool_error("releasePool", e.what());
+  }
+}
 
 // Older PyTorch (before the filter-based hooks): set_begin_allocate_stream_to_pool,
-// void(int, cudaStream_t, MempoolId_t).
+// void(int, cudaStream_t, MempoolId_t): the capturing stream's requests. Its end names
+// only the stream, so the pool begun for each stream is remembered here.
+struct StreamRoute {
+  int device;
+  StreamHandle stream;
+  MempoolId pool;
+};
+static std::mutex g_stream_routes_mutex;
+static std::vector<StreamRoute> g_stream_routes;
+
 RESERVOIR_C_API void reservoir_torch_begin_allocate_stream_to_pool(int device, cudaStream_t stream,
                                                                    MempoolId mempool_id) {
-  throw_pool_unsupported("beginAllocateStreamToPool");
+  Allocator::instance().begin_capture_to_pool(pool_of(mempool_id), handle(stream), device);
+  std::lock_guard<std::mutex> guard(g_stream_routes_mutex);
+  g_stream_routes.push_back(StreamRoute{device, handle(stream), mempool_id});
 }
 
 // Older PyTorch: set_end_allocate_stream_to_pool_fn, void(int, cudaStream_t).
 RESERVOIR_C_API void reservoir_torch_end_allocate_stream_to_pool(int device,
-                                                                 cudaStream_t stream) noexcept {}
+                                                                 cudaStream_t stream) noexcept {
+  try {
+    MempoolId pool{0, 0};
+    {
+      std::lock_guard<std::mutex> guard(g_stream_routes_mutex);
+      auto it = std::find_if(
+          g_stream_routes.begin(), g_stream_routes.end(),
+          [&](const StreamRoute& r) { return r.device == device && r.stream == handle(stream); });
+      if (it == g_stream_routes.end()) return;
+      pool = it->pool;
+      g_stream_routes.erase(it);
+    }
+    Allocator::instance().end_allocate_to_pool(pool_of(pool), device);
+  } catch (const std::exception& e) {
+    report_pool_error("endAllocateStreamToPool", e.what());
+  }
+}
 
 // Not a PyTorch hook: reservoir.torch calls these (ctypes) after the host waited.
 // Stream.synchronize / Event.synchronize: that stream of that device.

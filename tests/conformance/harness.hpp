@@ -28,6 +28,11 @@ class Harness {
   virtual void hold_stream(StreamHandle stream) = 0;
   // Lets held work on stream finish and waits for it.
   virtual void release_stream(StreamHandle stream) = 0;
+  // Starts a graph capture on stream (in the global mode: the device refuses frees,
+  // event queries and host waits meanwhile); false when the backend cannot (the
+  // test is skipped).
+  virtual bool begin_capture(StreamHandle) { return false; }
+  virtual void end_capture(StreamHandle) {}
   // The simulated device, for tests of fault injection and device counters.
   virtual SimBackend* sim() { return nullptr; }
 };

@@ -22,6 +22,11 @@ class SimHarness : public Harness {
   void hold_stream(StreamHandle stream) override { backend_->submit_work(stream); }
   void release_stream(StreamHandle stream) override { backend_->advance(stream); }
   SimBackend* sim() override { return backend_.get(); }
+  bool begin_capture(StreamHandle stream) override {
+    backend_->begin_capture(stream);
+    return true;
+  }
+  void end_capture(StreamHandle stream) override { backend_->end_capture(stream); }
 
  private:
   std::shared_ptr<SimBackend> backend_;

@@ -48,8 +48,37 @@ class Walk:
         return self.op(FAULT, kind, arg)
 
 
+def pools_seed():
+    """Private pools (kOpDevice with arguments of 0x80 and up, walk_pools.cpp)."""
+    w = Walk()
+    w.op(DEVICE, 0x80, 0)  # slot 0, device 0
+    w.op(DEVICE, 0x81)  # route this thread to it
+    for i in range(6):
+        w.alloc(SMALL, s=i * 31)
+    w.free(1)
+    w.op(DEVICE, 0x85)  # checkpoint
+    w.alloc(MEDIUM, s=7)
+    w.free(0)
+    w.op(DEVICE, 0x86)  # restore
+    w.op(DEVICE, 0x87)  # live blocks as the walk expects
+    w.op(DEVICE, 0x83)  # end the route
+    w.op(DEVICE, 0x88, 3)  # slot 1: use_on_oom, no_split
+    w.op(DEVICE, 0x8A, 2)  # capture on stream 2
+    w.alloc(SMALL, stream=2)
+    w.record(6, 1)
+    w.free(6)
+    w.op(EMPTY, 0)
+    w.op(DEVICE, 0x8B)  # end: the deferred free records its event
+    w.op(DEVICE, 0x84)  # release slot 0
+    w.op(FREE_ALL, 0)
+    w.op(EMPTY, 0)
+    w.op(DEVICE, 0x8C)  # release slot 1
+    w.op(EMPTY, 0)
+    return w
+
+
 def seeds():
-    out = {}
+    out = {"pools": pools_seed()}
     w = Walk()
     for i in range(24):
         w.alloc(TINY if i % 2 else SMALL, s=i * 97)

@@ -191,10 +191,13 @@ void Walker::step(std::uint8_t op) {
       return op_query();
     case kOpFreeAll:
       return op_free_all();
-    default:
-      current_device_ = in_.u8() & 1;
+    default: {
+      const std::uint8_t arg = in_.u8();
+      if (arg >= 0x80) return op_pool(arg);
+      current_device_ = arg & 1;
       sim_->set_current_device(current_device_);
       return;
+    }
   }
 }
 
@@ -246,6 +249,8 @@ void Walker::op_alloc() {
          compact_};
   WALK_CHECK(l.block >= size && l.block % 512 == 0, "block size " + std::to_string(l.block));
   WALK_CHECK(alloc_->requested_size(p) == size, "requested size differs");
+  l.pool = serving_slot(device, stream, l.address);
+  l.compact = compact_ && l.pool == -1;  // a private pool's block never moves
   check_disjoint(l);
   shadow_.emplace(l.address, l.address + l.block);
   for_pattern(l.requested, [&](std::size_t o) {
@@ -363,7 +368,8 @@ void Walker::op_empty_cache() {
   // device without live (or kept) blocks holds nothing, not even address space.
   for (int d = 0; d < kDevices; ++d) {
     if ((which != 0 && which - 1 != d) || kept_on_[static_cast<std::size_t>(d)]) continue;
-    bool any = false;
+    bool any = capture_on();  // nothing is released during a capture
+    for (const PoolSlot& slot : pools_) any |= slot.exists && slot.device == d;  // in use
     for (const Live& l : live_) any |= l.device == d;
     if (any) continue;
     WALK_CHECK(alloc_->stats(d).reserved_bytes.all().current == 0,

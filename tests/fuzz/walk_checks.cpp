@@ -202,6 +202,7 @@ void Walker::check_books() {
                      std::to_string(st->current) + ", peak " + std::to_string(st->peak));
   }
   note_synchronizations(all);
+  check_capture();
   check_in_flight_mapped();
 }
 

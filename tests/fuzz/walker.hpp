@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -90,6 +91,20 @@ struct Live {
   std::uint64_t id;
   std::vector<StreamHandle> uses;  // other streams recorded with record_stream
   bool compact = false;            // allocated under policy:compact
+  int pool = -1;                   // private pool slot serving it (-1 default, -2 released)
+};
+
+// A private pool the walk made (walk_pools.cpp). The walk holds one use of it while
+// it exists, and one more while routing to it is on.
+struct PoolSlot {
+  bool exists = false;
+  PoolId id;
+  int device = 0;
+  int route = 0;  // 0 none, 1 this thread, 2 capture on stream
+  StreamHandle stream = 0;
+  std::uint64_t order = 0;  // begin order: the first route that accepts wins
+  bool use_on_oom = false;  // may lend its free blocks to other requests
+  std::optional<PoolCheckpoint> checkpoint;
 };
 
 // A block freed while other streams used it: its memory must not be handed out
@@ -148,6 +163,14 @@ class Walker {
   void op_fault();
   void op_reset_stats();
 
+  // walk_pools.cpp: private pools (kOpDevice with an argument of 0x80 and up).
+  void op_pool(std::uint8_t arg);
+  // The slot whose pool served a block allocated on device and stream.
+  int serving_slot(int device, StreamHandle stream, std::uintptr_t address);
+  void pool_restore(PoolSlot& slot, int index);
+  void check_capture();
+  bool capture_on() const;
+
   // walk_checks.cpp: checks, queries and bad inputs.
   void check_disjoint(const Live& l);
   void check_in_flight_mapped();
@@ -181,6 +204,13 @@ class Walker {
   bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false, compact_ = false;
   bool callback_on_ = false, capacity_changed_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
+  std::array<PoolSlot, 2> pools_{};
+  std::uint64_t next_pool_ = 1, route_order_ = 0;
+  struct DeviceHold {
+    std::size_t used = 0, segments = 0, reservations = 0;
+    bool valid = false;  // a capture was on at the last check
+  };
+  std::array<DeviceHold, kDevices> capture_hold_{};
 };
 
 }  // namespace reservoir::fuzz

@@ -393,4 +393,193 @@ TEST(BadInputCDeathTest, CallsFromStaticDestructorsWork) {
 }
 
 }  // namespace
+// ---- private pools (docs/pools.md) ----
+
+TEST_F(BadInput, PoolCallsOnAnUnknownOrReleasedPool) {
+  const PoolId unknown{0, 424242};
+  expect_refused<InvalidArgumentError>([&] { a_.release_pool(unknown, 0); },
+                                       {"(0, 424242)", "no such pool"});
+  expect_refused<InvalidArgumentError>([&] { a_.pool_use_count(unknown, 0); }, {"(0, 424242)"});
+  expect_refused<InvalidArgumentError>([&] { a_.checkpoint_pool(unknown, 0); },
+                                       {"checkpoint", "no such pool"});
+  expect_refused<InvalidArgumentError>([&] { a_.end_allocate_to_pool(unknown, 0); },
+                                       {"without begin"});
+  expect_refused<InvalidArgumentError>([&] { a_.retain_pool(PoolId{}, {}, 0); },
+                                       {"(0, 0) names the default pools"});
+  const PoolId held = a_.create_pool({}, 0);
+  a_.begin_allocate_current_thread_to_pool(held, 0);
+  void* in_pool = a_.allocate(MiB, 1, 0);
+  a_.end_allocate_to_pool(held, 0);
+  a_.release_pool(held, 0);
+  a_.release_pool(held, 0);  // released, with a live block: not yet forgotten
+  before_ = stats_vector(a_);
+  expect_refused<InvalidArgumentError>([&] { a_.release_pool(held, 0); }, {"already released"});
+  expect_refused<InvalidArgumentError>([&] { a_.retain_pool(held, {}, 0); }, {"was released"});
+  expect_refused<InvalidArgumentError>([&] { a_.checkpoint_pool(held, 0); }, {"released"});
+  a_.deallocate(in_pool);
+}
+
+TEST_F(BadInput, RoutingTwiceToOnePool) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  before_ = stats_vector(a_);
+  expect_refused<InvalidArgumentError>([&] { a_.begin_capture_to_pool(pool, 2, 0); },
+                                       {"already routing"});
+  expect_refused<InvalidArgumentError>([&] { a_.begin_allocate_to_pool(pool, nullptr, 0); },
+                                       {"stream filter"});
+  a_.end_allocate_to_pool(pool, 0);
+  a_.release_pool(pool, 0);
+  a_.release_pool(pool, 0);
+}
+
+TEST_F(BadInput, RestoreOfACheckpointThatNoLongerFits) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_allocate_current_thread_to_pool(pool, 0);
+  void* p = a_.allocate(MiB, 1, 0);
+  a_.end_allocate_to_pool(pool, 0);
+  PoolCheckpoint bad = a_.checkpoint_pool(pool, 0);
+  before_ = stats_vector(a_);
+  bad.segments[0].blocks[0].size -= 512;
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(bad); }, {"do not tile"});
+  bad = a_.checkpoint_pool(pool, 0);
+  bad.segments[0].stream = 9;
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(bad); }, {"no memory on stream 9"});
+  bad = a_.checkpoint_pool(pool, 0);
+  bad.device = 3;
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(bad); }, {"device 3"});
+  a_.begin_capture_to_pool(pool, 1, 0);
+  bad = a_.checkpoint_pool(pool, 0);
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(bad); }, {"capture is under way"});
+  a_.end_allocate_to_pool(pool, 0);
+  a_.deallocate(p);
+  for (int i = 0; i < 3; ++i) a_.release_pool(pool, 0);
+}
+
+TEST_F(BadInput, RestoreOfACheckpointOfAnotherPool) {
+  const PoolId a = a_.create_pool({}, 0), b = a_.create_pool({}, 0);
+  std::vector<void*> blocks;
+  for (PoolId id : {a, b}) {
+    a_.begin_allocate_current_thread_to_pool(id, 0);
+    blocks.push_back(a_.allocate(MiB, 1, 0));
+    a_.end_allocate_to_pool(id, 0);
+  }
+  PoolCheckpoint of_a = a_.checkpoint_pool(a, 0);
+  of_a.pool = b;  // b has memory on the same stream, but not a's segment
+  before_ = stats_vector(a_);
+  expect_refused<InvalidArgumentError>([&] { a_.restore_pool(of_a); },
+                                       {"is not a segment of the pool any more"});
+  EXPECT_TRUE(a_.pool_live_allocations_are(b, {blocks[1]}, 0)) << "b's block was freed";
+  for (void* p : blocks) a_.deallocate(p);
+  a_.release_pool(a, 0);
+  a_.release_pool(b, 0);
+}
+
+// Not refused, but deferred: a pool released while routing to it is on, or while it
+// holds blocks, keeps serving and keeps its memory until both are over.
+TEST_F(BadInput, ReleaseOfAPoolInUseOrWithLiveBlocksIsDeferred) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  a_.release_pool(pool, 0);  // the route still holds a use
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 1);
+  void* p = a_.allocate(MiB, 1, 0);
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {p}, 0)) << "the route stopped at release";
+  a_.end_allocate_to_pool(pool, 0);  // the route's use stays until released (a graph's)
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 1);
+  a_.release_pool(pool, 0);
+  EXPECT_EQ(a_.pool_use_count(pool, 0), 0);
+  const std::int64_t held = a_.stats(0).private_pool_reserved_bytes;
+  EXPECT_GT(held, 0);
+  a_.empty_cache(0);
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, held) << "a live block's segment went back";
+  a_.deallocate(p);
+  a_.empty_cache(0);
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, 0);
+  before_ = stats_vector(a_);  // forgotten now
+  expect_refused<InvalidArgumentError>([&] { a_.pool_use_count(pool, 0); }, {"no private pool"});
+}
+
+// During a capture, requests on a stream the route does not accept stay in the
+// default pools (PyTorch's capture filter), and the pool gets nothing of them.
+TEST_F(BadInput, RequestsOnAnotherStreamDuringACaptureStayInTheDefaultPools) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  void* other = a_.allocate(MiB, 2, 0);
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {}, 0));
+  EXPECT_EQ(a_.stats(0).private_pool_reserved_bytes, 0);
+  a_.deallocate(other);
+  a_.end_allocate_to_pool(pool, 0);
+  a_.release_pool(pool, 0);
+  a_.validate();
+}
+
+TEST_F(BadInput, CaptureRoutesUnderPolicyCompact) {
+  Allocator compact(sim_, Config::parse("policy:compact"));
+  const PoolId pool = compact.create_pool({}, 0);
+  EXPECT_THROW(
+      {
+        try {
+          compact.begin_capture_to_pool(pool, 1, 0);
+        } catch (const InvalidArgumentError& e) {
+          EXPECT_NE(std::string(e.what()).find("policy:compact"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidArgumentError);
+  EXPECT_EQ(compact.pool_use_count(pool, 0), 1) << "a refused begin kept a use";
+  compact.begin_allocate_current_thread_to_pool(pool, 0);  // not a capture: served
+  void* p = compact.allocate(MiB, 1, 0);
+  EXPECT_TRUE(compact.pool_live_allocations_are(pool, {p}, 0));
+  compact.end_allocate_to_pool(pool, 0);
+  compact.deallocate(p);
+  compact.release_pool(pool, 0);
+  compact.validate();
+}
+
+TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {
+  Allocator expandable(sim_, Config::parse("expandable_segments:True"));
+  const PoolId pool = expandable.create_pool({}, 0);
+  expandable.begin_allocate_current_thread_to_pool(pool, 0);
+  void* p = expandable.allocate(MiB, 1, 0);
+  expandable.end_allocate_to_pool(pool, 0);
+  EXPECT_THROW(
+      {
+        try {
+          expandable.checkpoint_pool(pool, 0);
+        } catch (const InvalidArgumentError& e) {
+          EXPECT_NE(std::string(e.what()).find("expandable_segments:False"), std::string::npos);
+          throw;
+        }
+      },
+      InvalidArgumentError);
+  expandable.deallocate(p);
+  expandable.release_pool(pool, 0);
+  expandable.release_pool(pool, 0);
+  expandable.validate();
+}
+
+TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
+  reservoir_pool_id id{0, 0};
+  EXPECT_EQ(reservoir_pool_create(0, 0, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_pool_release(0, reservoir_pool_id{0, 99999}),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("no such pool"), std::string::npos);
+  ASSERT_EQ(reservoir_pool_create(0, 0, 0, &id), RESERVOIR_OK);
+  int count = 0;
+  EXPECT_EQ(reservoir_pool_use_count(0, id, &count), RESERVOIR_OK);
+  EXPECT_EQ(count, 1);
+  EXPECT_EQ(reservoir_pool_end(0, id), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  reservoir_pool_checkpoint* checkpoint = nullptr;
+  EXPECT_EQ(reservoir_pool_checkpoint_take(0, id, &checkpoint), RESERVOIR_OK);
+  reservoir_pool_restore* restored = nullptr;
+  EXPECT_EQ(reservoir_pool_checkpoint_restore(nullptr, &restored),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_pool_checkpoint_restore(checkpoint, &restored), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_restore_count(restored, 0), 0u);
+  EXPECT_EQ(reservoir_pool_restore_pointer(restored, 1, 5), nullptr);
+  reservoir_pool_restore_free(restored);
+  reservoir_pool_checkpoint_free(checkpoint);
+  EXPECT_EQ(reservoir_pool_release(0, id), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
 }  // namespace reservoir

@@ -1,0 +1,197 @@
+"""Private memory pools from Python (docs/pools.md).
+
+    pool = reservoir.MemPool()                 # its own segments and blocks
+    with reservoir.use_mem_pool(pool):
+        buf = reservoir.raw_alloc(1 << 20)     # this thread's requests go to the pool
+    state = reservoir.checkpoint_pool(pool.id)
+    ...
+    freed, allocated = reservoir.restore_pool(state)
+
+A pool id is a pair of ints, as PyTorch's MempoolId_t. The pool lives while it has
+uses: a MemPool object is one (released when the object goes away, or by
+release()), each use_mem_pool block another while it runs.
+"""
+
+import contextlib
+import ctypes
+
+from . import _args, _lib
+
+
+def _id(pool_id):
+    first, second = pool_id
+    return _lib.PoolId(int(first), int(second))
+
+
+def _pair(pool_id):
+    if isinstance(pool_id, MemPool):
+        return pool_id.id
+    first, second = pool_id
+    return (int(first), int(second))
+
+
+def private_pool_stats(device=None):
+    """{"private_pool_reserved_bytes": bytes of reserved memory held by private pools,
+    "private_pools": how many exist} (not in memory_stats(), whose keys are PyTorch's)."""
+    reserved = ctypes.c_int64(0)
+    pools = ctypes.c_int64(0)
+    _lib.check(_lib.load().reservoir_private_pool_stats(
+        _args.device_index(device), ctypes.byref(reserved), ctypes.byref(pools)))
+    return {"private_pool_reserved_bytes": reserved.value, "private_pools": pools.value}
+
+
+def retain_pool(pool_id, device=None, use_on_oom=False, no_split=False):
+    """Creates the pool named pool_id (use count 1) or adds a use of it."""
+    _lib.check(_lib.load().reservoir_pool_retain(
+        _args.device_index(device), _id(_pair(pool_id)), int(bool(use_on_oom)),
+        int(bool(no_split))))
+
+
+def release_pool(pool_id, device=None):
+    """Drops a use of the pool; at 0 its memory goes back once its blocks are freed
+    (at the next empty_cache)."""
+    _lib.check(_lib.load().reservoir_pool_release(_args.device_index(device),
+                                                  _id(_pair(pool_id))))
+
+
+def pool_use_count(pool_id, device=None):
+    count = ctypes.c_int(0)
+    _lib.check(_lib.load().reservoir_pool_use_count(_args.device_index(device),
+                                                    _id(_pair(pool_id)), ctypes.byref(count)))
+    return count.value
+
+
+class MemPool:
+    """A private pool of device memory (as torch.cuda.MemPool): its blocks never serve
+    requests outside it, except, with use_on_oom, when the device is out of memory;
+    with no_split its blocks are never split. pool_id: adopt that id (e.g. one from
+    torch.cuda.graph_pool_handle()) instead of a fresh one."""
+
+    def __init__(self, use_on_oom=False, no_split=False, device=None, pool_id=None):
+        self._device = _args.device_index(device)
+        if pool_id is None:
+            made = _lib.PoolId()
+            _lib.check(_lib.load().reservoir_pool_create(
+                self._device, int(bool(use_on_oom)), int(bool(no_split)), ctypes.byref(made)))
+            self._id = (made.first, made.second)
+        else:
+            self._id = _pair(pool_id)
+            retain_pool(self._id, self._device, use_on_oom, no_split)
+        self._released = False
+
+    @property
+    def id(self):
+        """The pool's id, a tuple of two ints."""
+        return self._id
+
+    @property
+    def device(self):
+        return self._device
+
+    def use_count(self):
+        """Uses of the pool: this object, and every use_mem_pool block running."""
+        return pool_use_count(self._id, self._device)
+
+    def release(self):
+        """Drops this object's use now (idempotent)."""
+        if not self._released:
+            self._released = True
+            release_pool(self._id, self._device)
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown, or the library is gone
+            pass
+
+    def __repr__(self):
+        return "reservoir.MemPool(id=%r, device=%d)" % (self._id, self._device)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool, device=None):
+    """Routes the calling thread's requests to pool (a MemPool or an id) while the
+    block runs; the block holds a use of the pool."""
+    index = pool.device if isinstance(pool, MemPool) and device is None else \
+        _args.device_index(device)
+    pool_id = _id(_pair(pool))
+    lib = _lib.load()
+    _lib.check(lib.reservoir_pool_begin_thread(index, pool_id))
+    try:
+        yield pool
+    finally:
+        _lib.check(lib.reservoir_pool_end(index, pool_id))
+        _lib.check(lib.reservoir_pool_release(index, pool_id))
+
+
+@contextlib.contextmanager
+def capture_to_pool(pool, stream, device=None):
+    """Routes requests on stream (a graph capture on it) to pool while the block
+    runs: frees wait and nothing returns to the device until it ends."""
+    index = _args.device_index(device)
+    pool_id = _id(_pair(pool))
+    lib = _lib.load()
+    _lib.check(lib.reservoir_pool_begin_capture(index, pool_id, int(stream)))
+    try:
+        yield pool
+    finally:
+        _lib.check(lib.reservoir_pool_end(index, pool_id))
+        _lib.check(lib.reservoir_pool_release(index, pool_id))
+
+
+class PoolCheckpoint:
+    """A recorded state of a private pool (reservoir.checkpoint_pool)."""
+
+    def __init__(self, handle, pool_id, device):
+        self._handle = ctypes.c_void_p(handle)
+        self.pool_id = pool_id
+        self.device = device
+
+    def __del__(self):
+        try:
+            if self._handle:
+                _lib.load().reservoir_pool_checkpoint_free(self._handle)
+                self._handle = ctypes.c_void_p(None)
+        except Exception:
+            pass
+
+
+def checkpoint_pool(pool, device=None):
+    """The pool's segments and each block's state now (pending frees are waited for)."""
+    index = pool.device if isinstance(pool, MemPool) and device is None else \
+        _args.device_index(device)
+    pool_id = _pair(pool)
+    handle = ctypes.c_void_p()
+    _lib.check(_lib.load().reservoir_pool_checkpoint_take(index, _id(pool_id),
+                                                          ctypes.byref(handle)))
+    return PoolCheckpoint(handle.value, pool_id, index)
+
+
+def restore_pool(checkpoint):
+    """Rolls the pool back to checkpoint: every allocated block of it is freed, then
+    the blocks the checkpoint records as allocated are allocated again. Returns
+    (freed, allocated): lists of addresses (ints)."""
+    lib = _lib.load()
+    result = ctypes.c_void_p()
+    _lib.check(lib.reservoir_pool_checkpoint_restore(checkpoint._handle, ctypes.byref(result)))
+    try:
+        lists = []
+        for which in (0, 1):
+            n = lib.reservoir_pool_restore_count(result, which)
+            lists.append([lib.reservoir_pool_restore_pointer(result, which, i) or 0
+                          for i in range(n)])
+        return lists[0], lists[1]
+    finally:
+        lib.reservoir_pool_restore_free(result)
+
+
+def pool_live_allocations_are(pool, addresses, device=None):
+    """Whether the pool's allocated blocks are exactly the given addresses."""
+    index = pool.device if isinstance(pool, MemPool) and device is None else \
+        _args.device_index(device)
+    items = list(set(int(a) for a in addresses))
+    array = (ctypes.c_void_p * max(1, len(items)))(*items)
+    result = ctypes.c_int(0)
+    _lib.check(_lib.load().reservoir_pool_live_allocations_are(
+        index, _id(_pair(pool)), array, len(items), ctypes.byref(result)))
+    return bool(result.value)

@@ -1,0 +1,222 @@
+"""PyTorch's private-pool paths answered by Reservoir (docs/pools.md).
+
+What PyTorch calls, and how each reaches Reservoir under install():
+
+    caller                                   PyTorch entry               Reservoir
+    torch.cuda.graph / CUDAGraph capture     beginAllocateToPool,        pluggable hooks
+    (make_graphed_callables, inductor)       endAllocateToPool,          (torch_allocator.cpp),
+                                             releasePool                 wired by install()
+    torch.cuda.use_mem_pool, cudagraph       _cuda_beginAllocateCurrent- the same hooks (the
+    trees' pool manager                      ThreadToPool, _cuda_end...  filter is the thread)
+    torch.cuda.MemPool()                     _MemPool -> createOrIncref- replaced: MemPool below
+                                             Pool (not forwarded: fails)
+    cudagraph trees                          _cuda_getCheckpointState,   replaced here: Reservoir's
+                                             _cuda_setCheckpointPool-    checkpoints
+                                             State, _cuda_checkPoolLive-
+                                             Allocations (not forwarded)
+    cudagraph trees after a restore          _cuda_cudaCachingAllocator_ replaced: frees blocks the
+                                             raw_delete                  pluggable never handed out
+
+The one thing PyTorch's own restore does that a pluggable allocator cannot: give
+the storages that are live at a restore a deleter (it writes into c10::StorageImpl
+from C++). Reservoir instead keeps a weak reference to each such storage and frees
+its block when cudagraph trees free the storage (_free_And_Remove_DeleterFn, also
+replaced) or once the storage is gone, checked whenever they next call into the
+allocator's pool paths (a checkpoint, a restore, routing to the pool) and at
+torch.cuda.empty_cache(); until then the block stays allocated in the graph pool,
+never handed to anyone else.
+"""
+
+import reservoir as _reservoir
+
+_MARK = "_reservoir_replacement"
+
+# Blocks a restore allocated for live storages: (weak reference, address, device).
+_adopted = []
+
+
+def _storage_weak_ref(torch, cdata):
+    """A weak reference of our own to the storage whose weak pointer is cdata (the
+    caller's reference stays the caller's), or None when it is gone already."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if torch.Storage._expired(cdata):
+        return None
+    storage = torch.UntypedStorage._new_with_weak_ptr(cdata)
+    if storage is None:
+        return None
+    return StorageWeakRef(storage)
+
+
+def reclaim_dead_storages():
+    """Frees the blocks of restore-adopted storages that have died since. Returns
+    how many were freed."""
+    freed = 0
+    keep = []
+    for ref, address, _device in _adopted:
+        if ref.expired():
+            try:
+                _reservoir.raw_free(address)
+                freed += 1
+            except _reservoir.ReservoirInvalidPointerError:
+                pass  # freed by a later restore already
+        else:
+            keep.append((ref, address, _device))
+    _adopted[:] = keep
+    return freed
+
+
+def get_checkpoint_state(device, pool):
+    reclaim_dead_storages()
+    return _reservoir.checkpoint_pool(tuple(pool), device=device)
+
+
+def make_set_checkpoint_pool_state(torch):
+    def set_checkpoint_pool_state(device, state, stale_storages, storages_to_add_deleters_to):
+        reclaim_dead_storages()
+        freed, allocated = _reservoir.restore_pool(state)
+        # Every block the restore freed was allocated in the pool: adopted ones are
+        # no longer ours to free later.
+        freed_set = set(freed)
+        _adopted[:] = [entry for entry in _adopted if entry[1] not in freed_set]
+        allocated_set = set(allocated)
+        if stale_storages:
+            # PyTorch would take the deleter off these storages (they point into blocks
+            # the restore freed); a pluggable allocator cannot reach a StorageImpl.
+            raise RuntimeError(
+                "Reservoir: setCheckpointPoolState with stale storages is not supported "
+                "(cudagraph trees pass none); free those tensors before the restore")
+        for cdata in storages_to_add_deleters_to:
+            ref = _storage_weak_ref(torch, cdata)
+            storage = torch.UntypedStorage._new_with_weak_ptr(cdata) if ref is not None else None
+            address = storage.data_ptr() if storage is not None else None
+            del storage
+            if address is None or address not in allocated_set:
+                continue
+            _adopted.append((ref, address, device))
+        reclaim_dead_storages()
+
+    return set_checkpoint_pool_state
+
+
+def check_pool_live_allocations(device, pool, expected):
+    reclaim_dead_storages()
+    return _reservoir.pool_live_allocations_are(tuple(pool), expected, device=device)
+
+
+def make_raw_delete(original):
+    def raw_delete(ptr):
+        # A block a restore handed back was never allocated through the pluggable
+        # allocator, which refuses to free it: Reservoir frees it.
+        try:
+            original(ptr)
+        except RuntimeError as error:
+            if "not allocated here" not in str(error):
+                raise
+            _reservoir.raw_free(int(ptr))
+        address = int(ptr)
+        _adopted[:] = [entry for entry in _adopted if entry[1] != address]
+
+    return raw_delete
+
+
+def make_free_and_remove_deleter(torch):
+    original = torch._C._free_And_Remove_DeleterFn
+
+    def free_and_remove_deleter(cdata):
+        # cudagraph trees free a path's live outputs this way; a storage a restore
+        # adopted has no deleter to call, so Reservoir frees its block here, as
+        # PyTorch's deleter would have.
+        storage = torch.UntypedStorage._new_with_weak_ptr(cdata)
+        address = storage.data_ptr() if storage is not None else None
+        del storage
+        result = original(cdata)
+        if address is not None:
+            keep = []
+            for entry in _adopted:
+                if entry[1] == address:
+                    try:
+                        _reservoir.raw_free(address)
+                    except _reservoir.ReservoirInvalidPointerError:
+                        pass
+                else:
+                    keep.append(entry)
+            _adopted[:] = keep
+        return result
+
+    return free_and_remove_deleter
+
+
+def make_empty_cache(original):
+    def empty_cache(*args, **kwargs):
+        reclaim_dead_storages()
+        return original(*args, **kwargs)
+
+    return empty_cache
+
+
+def make_begin_current_thread(original):
+    def begin_allocate_current_thread_to_pool(device, pool):
+        reclaim_dead_storages()  # memory the pool may reuse before it records
+        return original(device, pool)
+
+    return begin_allocate_current_thread_to_pool
+
+
+def make_mem_pool(torch):
+    class MemPool(_reservoir.MemPool):
+        """torch.cuda.MemPool under Reservoir: a Reservoir private pool whose id comes
+        from torch.cuda.graph_pool_handle(), so it works with torch.cuda.use_mem_pool,
+        torch.cuda.graph(pool=...) and torch.cuda.memory_snapshot(mempool_id)."""
+
+        def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+            if allocator is not None:
+                raise RuntimeError(
+                    "Reservoir: torch.cuda.MemPool(allocator=...) would serve the pool from "
+                    "another allocator, which PyTorch does only inside its own caching "
+                    "allocator; create the MemPool without an allocator")
+            pool_id = tuple(torch.cuda.graph_pool_handle())
+            super().__init__(use_on_oom=use_on_oom, no_split=no_split,
+                             device=torch.cuda.current_device(), pool_id=pool_id)
+            self.allocator = None
+
+        def snapshot(self, include_traces=True):
+            return torch.cuda.memory_snapshot(self.id, include_traces=include_traces)
+
+    return MemPool
+
+
+def patch(torch):
+    """Replaces the entry points above (idempotent); returns the names replaced."""
+    replacements = {
+        "_cuda_getCheckpointState": lambda original: get_checkpoint_state,
+        "_cuda_setCheckpointPoolState": lambda original: make_set_checkpoint_pool_state(torch),
+        "_cuda_checkPoolLiveAllocations": lambda original: check_pool_live_allocations,
+        "_cuda_cudaCachingAllocator_raw_delete": make_raw_delete,
+        "_cuda_beginAllocateCurrentThreadToPool": make_begin_current_thread,
+        "_free_And_Remove_DeleterFn": lambda original: make_free_and_remove_deleter(torch),
+        "_cuda_emptyCache": make_empty_cache,
+    }
+    replaced = []
+    for name, make in replacements.items():
+        current = getattr(torch._C, name, None)
+        if current is None or getattr(current, _MARK, False):
+            continue
+        function = make(current)
+
+        def entry(*args, _function=function, **kwargs):
+            return _function(*args, **kwargs)
+
+        entry.__name__ = name
+        entry.__doc__ = "Reservoir's answer to torch._C.%s (reservoir.torch.install())" % name
+        setattr(entry, _MARK, True)
+        setattr(torch._C, name, entry)
+        replaced.append(name)
+    pool_class = make_mem_pool(torch)
+    for module in (torch.cuda, getattr(torch.cuda, "memory", None)):
+        if module is not None and hasattr(module, "MemPool") and \
+                not getattr(module.MemPool, _MARK, False):
+            setattr(pool_class, _MARK, True)
+            module.MemPool = pool_class
+            replaced.append(module.__name__ + ".MemPool")
+    return replaced

@@ -1,0 +1,182 @@
+// The random walk's private-pool steps: kOpDevice with an argument byte of 0x80 and
+// up (below it the byte still sets the current device, as in older inputs).
+//   arg bits 0-2: step, bit 3: slot (two pools), bit 4: device of a new pool.
+//   0 create (next byte: bit 0 use_on_oom, bit 1 no_split)  1 route this thread
+//   2 route a capture on stream (next byte)  3 end the route  4 release the pool
+//   5 checkpoint  6 restore the checkpoint  7 check the pool's live blocks
+// The model: each live block knows the pool slot that served it; a restore replaces
+// the pool's live blocks by the checkpoint's. While a capture route is on a device,
+// the device must get no memory, segment or address range back (check_capture; the
+// simulated device counts calls for all devices together, so events are checked by
+// the conformance tests, which model the capture on the device).
+#include <algorithm>
+
+#include "fuzz/walker.hpp"
+
+namespace reservoir::fuzz {
+
+bool Walker::capture_on() const {
+  return std::any_of(pools_.begin(), pools_.end(),
+                     [](const PoolSlot& s) { return s.exists && s.route == 2; });
+}
+
+int Walker::serving_slot(int device, StreamHandle stream, std::uintptr_t address) {
+  int best = -1;
+  bool lends = false;
+  for (int i = 0; i < 2; ++i) {
+    const PoolSlot& s = pools_[static_cast<std::size_t>(i)];
+    if (!s.exists || s.device != device) continue;
+    lends |= s.use_on_oom;
+    if (s.route == 0 || (s.route == 2 && s.stream != stream)) continue;
+    if (best < 0 || s.order < pools_[static_cast<std::size_t>(best)].order) best = i;
+  }
+  if (best >= 0 || !lends) return best;
+  // Not routed, but a use_on_oom pool may have lent one of its blocks.
+  for (const SegmentInfo& seg : alloc_->snapshot().segments) {
+    if (address < seg.address || address >= seg.address + seg.total_size) continue;
+    for (int i = 0; i < 2; ++i)
+      if (pools_[static_cast<std::size_t>(i)].exists &&
+          pools_[static_cast<std::size_t>(i)].id == seg.pool)
+        return i;
+  }
+  return -1;
+}
+
+// Per device (captures are a device's): what the device holds may only grow while a
+// capture route on it is on.
+void Walker::check_capture() {
+  for (int d = 0; d < kDevices; ++d) {
+    DeviceHold& was = capture_hold_[static_cast<std::size_t>(d)];
+    bool capturing = false;
+    for (const PoolSlot& s : pools_) capturing |= s.exists && s.route == 2 && s.device == d;
+    const DeviceHold now{sim_->used(d), sim_->live_segments(d), sim_->live_reservations(d)};
+    if (capturing && was.valid)
+      WALK_CHECK(now.used >= was.used && now.segments >= was.segments &&
+                     now.reservations >= was.reservations,
+                 "device " + std::to_string(d) + " got memory back during a capture");
+    was = now;
+    was.valid = capturing;
+  }
+}
+
+void Walker::op_pool(std::uint8_t arg) {
+  const int step = arg & 7;
+  const int index = (arg >> 3) & 1;
+  PoolSlot& slot = pools_[static_cast<std::size_t>(index)];
+  // A step with an injected failure pending would leave the model unsure.
+  if (fault_active_) return;
+  if (trace_) std::fprintf(stderr, "  pool step %d on slot %d\n", step, index);
+  const bool was_capture = capture_on();
+  switch (step) {
+    case 0: {
+      const std::uint8_t options = in_.u8();
+      if (slot.exists) return;
+      slot = PoolSlot{};
+      slot.device = (arg >> 4) & 1;
+      slot.id = alloc_->create_pool({(options & 1) != 0, (options & 2) != 0}, slot.device);
+      slot.use_on_oom = (options & 1) != 0;
+      slot.exists = true;
+      WALK_CHECK(alloc_->pool_use_count(slot.id, slot.device) == 1, "a new pool's use count");
+      return;
+    }
+    case 1:
+    case 2: {
+      const StreamHandle stream = step == 2 ? in_.u8() % 4 : 0;
+      if (!slot.exists || slot.route != 0) return;
+      const int uses = alloc_->pool_use_count(slot.id, slot.device);
+      if (step == 1) {
+        alloc_->begin_allocate_current_thread_to_pool(slot.id, slot.device);
+      } else {
+        try {
+          alloc_->begin_capture_to_pool(slot.id, stream, slot.device);
+        } catch (const InvalidArgumentError&) {
+          WALK_CHECK(compact_, "a capture route refused without policy:compact");
+          return;
+        }
+        WALK_CHECK(!compact_, "a capture route accepted under policy:compact");
+      }
+      WALK_CHECK(alloc_->pool_use_count(slot.id, slot.device) == uses + 1, "begin adds a use");
+      slot.route = step;
+      slot.stream = stream;
+      slot.order = ++route_order_;
+      return;
+    }
+    case 3:
+      if (!slot.exists || slot.route == 0) return;
+      alloc_->end_allocate_to_pool(slot.id, slot.device);  // deferred frees record events
+      alloc_->release_pool(slot.id, slot.device);
+      slot.route = 0;
+      return;
+    case 4:
+      if (!slot.exists || slot.route != 0) return;
+      alloc_->release_pool(slot.id, slot.device);
+      for (Live& l : live_)
+        if (l.pool == index) l.pool = -2;
+      slot = PoolSlot{};
+      return;
+    case 5:
+      if (!slot.exists || was_capture) return;  // a capture may leave frees pending
+      try {
+        slot.checkpoint = alloc_->checkpoint_pool(slot.id, slot.device);
+      } catch (const InvalidArgumentError&) {
+        // Refused for a pool that has expandable segments (documented).
+        WALK_CHECK(expandable_seen_, "checkpoint refused without expandable segments");
+        slot.checkpoint.reset();
+      }
+      in_flight_.clear();  // it waited for the pool's pending frees
+      return;
+    case 6:
+      if (!slot.exists || !slot.checkpoint || was_capture) return;
+      return pool_restore(slot, index);
+    default: {
+      if (!slot.exists) return;
+      std::vector<void*> expected;
+      for (const Live& l : live_)
+        if (l.pool == index) expected.push_back(reinterpret_cast<void*>(l.address));
+      WALK_CHECK(alloc_->pool_live_allocations_are(slot.id, expected, slot.device),
+                 "the pool's live blocks differ from the walk's");
+      return;
+    }
+  }
+}
+
+void Walker::pool_restore(PoolSlot& slot, int index) {
+  PoolRestore r;
+  try {
+    r = alloc_->restore_pool(*slot.checkpoint);
+  } catch (const InvalidArgumentError&) {
+    // The pool gave a checkpointed segment back since (out-of-memory release of an
+    // oversize block): refused, nothing changed.
+    return;
+  }
+  std::vector<std::uintptr_t> freed;
+  for (void* p : r.freed) freed.push_back(reinterpret_cast<std::uintptr_t>(p));
+  for (std::size_t i = live_.size(); i-- > 0;) {
+    if (live_[i].pool != index) continue;
+    WALK_CHECK(std::find(freed.begin(), freed.end(), live_[i].address) != freed.end(),
+               "a restore kept a live block of the pool allocated");
+    shadow_.erase(live_[i].address);
+    if (i + 1 != live_.size()) live_[i] = std::move(live_.back());
+    live_.pop_back();
+  }
+  WALK_CHECK(freed.size() == r.freed.size(), "freed list");
+  in_flight_.clear();  // the restore waited for the pool's pending frees
+  for (void* p : r.allocated) {
+    const auto address = reinterpret_cast<std::uintptr_t>(p);
+    StreamHandle stream = 0;
+    for (const CheckpointSegment& s : slot.checkpoint->segments)
+      if (address >= s.base && address < s.base + s.size) stream = s.stream;
+    Live l{
+        address, alloc_->requested_size(p), alloc_->block_size(p), slot.device, stream, next_id_++,
+        {}};
+    l.pool = index;  // a private pool's block (never a compact one)
+    check_disjoint(l);
+    shadow_.emplace(l.address, l.address + l.block);
+    for_pattern(l.requested, [&](std::size_t o) {
+      reinterpret_cast<std::uint8_t*>(l.address)[o] = pattern_byte(l.id, o);
+    });
+    live_.push_back(std::move(l));
+  }
+}
+
+}  // namespace reservoir::fuzz

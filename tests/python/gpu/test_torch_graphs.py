@@ -1,0 +1,110 @@
+"""CUDA graphs on Reservoir, on a GPU (skipped without PyTorch and a CUDA device):
+torch.cuda.graph capture and replay of an MLP and of a GPT-2 forward pass,
+torch.cuda.make_graphed_callables, and torch.compile(mode="reduce-overhead") of a
+small transformer (cudagraph trees: checkpoints and restores of the graph pool),
+each run in two processes - PyTorch's own allocator and Reservoir - whose outputs
+must be equal; a snapshot after capture that shows the graph pool and opens in
+torch.cuda._memory_viz; torch.cuda.MemPool and use_mem_pool on Reservoir's pools.
+
+    scripts/gpu-torch-graphs.sh            # or:
+    python3 -m unittest -v tests/python/gpu/test_torch_graphs.py
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_torch_cupy_gpu import HAVE_CUDA  # noqa: E402
+import train_bench  # noqa: E402  (test_torch_cupy_gpu put bench/python on the path)
+
+needs_torch_cuda = unittest.skipUnless(HAVE_CUDA, "needs PyTorch and a CUDA device")
+WORKER = os.path.join(HERE, "graphs_worker.py")
+
+
+def run_case(case, allocator, snapshot=None, timeout=900):
+    """Runs one case in a fresh interpreter; returns (saved dict, stdout)."""
+    import torch
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "result.pt")
+        command = [sys.executable, WORKER, "--case", case, "--allocator", allocator, "--out", out]
+        if snapshot:
+            command += ["--snapshot", snapshot]
+        proc = subprocess.run(command, env=train_bench.child_environment(), capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise AssertionError("%s on %s failed (exit %d):\n%s\n%s" % (
+                case, allocator, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+        return torch.load(out), proc.stdout
+
+
+@needs_torch_cuda
+class GraphsAgreeWithPyTorch(unittest.TestCase):
+    def compare(self, case):
+        import torch
+
+        native, _ = run_case(case, "pytorch")
+        ours, stdout = run_case(case, "reservoir")
+        self.assertEqual(len(native["outputs"]), len(ours["outputs"]))
+        for i, (a, b) in enumerate(zip(native["outputs"], ours["outputs"])):
+            self.assertEqual(a.shape, b.shape, "output %d" % i)
+            if not torch.equal(a, b):
+                diff = (a - b).abs().max().item()
+                self.fail("%s: output %d differs from PyTorch's allocator (max |diff| %g)"
+                          % (case, i, diff))
+        self.assertTrue(ours["info"]["pools_in_snapshot"],
+                        "%s: no private pool in Reservoir's snapshot after capture" % case)
+        print("%s: %d outputs equal; Reservoir: %s" % (case, len(ours["outputs"]), ours["info"]))
+        return native, ours
+
+    def test_mlp_capture_and_replay(self):
+        self.compare("mlp")
+
+    def test_gpt2_forward_capture_and_replay(self):
+        self.compare("gpt2")
+
+    def test_make_graphed_callables(self):
+        self.compare("graphed_callables")
+
+    def test_compile_reduce_overhead_20_steps(self):
+        _, ours = self.compare("compile")
+        calls = ours["info"]["pool_calls"]
+        self.assertGreater(calls["checkpoint"], 0, "cudagraph trees took no checkpoint")
+
+
+@needs_torch_cuda
+class GraphPoolObservability(unittest.TestCase):
+    def test_snapshot_after_capture_shows_the_graph_pool_and_opens_in_memory_viz(self):
+        import pickle
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "graph.pickle")
+            ours, _ = run_case("mlp", "reservoir", snapshot=path)
+            info = ours["info"]
+            self.assertGreater(info["segment_plot_chars"], 1000)
+            self.assertGreater(info["trace_plot_chars"], 1000)
+            with open(path, "rb") as f:
+                snapshot = pickle.load(f)
+            pools = {tuple(s["segment_pool_id"]) for s in snapshot["segments"]}
+            self.assertTrue(pools - {(0, 0)}, "the dumped snapshot names no graph pool")
+            viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segment_plot",
+                                  path, "-o", os.path.join(folder, "segments.html")],
+                                 capture_output=True, text=True, timeout=300)
+            self.assertEqual(viz.returncode, 0, viz.stderr[-4000:])
+
+    def test_mempool_and_use_mem_pool(self):
+        ours, _ = run_case("mempool", "reservoir")
+        info = ours["info"]
+        self.assertEqual(info["static_sum"], 1024.0)
+        self.assertGreaterEqual(info["private_pools"], 1)
+        self.assertGreater(info["private_reserved"], 0)
+        self.assertEqual(info["private_pools_after_release"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

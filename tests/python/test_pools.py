@@ -1,0 +1,102 @@
+"""Private pools from Python (reservoir.MemPool, use_mem_pool, checkpoints), on the
+simulated device (CTest python_package; docs/pools.md)."""
+
+import importlib.util
+import os
+import sys
+import threading
+import unittest
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if importlib.util.find_spec("reservoir") is None:
+    sys.path.insert(0, os.path.join(_REPO, "python"))
+
+import reservoir  # noqa: E402
+
+MiB = 1 << 20
+
+
+def pool_segments(pool_id):
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "s.pickle")
+        reservoir.dump_snapshot(path)
+        with open(path, "rb") as f:
+            snapshot = pickle.load(f)
+    return [s for s in snapshot["segments"] if tuple(s["segment_pool_id"]) == tuple(pool_id)]
+
+
+class MemPoolTest(unittest.TestCase):
+    def tearDown(self):
+        reservoir.empty_cache()
+        reservoir.validate()
+
+    def test_use_mem_pool_routes_this_thread_only(self):
+        pool = reservoir.MemPool()
+        self.assertEqual(pool.use_count(), 1)
+        other = []
+        with reservoir.use_mem_pool(pool):
+            self.assertEqual(pool.use_count(), 2)
+            mine = reservoir.raw_alloc(MiB)
+            thread = threading.Thread(target=lambda: other.append(reservoir.raw_alloc(MiB)))
+            thread.start()
+            thread.join()
+        self.assertEqual(pool.use_count(), 1)
+        segments = pool_segments(pool.id)
+        self.assertEqual(len(segments), 1)
+        base = segments[0]["address"]
+        self.assertTrue(base <= mine < base + segments[0]["total_size"])
+        self.assertFalse(base <= other[0] < base + segments[0]["total_size"])
+        self.assertTrue(reservoir.pool_live_allocations_are(pool, [mine]))
+        stats = reservoir.private_pool_stats()
+        self.assertEqual(stats["private_pools"], 1)
+        self.assertEqual(stats["private_pool_reserved_bytes"], segments[0]["total_size"])
+        self.assertIn("Private pools: 1", reservoir.memory_summary())
+        reservoir.raw_free(mine)
+        reservoir.raw_free(other[0])
+        pool.release()
+        pool.release()  # idempotent
+        reservoir.empty_cache()
+        self.assertEqual(reservoir.private_pool_stats()["private_pools"], 0)
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            pool.use_count()
+
+    def test_checkpoint_and_restore(self):
+        pool = reservoir.MemPool()
+        with reservoir.use_mem_pool(pool):
+            x = reservoir.raw_alloc(256 << 10)
+            y = reservoir.raw_alloc(256 << 10)
+        state = reservoir.checkpoint_pool(pool)
+        reservoir.raw_free(x)
+        with reservoir.use_mem_pool(pool):
+            z = reservoir.raw_alloc(64 << 10)
+        freed, allocated = reservoir.restore_pool(state)
+        self.assertEqual(sorted(freed), sorted([y, z]))
+        self.assertEqual(sorted(allocated), sorted([x, y]))
+        self.assertTrue(reservoir.pool_live_allocations_are(pool, [x, y]))
+        for p in allocated:
+            reservoir.raw_free(p)
+        del pool
+
+    def test_capture_to_pool_and_bad_ids(self):
+        pool = reservoir.MemPool(no_split=True)
+        with reservoir.capture_to_pool(pool, stream=7):
+            p = reservoir.raw_alloc(4096, stream=7)
+            q = reservoir.raw_alloc(4096, stream=8)
+        self.assertEqual(len(pool_segments(pool.id)), 1)
+        reservoir.raw_free(p)
+        reservoir.raw_free(q)
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.release_pool((0, 123456789))
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.retain_pool((0, 0))
+        adopted = reservoir.MemPool(pool_id=(0, 31337))
+        self.assertEqual(adopted.id, (0, 31337))
+        self.assertEqual(reservoir.pool_use_count((0, 31337)), 1)
+        adopted.release()
+
+
+if __name__ == "__main__":
+    unittest.main()
