@@ -168,8 +168,10 @@ struct alignas(64) ShardCounters {
   }
   // mine: the quantity's new value in pool; all: its new value over both pools.
   void check(int q, int pool, std::int64_t mine, std::int64_t all) noexcept {
-    over |= (mine > limit[q][1 + pool].load(std::memory_order_relaxed)) |
-            (all > limit[q][0].load(std::memory_order_relaxed));
+    // Both compares, no branch between them (an int or, not a logical one).
+    over |= static_cast<bool>(
+        static_cast<int>(mine > limit[q][1 + pool].load(std::memory_order_relaxed)) |
+        static_cast<int>(all > limit[q][0].load(std::memory_order_relaxed)));
   }
   template <int kind>
   void raise(int pool, std::int64_t delta) noexcept {
