@@ -67,7 +67,12 @@ TEST(SimBackend, DescribesItself) {
   EXPECT_STREQ(sim.name(), "sim");
   EXPECT_TRUE(sim.has(kVirtualMemory));
   EXPECT_TRUE(sim.has(kPeerAccess));
-  EXPECT_FALSE(sim.has(kIpc));
+  // Synthetic memory can be "shared" (no data); pools and the process list are modelled.
+  EXPECT_TRUE(sim.has(kIpc));
+  EXPECT_TRUE(sim.has(kShareablePosixFd));
+  EXPECT_FALSE(sim.has(kShareableFabric));
+  EXPECT_TRUE(sim.has(kStreamOrderedPool));
+  EXPECT_TRUE(sim.has(kProcessMemory));
   int count = -1;
   EXPECT_EQ(sim.device_count(&count), kOk);
   EXPECT_EQ(count, 1);
@@ -703,7 +708,7 @@ TEST(SimVmm, SetAccessNeedsAMappedRangeAndValidDevices) {
 TEST(SimVmm, VirtualSpaceRecordsAccess) {
   std::vector<sim::RangeAllocator> regions;
   regions.emplace_back(0x100000000, 0x100000000);
-  sim::VirtualSpace vs(false, 2 * MiB, std::move(regions));
+  sim::VirtualSpace vs(false, false, 2 * MiB, std::move(regions));
   void* r = nullptr;
   ASSERT_EQ(vs.reserve(0, 4 * MiB, 0, &r), "");
   const PhysicalHandle h = vs.create(0, 4 * MiB);
