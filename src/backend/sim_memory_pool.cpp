@@ -52,13 +52,23 @@ void PoolModel::insert_free(std::uintptr_t address, std::size_t size) {
   by_size_.insert({size, address});
 }
 
+bool PoolModel::complete(const Pending& p, StreamHandle stream, const StreamProgress& progress) {
+  if (p.position > progress.completed(stream)) return false;
+  for (const auto& [s, position] : p.after)
+    if (position > progress.completed(s)) return false;
+  return true;
+}
+
 void PoolModel::settle(const StreamProgress& progress) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     std::deque<Pending>& q = it->second;
-    const std::uint64_t done = progress.completed(it->first);
-    while (!q.empty() && q.front().position <= done) {
-      insert_free(q.front().address, q.front().size);
-      q.pop_front();
+    for (auto p = q.begin(); p != q.end();) {
+      if (complete(*p, it->first, progress)) {
+        insert_free(p->address, p->size);
+        p = q.erase(p);
+      } else {
+        ++p;
+      }
     }
     it = q.empty() ? pending_.erase(it) : std::next(it);
   }
@@ -101,7 +111,7 @@ std::uintptr_t PoolModel::take_pending(std::size_t size, StreamHandle stream,
   Pending p = (*best_queue)[best];
   if (p.size > size) {
     // The rest stays a pending free of the same stream and position.
-    (*best_queue)[best] = Pending{p.address + size, p.size - size, p.position};
+    (*best_queue)[best] = Pending{p.address + size, p.size - size, p.position, p.after};
   } else {
     best_queue->erase(best_queue->begin() + static_cast<std::ptrdiff_t>(best));
   }
@@ -155,17 +165,18 @@ std::uintptr_t PoolModel::allocate(std::size_t size, StreamHandle stream,
 }
 
 std::string PoolModel::free(std::uintptr_t address, StreamHandle stream, std::uint64_t position,
-                            const StreamProgress& progress) {
+                            Dependencies after, const StreamProgress& progress) {
   auto it = live_.find(address);
   if (it == live_.end())
     return "sim: free_async: " + hex(address) + " is not a live allocation of this pool";
   const std::size_t size = it->second;
   live_.erase(it);
   usage_.used -= size;
-  if (position <= progress.completed(stream)) {
+  Pending p{address, size, position, std::move(after)};
+  if (complete(p, stream, progress)) {
     insert_free(address, size);
   } else {
-    pending_[stream].push_back(Pending{address, size, position});
+    pending_[stream].push_back(std::move(p));
   }
   return "";
 }

@@ -34,6 +34,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "reservoir/backend.hpp"
 #include "reservoir/sim_backend.hpp"
@@ -61,9 +62,12 @@ class PoolModel {
   // memory for a new chunk (nothing changed but entirely free chunks given back).
   std::uintptr_t allocate(std::size_t size, StreamHandle stream, const StreamProgress& progress,
                           const Grow& grow, const Shrink& shrink);
-  // Frees the live allocation at address after position (of stream). "" or why not.
+  // Work of other streams (stream, position) that the freeing stream waited for.
+  using Dependencies = std::vector<std::pair<StreamHandle, std::uint64_t>>;
+  // Frees the live allocation at address after position of stream, and after the
+  // work of other streams it waited for (after). "" or why not.
   std::string free(std::uintptr_t address, StreamHandle stream, std::uint64_t position,
-                   const StreamProgress& progress);
+                   Dependencies after, const StreamProgress& progress);
   // Gives entirely free chunks back until reserved <= keep (frees whose work has
   // completed count as free). Returns the bytes given back.
   std::size_t trim(std::size_t keep, const StreamProgress& progress, const Shrink& shrink);
@@ -85,7 +89,9 @@ class PoolModel {
     std::uintptr_t address;
     std::size_t size;
     std::uint64_t position;
+    Dependencies after;
   };
+  static bool complete(const Pending& p, StreamHandle stream, const StreamProgress& progress);
   std::size_t rounded(std::size_t size) const;
   std::uintptr_t chunk_of(std::uintptr_t address) const;
   // Makes the frees whose work completed reusable by every stream.

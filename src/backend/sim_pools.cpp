@@ -135,9 +135,23 @@ DeviceStatus SimBackend::free_async(int device, void* ptr, StreamHandle stream) 
       return error("sim: free_async: " + hex(address) + " is not a live pool allocation");
     State::Pool* p = find_pool(s.pools, "free_async", device, owner->second);
     if (p == nullptr) return DeviceStatus::error;
-    auto st = s.streams.find(stream);
-    const std::uint64_t position = st == s.streams.end() ? 0 : st->second.submitted;
-    if (std::string problem = p->model->free(address, stream, position, s.progress());
+    // The free is an operation of its own on stream (ordered after what came before,
+    // and distinct from events recorded before it); an idle stream does it at once.
+    State::Stream& st = s.streams[stream];
+    const bool idle = st.completed == st.submitted;
+    const std::uint64_t position = ++st.submitted;
+    if (idle || s.eager) st.completed = st.submitted;
+    // The free comes after the work stream waited for (events): it completes only
+    // when that work has, whatever stream's own progress.
+    PoolModel::Dependencies after;
+    if (auto w = s.waited.find(stream); w != s.waited.end()) {
+      for (const auto& [other, at] : w->second) {
+        auto o = s.streams.find(other);
+        if (o == s.streams.end() || o->second.completed < at) after.emplace_back(other, at);
+      }
+    }
+    if (std::string problem =
+            p->model->free(address, stream, position, std::move(after), s.progress());
         !problem.empty())
       return error(std::move(problem));
     s.pool_of.erase(owner);

@@ -320,6 +320,12 @@ void AsyncPoolAllocator::reset_peaks(int device) {
                       " failed: " + backend_.last_error());
 }
 
+void AsyncPoolAllocator::reset_accumulated(int device) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Device& d = devices_[static_cast<std::size_t>(device)];
+  if (d.shard) StatLedger::reset_accumulated(d.shard.get());
+}
+
 void AsyncPoolAllocator::snapshot(std::vector<SegmentInfo>* out) {
   std::lock_guard<std::mutex> guard(mutex_);
   for (const auto& [address, l] : live_) {

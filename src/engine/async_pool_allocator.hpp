@@ -60,6 +60,8 @@ class AsyncPoolAllocator final : public BlockResource {
   void adjust_stats(int device, DeviceStats* stats);
   // Also resets the pool's high marks.
   void reset_peaks(int device);
+  // The device shard's allocated / freed totals (the ledger does the pools').
+  void reset_accumulated(int device);
   // One segment per live allocation, with one block.
   void snapshot(std::vector<SegmentInfo>* out);
   // Lets peer read and write device's pool memory (cuMemPoolSetAccess), now and

@@ -145,8 +145,7 @@ ShareRecord decode(std::string_view bytes) {
   } else {
     r.page_size = in.integer<std::uint64_t>();
     const auto pages = in.integer<std::uint64_t>();
-    if (pages == 0 || pages > kMaxPages || r.page_size == 0 ||
-        (r.page_size & (r.page_size - 1)) != 0)
+    if (pages == 0 || pages > kMaxPages || r.page_size == 0 || r.page_size % 4096 != 0)
       throw InvalidArgumentError("reservoir: the shared-memory handle names " +
                                  std::to_string(pages) + " pages of " +
                                  std::to_string(r.page_size) + " bytes (malformed)");

@@ -310,7 +310,10 @@ void Allocator::reset_peak_stats(int device) {
 }
 
 void Allocator::reset_accumulated_stats(int device) {
-  impl_->engine(device).reset_accumulated_stats();
+  Impl& im = *impl_;
+  const int d = im.resolve(device);
+  im.core->engine(d).reset_accumulated_stats();
+  if (im.async) im.async->reset_accumulated(d);
 }
 
 void Allocator::attach_oom_observer(OomObserver observer) {
