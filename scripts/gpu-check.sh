@@ -22,14 +22,14 @@ torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 
 cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
   ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} >/dev/null || exit 1
 cmake --build $b -j"$(nproc)" --target reservoir gpu_conformance gpu_cuda_allocator_test \
-  gpu_cuda_backend_test reservoir_gpu_bench reservoir-replay reservoir_snapshot_demo \
+  gpu_cuda_backend_test gpu_compact_test reservoir_gpu_bench reservoir-replay reservoir_snapshot_demo \
   example_allocator example_c_api >/dev/null ||
   exit 1
 status=0
 step() { echo "--- $*"; }
 g=$b/tests/gpu
 step "GPU tests"
-for t in gpu_cuda_backend_test gpu_cuda_allocator_test gpu_conformance; do
+for t in gpu_cuda_backend_test gpu_cuda_allocator_test gpu_compact_test gpu_conformance; do
   timeout 600 $g/$t >"$out/$t.txt" 2>&1
   rc=$?
   echo "$t: rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/$t.txt" | tr '\n' ' ')"
@@ -56,15 +56,34 @@ for nc in 0 1; do
     $g/gpu_cuda_backend_test
 done
 unset RESERVOIR_NO_CACHING
+memcheck "gpu_compact_test" $cs $g/gpu_compact_test
 # The conformance suite tests caching behaviour, so it runs with caching only.
 memcheck "gpu_conformance (cuda)" $cs --report-api-errors no $g/gpu_conformance \
   --gtest_filter='*/cuda*'
 step "benchmark"
 timeout 900 $b/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md" || status=1
 step "replay on the GPU"
-for t in resnet50_train gpt2_train_varlen multistream_train_overlap; do
-  $b/tools/replay/reservoir-replay traces/$t.trace.gz --device cuda --config "" \
-    --config expandable_segments:True || status=1
+# Every bundled trace, measured on the GPU and then on the simulated device (the two
+# must agree on peak reserved; policy:compact's host ns/event is compared with
+# cudaMallocAsync's in docs/memory.md).
+for f in traces/*.trace.gz; do
+  t=$(basename "$f" .trace.gz)
+  for dev in cuda sim; do
+    $b/tools/replay/reservoir-replay "$f" --device $dev --json --config "" \
+      --config expandable_segments:True --config policy:compact >"$out/replay-$t-$dev.json" ||
+      status=1
+  done
+  python3 - "$out/replay-$t-cuda.json" "$out/replay-$t-sim.json" "$t" <<'PY' || status=1
+import json, sys
+gpu, sim = (json.load(open(p)) for p in sys.argv[1:3])
+ok = True
+for g, s in zip(gpu, sim):
+    same = g["peak_reserved"] == s["peak_reserved"]
+    ok &= same
+    print("%-26s %-26s gpu %15d sim %15d %s  gpu ns/event %8.1f" % (sys.argv[3], g["config"] or "default",
+          g["peak_reserved"], s["peak_reserved"], "equal" if same else "DIFFER", g["ns_per_event"]))
+sys.exit(0 if ok else 1)
+PY
 done
 step "snapshot in PyTorch's memory viewer"
 $b/tests/observability/reservoir_snapshot_demo traces/resnet50_train.trace.gz "$out/snap.pickle" &&

@@ -5,12 +5,40 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+
+// Exported by libc10_cuda (C10_CUDA_API); libtorch_cuda's CUDA hooks register the
+// real test through it, as CUDAHooks.cpp declares it.
+namespace c10::cuda::_internal {
+void setHasPrimaryContext(bool (*func)(c10::DeviceIndex));
+}
 
 namespace reservoir_bench::c10_api {
 
 namespace A = c10::cuda::CUDACachingAllocator;
 
+namespace {
+
+// c10 asks "has this device a primary context?" through a hook that libtorch_cuda's
+// static initializer registers (e.g. when a block used on other streams is freed:
+// its events are recorded, then the device is restored with MaybeSetDevice). A
+// program linking only libc10_cuda gets c10's stand-in, which throws "Should never
+// been called". Loading libtorch_cuda registers the real one, as in a torch process.
+void register_cuda_hooks() {
+  if (dlopen(RESERVOIR_TORCH_CUDA_LIB, RTLD_NOW | RTLD_GLOBAL) != nullptr) return;
+  std::fprintf(stderr,
+               "reservoir_c10_replay: cannot load %s (%s); taking every device to have its "
+               "primary context (device 0 does once anything is allocated)\n",
+               RESERVOIR_TORCH_CUDA_LIB, dlerror());
+  c10::cuda::_internal::setHasPrimaryContext(+[](c10::DeviceIndex) { return true; });
+}
+
+}  // namespace
+
 void init() {
+  register_cuda_hooks();
   int count = 0;
   cudaGetDeviceCount(&count);
   A::init(count > 0 ? count : 1);

@@ -35,8 +35,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20
 
-DEFAULT_STEPS = {"gpt2": 20, "resnet50": 10}
-DEFAULT_WARMUP = {"gpt2": 5, "resnet50": 3}
+DEFAULT_STEPS = {"gpt2": 20, "resnet50": 10, "multistream": 20}
+DEFAULT_WARMUP = {"gpt2": 5, "resnet50": 3, "multistream": 5}
 ALLOCATORS = ("pytorch", "reservoir")
 # Sizes probed at the end of a run: odd sizes, both pools, one oversize-ish block.
 PROBE_SIZES = (1, 511, 512, 4097, MiB - 1, MiB + 1, 3 * MiB + 5, 50 * MiB + 3)
@@ -115,6 +115,58 @@ def _resnet50(torch, args, device):
     return model, optimizer, step, {"avgpool": type(model.avgpool).__name__}
 
 
+def _multistream(torch, args, device):
+    """ResNet-18 with DDP-style overlap on three streams: the next batch copied on a copy
+    stream (pinned memory, record_stream), gradients bucketed and "reduced" (scaled and
+    written back) on a communication stream; the batch size varies per step."""
+    import torchvision
+
+    model = torchvision.models.resnet18()
+    if args.deterministic:
+        model.avgpool = _global_mean_pool(torch)
+    model = model.to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    generator = torch.Generator().manual_seed(args.seed)
+    sizes = random.Random(args.seed)
+    copy, comm = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def load():
+        batch = sizes.choice((16, 24, 32, 48)) if not args.batch else args.batch
+        images = torch.randn(batch, 3, 160, 160, generator=generator).pin_memory()
+        labels = torch.randint(0, 1000, (batch,), generator=generator).pin_memory()
+        with torch.cuda.stream(copy):
+            return images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+    prefetched = [load()]
+
+    def step():
+        main = torch.cuda.current_stream()
+        images, labels = prefetched.pop()
+        main.wait_stream(copy)
+        images.record_stream(main)
+        labels.record_stream(main)
+        prefetched.append(load())
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        loss.backward()
+        comm.wait_stream(main)
+        with torch.cuda.stream(comm):
+            grads = [p.grad for p in model.parameters()]
+            for bucket in range(0, len(grads), 16):
+                part = grads[bucket:bucket + 16]
+                flat = torch.cat([g.reshape(-1) for g in part]) * 0.5
+                offset = 0
+                for g in part:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    g.record_stream(comm)
+                    offset += g.numel()
+        main.wait_stream(comm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return model, optimizer, step, {"streams": 3}
+
+
 def _live_state_bytes(torch, model, optimizer):
     """Bytes of the distinct CUDA storages of parameters, gradients and optimizer state."""
     storages = {}
@@ -151,7 +203,7 @@ def run_worker(args):
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
     torch.manual_seed(args.seed)
     device = torch.device("cuda")
-    build = {"gpt2": _gpt2, "resnet50": _resnet50}[args.model]
+    build = {"gpt2": _gpt2, "resnet50": _resnet50, "multistream": _multistream}[args.model]
     model, optimizer, step, info = build(torch, args, device)
     model.train()
     stats = _stats_function(torch, args.allocator)
@@ -310,6 +362,11 @@ def main(argv=None):
     parser.add_argument("--attn", default="default",
                         help="GPT-2 attention: default (transformers' choice), eager, sdpa")
     parser.add_argument("--config", default=None, help="Reservoir settings (key:value,...)")
+    parser.add_argument("--variants", default="pytorch,reservoir",
+                        help="allocators to compare, the first the baseline: pytorch, reservoir, "
+                             "and ALLOCATOR:SETTINGS (PYTORCH_CUDA_ALLOC_CONF for pytorch, "
+                             "Reservoir's config for reservoir), e.g. "
+                             "pytorch,pytorch:expandable_segments:True,reservoir:policy:compact")
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--json", default=None, help="write all results to this file")
     # Worker mode.
@@ -329,24 +386,29 @@ def main(argv=None):
 
     results = []
     rows = []
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:
         steps = args.steps or DEFAULT_STEPS[model]
         warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[model]
         warmup = min(warmup, steps - 1)
         per_allocator = {}
-        for allocator in ALLOCATORS:
-            print("running %s on %s (%d steps)..." % (model, allocator, steps), flush=True)
+        for variant in variants:
+            allocator, _, setting = variant.partition(":")
+            print("running %s on %s (%d steps)..." % (model, variant, steps), flush=True)
+            extra_env = {"PYTORCH_CUDA_ALLOC_CONF": setting} if allocator == "pytorch" and setting else None
+            config = (setting or args.config) if allocator == "reservoir" else None
             result = run_training(model, allocator, steps=steps, seed=args.seed,
                                   deterministic=args.deterministic, attn=args.attn,
-                                  config=args.config if allocator == "reservoir" else None)
+                                  config=config, extra_env=extra_env)
             result["median_step_s"] = statistics.median(result["step_times"][warmup:])
-            per_allocator[allocator] = result
+            result["variant"] = variant
+            per_allocator[variant] = result
             results.append(result)
-        base = per_allocator["pytorch"]
-        for allocator in ALLOCATORS:
-            r = per_allocator[allocator]
+        base = per_allocator[variants[0]]
+        for variant in variants:
+            r = per_allocator[variant]
             rows.append((
-                model, allocator,
+                model, variant,
                 "%.2f ms" % (r["median_step_s"] * 1e3),
                 "%.3fx" % (r["median_step_s"] / base["median_step_s"]),
                 _mib(r["peak_reserved"]),
@@ -355,7 +417,7 @@ def main(argv=None):
                 str(r["end_stats"]["num_device_alloc"]),
                 "%.4f" % r["losses"][-1] if math.isfinite(r["losses"][-1]) else "nan",
             ))
-        same = per_allocator["pytorch"]["losses"] == per_allocator["reservoir"]["losses"]
+        same = all(per_allocator[v]["losses"] == base["losses"] for v in variants)
         rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", ""))
 
     header = ("model", "allocator", "median step", "vs torch", "peak reserved", "vs torch",

@@ -1,9 +1,11 @@
 // SimBackend: a deterministic simulated device, so every engine behaviour can be
 // tested (and every trace replayed) on a machine without a GPU.
 //
-// - Capacity per device (default kDefaultSimCapacity, an H200); segment addresses
-//   are 512-byte aligned, 2 MiB aligned from 2 MiB up; live ranges never overlap;
-//   freed ranges are reused.
+// - Capacity per device (default kDefaultSimCapacity, an H200). Segments and
+//   reservations are placed where the CUDA driver would place them (SimOptions::
+//   placement, include/reservoir/sim_placement.hpp): new address chunks top-down,
+//   reuse newest chunk first; segment addresses are 512-byte aligned, 2 MiB aligned
+//   from 2 MiB up; live ranges never overlap; freed ranges are reused.
 // - Addresses are synthetic (not dereferenceable) unless host_backed is set, in
 //   which case they point into a host mapping (MAP_NORESERVE) that tests may write.
 // - Streams progress explicitly: an event recorded on a stream completes only when
@@ -38,14 +40,16 @@
 #include <vector>
 
 #include "reservoir/backend.hpp"
+#include "reservoir/sim_placement.hpp"
 
 namespace reservoir {
 
-// The simulated device's memory unless told otherwise: an NVIDIA H200 as nvidia-smi
-// reports it (143,771 MiB = 140.40 GiB). The one default of SimOptions, of the
-// sim_capacity setting and of reservoir-replay --capacity; to be calibrated to what
-// cudaMemGetInfo reports on the GPU host.
-inline constexpr std::size_t kDefaultSimCapacity = std::size_t{143771} << 20;
+// The simulated device's memory unless told otherwise: an NVIDIA H200 as cudaMemGetInfo
+// reports its total (150,109,880,320 bytes = 139.80 GiB, measured in GPU run A;
+// nvidia-smi says 143,771 MiB, a different number). The one default of SimOptions, of
+// the sim_capacity setting and of reservoir-replay --capacity; memory-fraction fits
+// multiply it, as PyTorch multiplies the cudaMemGetInfo total.
+inline constexpr std::size_t kDefaultSimCapacity = 150109880320;
 
 // The simulated driver pool (src/backend/sim_memory_pool.hpp): how allocations are
 // rounded and placed and how the pool grows. The defaults are the model compared with
@@ -65,6 +69,7 @@ struct SimOptions {
   bool host_backed = false;                        // addresses point into real host memory
   bool virtual_memory = true;                      // advertise Capability kVirtualMemory
   std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
+  SimPlacement placement;                          // where segments and reservations go
   // host_backed memory is shared (memfd), so IPC shares data with other processes;
   // without it host-backed memory is private and IPC is not offered.
   bool shared_memory = false;
@@ -109,6 +114,7 @@ enum class SimOp {
   release_physical,
   release_address_range,
   synchronize_stream,
+  stream_wait_event,
   allocate_from_pool,
   free_async,
   export_ipc,
@@ -179,8 +185,18 @@ class RESERVOIR_API SimBackend final : public Backend {
   // ---- Test controls ----
   // The calling thread's current device (thread-local, default 0).
   void set_current_device(int device);
-  // Completes all work submitted to stream so far (on every device).
+  // Completes all work submitted to stream so far (on every device), up to the first
+  // device-side wait (stream_wait_event) on work of another stream that has not
+  // completed: work queued after such a wait cannot run before it.
   void advance(StreamHandle stream);
+  // Work items submitted to stream so far (kernels and recorded events), and those
+  // completed.
+  std::uint64_t submitted(StreamHandle stream) const;
+  std::uint64_t completed(StreamHandle stream) const;
+  // Whether work submitted to waiter from now on runs after stream's work up to
+  // position (1-based, as submitted() counts it): the same stream, that work already
+  // completed, or waiter was made to wait for an event recorded at or after it.
+  bool ordered_after(StreamHandle waiter, StreamHandle stream, std::uint64_t position) const;
   // Completes all work on every stream.
   void advance_all();
   // In eager mode all work completes at once (switching on completes pending work).

@@ -1,10 +1,12 @@
-// Address-space bookkeeping for SimBackend (internal): a free-range allocator,
-// anonymous host mappings, and the virtual-memory books (reservations, physical
-// allocations, mappings). None of it locks: SimBackend calls it under its mutex.
+// Address-space bookkeeping for SimBackend (internal): anonymous host mappings and the
+// virtual-memory books (reservations, physical allocations, mappings). Where a
+// synthetic reservation lies is the placement model's choice (sim_placement.hpp).
+// None of it locks: SimBackend calls it under its mutex.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -16,26 +18,6 @@ namespace reservoir::sim {
 
 // "0x7f0000000000": how messages name an address.
 std::string hex(std::uintptr_t value);
-
-// First-fit allocator of address ranges inside one span [base, base + size).
-// Invariants: free_ maps start -> length of disjoint, non-empty ranges, all inside
-// the span; no two free ranges touch (give_back merges neighbours), so every byte of
-// the span is either in exactly one free range or in exactly one taken range.
-class RangeAllocator {
- public:
-  RangeAllocator() = default;
-  RangeAllocator(std::uintptr_t base, std::size_t size);
-
-  // Takes the lowest run of size bytes starting at a multiple of alignment (a power
-  // of two); returns its start, or 0 when no free range can hold it.
-  std::uintptr_t take(std::size_t size, std::size_t alignment);
-  // Returns [start, start + size), which take() handed out (or a part of it).
-  void give_back(std::uintptr_t start, std::size_t size);
-  std::size_t free_ranges() const { return free_.size(); }
-
- private:
-  std::map<std::uintptr_t, std::size_t> free_;
-};
 
 // An anonymous mapping (MAP_NORESERVE), whose usable part starts at a multiple of
 // alignment: private, or shared memory (a memfd the mapping owns, which other
@@ -80,8 +62,8 @@ bool host_protect(std::uintptr_t start, std::size_t size, int prot);
 // no capacity accounting: it reports the physical bytes that became free.
 //
 // Invariants:
-//   - reservations_ never overlap one another, nor any segment (they come from a
-//     separate address region, or are separate host mappings);
+//   - reservations_ never overlap one another, nor any segment (the placement model
+//     hands out disjoint ranges, or they are separate host mappings);
 //   - every mapping lies inside one reservation of the same device, mappings never
 //     overlap, and mapping.size == physical_[mapping.handle].size;
 //   - physical_[h].mappings counts the mappings of h; an entry is erased once it is
@@ -92,10 +74,14 @@ bool host_protect(std::uintptr_t start, std::size_t size, int prot);
 //     has one.
 class VirtualSpace {
  public:
-  // regions[d] hands out device d's synthetic reservations (unused when host_backed).
+  // Where device d's synthetic reservations go (unused when host_backed): place returns
+  // the start of size bytes at a multiple of alignment, or 0; unplace gives it back.
+  struct Placer {
+    std::function<std::uintptr_t(int device, std::size_t size, std::size_t alignment)> place;
+    std::function<void(int device, std::uintptr_t start)> unplace;
+  };
   // shared (host_backed only): physical memory is a memfd per handle, mapped shared.
-  VirtualSpace(bool host_backed, bool shared, std::size_t granularity,
-               std::vector<RangeAllocator> regions);
+  VirtualSpace(bool host_backed, bool shared, std::size_t granularity, Placer placer);
   ~VirtualSpace();
 
   std::string reserve(int device, std::size_t size, std::size_t alignment, void** ptr);
@@ -154,7 +140,7 @@ class VirtualSpace {
   bool host_backed_;
   bool shared_;
   std::size_t granularity_;
-  std::vector<RangeAllocator> regions_;
+  Placer placer_;
   std::map<std::uintptr_t, Reservation> reservations_;  // keyed by start
   std::unordered_map<PhysicalHandle, Physical> physical_;
   std::map<std::uintptr_t, Mapping> mappings_;  // keyed by start

@@ -3,8 +3,13 @@
 // in sim_ipc.cpp, stream-ordered pools in sim_pools.cpp, process memory and
 // reachability in sim_reach.cpp; the state they share in sim_state.hpp.
 //
-// The allocate hook runs outside the mutex. In host_backed mode segments come from one
-// host mapping per device (a memfd with shared_memory) and each reservation is its
+// One mutex guards all state; the allocate hook runs outside it. Address layout
+// (synthetic mode): device d owns the window [kBase + d * stride, kBase + (d + 1) *
+// stride), where the placement model (sim_placement.hpp) puts segments and pool chunks
+// top-down and reservations bottom-up, as the CUDA driver does; IPC mappings this
+// backend opens come from the window after the last device. In host_backed mode
+// segments are placed the same way inside one host mapping per device (a memfd with
+// shared_memory), and each reservation is its
 // own PROT_NONE host mapping.
 //
 // Counters count calls that succeeded (for query_event: answered ok or not_ready),
@@ -27,6 +32,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/sim_placement.hpp"
 #include "backend/sim_state.hpp"
 #include "reservoir/errors.hpp"
 
@@ -41,7 +47,7 @@ constexpr std::array<const char*, kOpCount> kOpNames = {
     "allocate", "deallocate", "create_event", "record_event", "query_event",
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
-    "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
+    "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
     "import_shareable", "process_memory"};
 // clang-format on
 
@@ -64,6 +70,9 @@ const SimOptions& validated(const SimOptions& o) {
     throw InvalidArgumentError(
         "SimOptions: pool alignment must be positive and chunk sizes positive multiples of 2 MiB");
   }
+  if (std::string problem = sim::placement_problem(o.placement); !problem.empty()) {
+    throw InvalidArgumentError(problem);
+  }
   const std::size_t stride = device_stride(o.capacity);
   // One window per device, and one more for IPC mappings opened here.
   if (static_cast<std::size_t>(o.device_count) + 1 > (UINTPTR_MAX - kBase) / stride) {
@@ -72,14 +81,11 @@ const SimOptions& validated(const SimOptions& o) {
   return o;
 }
 
-// The upper half of each device's synthetic window (reservations).
-std::vector<sim::RangeAllocator> reservation_regions(const SimOptions& o) {
-  std::vector<sim::RangeAllocator> regions;
-  const std::size_t stride = device_stride(o.capacity);
-  for (int d = 0; d < o.device_count; ++d) {
-    regions.emplace_back(kBase + static_cast<std::size_t>(d) * stride + stride / 2, stride / 2);
-  }
-  return regions;
+// The host mapping of a host_backed device: twice the capacity (alignment padding and
+// fragmentation), whole chunks, and the context's part of the window.
+std::size_t host_window(const SimOptions& o) {
+  const std::size_t chunk = o.placement.chunk;
+  return round_up(2 * o.capacity, chunk) + 2 * chunk + o.placement.context_bytes;
 }
 
 std::atomic<std::uint64_t> g_next_instance{1};
@@ -118,10 +124,17 @@ SimBackend::State::State(const SimOptions& o)
     : options(validated(o)),
       id(g_next_instance.fetch_add(1)),
       devices(static_cast<std::size_t>(o.device_count)),
-      vm(o.host_backed, o.shared_memory, o.granularity, reservation_regions(o)),
+      vm(o.host_backed, o.shared_memory, o.granularity,
+         {[this](int d, std::size_t size, std::size_t alignment) {
+            return devices[static_cast<std::size_t>(d)].space.reserve(size, alignment);
+          },
+          [this](int d, std::uintptr_t start) {
+            devices[static_cast<std::size_t>(d)].space.release(start);
+          }}),
       eager(o.eager),
       imports(kBase + static_cast<std::size_t>(o.device_count) * device_stride(o.capacity),
-              device_stride(o.capacity)) {
+              kBase + static_cast<std::size_t>(o.device_count + 1) * device_stride(o.capacity),
+              o.placement) {
   const std::size_t stride = device_stride(o.capacity);
   if (o.host_backed) host.resize(devices.size());
   for (std::size_t d = 0; d < devices.size(); ++d) {
@@ -129,16 +142,16 @@ SimBackend::State::State(const SimOptions& o)
     device.capacity = o.capacity;
     device.peers.assign(devices.size(), false);
     if (!o.host_backed) {
-      device.space = sim::RangeAllocator(kBase + d * stride, stride / 2);
+      device.space =
+          sim::DriverPlacement(kBase + d * stride, kBase + (d + 1) * stride, o.placement);
       continue;
     }
-    // Twice the capacity, so that alignment padding and fragmentation do not run
-    // out of addresses before the capacity is used up; MAP_NORESERVE makes it free.
-    const std::size_t size = round_up(2 * o.capacity, kLargeAlignment);
+    // MAP_NORESERVE: only what is touched costs memory.
+    const std::size_t size = host_window(o);
     if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE, o.shared_memory)) {
       throw DeviceError("SimBackend: mmap of " + bytes(size) + " for host_backed failed");
     }
-    device.space = sim::RangeAllocator(host[d].begin(), host[d].size());
+    device.space = sim::DriverPlacement(host[d].begin(), host[d].begin() + size, o.placement);
   }
 }
 
@@ -245,8 +258,7 @@ DeviceStatus SimBackend::allocate(int device, std::size_t size, void** ptr) {
                         "sim: device " + std::to_string(device) + " out of memory: " + bytes(size) +
                             " requested, " + bytes(free) + " free of " + bytes(d.capacity));
   }
-  const std::size_t alignment = size >= kLargeAlignment ? kLargeAlignment : kSmallAlignment;
-  const std::uintptr_t start = d.space.take(round_up(size, kSmallAlignment), alignment);
+  const std::uintptr_t start = d.space.allocate(size);
   if (start == 0) {
     ++s.counters.failed_allocs;
     return Failer::fail(
@@ -275,9 +287,9 @@ DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
       return error("sim: deallocate: " + sim::hex(start) + " was allocated with " +
                    bytes(it->second) + ", not " + bytes(size));
     }
-    const std::size_t block = round_up(size, kSmallAlignment);
-    if (s.options.host_backed) sim::host_discard(start, block, s.options.shared_memory);
-    d.space.give_back(start, block);
+    if (s.options.host_backed)
+      sim::host_discard(start, round_up(size, kSmallAlignment), s.options.shared_memory);
+    d.space.release(start);
     d.live.erase(it);
     d.used -= size;
     ++s.counters.frees;
@@ -354,16 +366,16 @@ DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
 
 DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
   State& s = *state_;
-  return s.call(device, std::nullopt, [&](State::Device&) {
+  return s.call(device, SimOp::stream_wait_event, [&](State::Device&) {
     const State::Event* e = s.find_event("stream_wait_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
-    // Work is not ordered between streams (nothing runs), but the dependency is
-    // kept: a pool lets stream reuse what e's stream freed before e.
-    if (e->recorded && e->stream != stream) {
-      std::uint64_t& w = s.waited[stream][e->stream];
-      w = std::max(w, e->position);
-    }
     ++s.counters.stream_waits;
+    if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
+    State::Stream& waiter = s.streams[stream];
+    std::uint64_t& w = waiter.waited[e->stream];
+    w = std::max(w, e->position);
+    if (s.streams[e->stream].completed < e->position)
+      waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
     return DeviceStatus::ok;
   });
 }
@@ -546,7 +558,40 @@ void SimBackend::set_current_device(int device) {
 void SimBackend::advance(StreamHandle stream) {
   std::lock_guard lock(state_->mutex);
   auto it = state_->streams.find(stream);
-  if (it != state_->streams.end()) it->second.completed = it->second.submitted;
+  if (it == state_->streams.end()) return;
+  State::Stream& st = it->second;
+  // Work after a wait on an unfinished stream cannot complete: the stream stops there.
+  std::uint64_t target = st.submitted;
+  std::erase_if(st.waits, [&](const State::Wait& w) {
+    if (state_->streams[w.stream].completed >= w.position) return true;
+    target = std::min(target, w.at);
+    return false;
+  });
+  st.completed = std::max(st.completed, target);
+}
+
+std::uint64_t SimBackend::submitted(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.submitted;
+}
+
+std::uint64_t SimBackend::completed(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->streams.find(stream);
+  return it == state_->streams.end() ? 0 : it->second.completed;
+}
+
+bool SimBackend::ordered_after(StreamHandle waiter, StreamHandle stream,
+                               std::uint64_t position) const {
+  std::lock_guard lock(state_->mutex);
+  if (waiter == stream) return true;  // one stream's work runs in order
+  auto s = state_->streams.find(stream);
+  if (s == state_->streams.end() || s->second.completed >= position) return true;
+  auto w = state_->streams.find(waiter);
+  if (w == state_->streams.end()) return false;
+  auto it = w->second.waited.find(stream);
+  return it != w->second.waited.end() && it->second >= position;
 }
 
 void SimBackend::advance_all() {

@@ -126,7 +126,7 @@ DeviceStatus SimBackend::open_ipc(int device, const IpcHandle& handle, void** pt
     State::OpenIpc o{device, static_cast<std::size_t>(w.size), key, nullptr, 0};
     std::uintptr_t start = 0;
     if (!s.options.host_backed) {
-      start = s.imports.take(round_up(o.size, kSmallAlignment), kLargeAlignment);
+      start = s.imports.reserve(round_up(o.size, kSmallAlignment), kLargeAlignment);
       if (start == 0) return error("sim: open_ipc: no address range left for IPC mappings");
     } else {
       int fd = -1;
@@ -163,7 +163,7 @@ DeviceStatus SimBackend::close_ipc(int device, void* ptr) {
     if (it->second.view != nullptr) {
       munmap(it->second.view, it->second.view_bytes);
     } else {
-      s.imports.give_back(it->first, round_up(it->second.size, kSmallAlignment));
+      s.imports.release(it->first);
     }
     s.open_keys.erase(it->second.key);
     s.opened.erase(it);

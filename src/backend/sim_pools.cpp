@@ -1,9 +1,8 @@
 // SimBackend's stream-ordered pools (create_pool ... free_async): each pool is a
 // sim::PoolModel (the driver pool's model, sim_memory_pool.hpp) whose chunks come from
-// the device's segment space, so they count as device memory like segments and are
+// the device's address window (placed as reservations are, bottom-up: the driver builds
+// its pools on virtual memory), so they count as device memory like segments and are
 // host-backed when the device is.
-#include <algorithm>
-
 #include "backend/sim_state.hpp"
 
 namespace reservoir {
@@ -17,10 +16,10 @@ sim::StreamProgress SimBackend::State::progress() {
     return it == streams.end() ? 0 : it->second.completed;
   };
   p.waited = [this](StreamHandle t, StreamHandle s) -> std::uint64_t {
-    auto it = waited.find(t);
-    if (it == waited.end()) return 0;
-    auto w = it->second.find(s);
-    return w == it->second.end() ? 0 : w->second;
+    auto it = streams.find(t);
+    if (it == streams.end()) return 0;
+    auto w = it->second.waited.find(s);
+    return w == it->second.waited.end() ? 0 : w->second;
   };
   return p;
 }
@@ -29,7 +28,7 @@ bool SimBackend::State::take_chunk(int device, PoolHandle pool, std::size_t size
                                    std::uintptr_t* address) {
   Device& d = devices[static_cast<std::size_t>(device)];
   if (size > d.free()) return false;
-  const std::uintptr_t start = d.space.take(size, kLargeAlignment);
+  const std::uintptr_t start = d.space.reserve(size, kLargeAlignment);
   if (start == 0) return false;
   d.used += size;
   chunks.emplace(start, Chunk{device, size, pool});
@@ -42,7 +41,7 @@ bool SimBackend::State::take_chunk(int device, PoolHandle pool, std::size_t size
 void SimBackend::State::give_chunk(int device, std::uintptr_t address, std::size_t size) {
   Device& d = devices[static_cast<std::size_t>(device)];
   if (options.host_backed) host_discard(address, size, options.shared_memory);
-  d.space.give_back(address, size);
+  d.space.release(address);
   d.used -= size;
   chunks.erase(address);
   ++counters.pool_chunk_releases;
@@ -137,19 +136,21 @@ DeviceStatus SimBackend::free_async(int device, void* ptr, StreamHandle stream) 
     if (p == nullptr) return DeviceStatus::error;
     // The free is an operation of its own on stream (ordered after what came before,
     // and distinct from events recorded before it); an idle stream does it at once.
+    // Waits of stream on unfinished work do not hold the free back here: they are
+    // its dependencies (after), so it completes once that work has.
     State::Stream& st = s.streams[stream];
+    auto done = [&s](StreamHandle other, std::uint64_t at) {
+      auto o = s.streams.find(other);
+      return o != s.streams.end() && o->second.completed >= at;
+    };
     const bool idle = st.completed == st.submitted;
     const std::uint64_t position = ++st.submitted;
     if (idle || s.eager) st.completed = st.submitted;
     // The free comes after the work stream waited for (events): it completes only
     // when that work has, whatever stream's own progress.
     PoolModel::Dependencies after;
-    if (auto w = s.waited.find(stream); w != s.waited.end()) {
-      for (const auto& [other, at] : w->second) {
-        auto o = s.streams.find(other);
-        if (o == s.streams.end() || o->second.completed < at) after.emplace_back(other, at);
-      }
-    }
+    for (const auto& [other, at] : st.waited)
+      if (!done(other, at)) after.emplace_back(other, at);
     if (std::string problem =
             p->model->free(address, stream, position, std::move(after), s.progress());
         !problem.empty())

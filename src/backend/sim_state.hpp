@@ -4,9 +4,10 @@
 // (process memory, reachability and copies).
 //
 // One mutex guards all state. Address layout (synthetic mode): device d owns
-// [kBase + d * stride, kBase + (d + 1) * stride); segments and pool chunks come from
-// its lower half, reservations from its upper half; IPC mappings this backend opens
-// come from the window after the last device.
+// [kBase + d * stride, kBase + (d + 1) * stride), placed by the driver's placement
+// model (sim_placement.hpp: segments and pool chunks top-down, reservations
+// bottom-up); IPC mappings this backend opens come from the window after the last
+// device.
 #pragma once
 
 #include <array>
@@ -25,6 +26,7 @@
 
 #include "backend/sim_address_space.hpp"
 #include "backend/sim_memory_pool.hpp"
+#include "backend/sim_placement.hpp"
 #include "reservoir/sim_backend.hpp"
 
 namespace reservoir {
@@ -44,10 +46,10 @@ inline std::string bytes(std::size_t n) {
   return std::to_string(n) + " bytes";
 }
 
-// Synthetic address window per device: big enough that segments fill their half
-// (at least 4x the capacity, for fragmentation) long before running out of room.
+// Synthetic address window per device: at least 64x the capacity, so segments (from
+// the top) and dozens of expandable-segment reservations (each device memory + 1/8,
+// from the bottom) never run out of room.
 inline std::size_t device_stride(std::size_t capacity) {
-  // Room for dozens of expandable-segment reservations (each device memory + 1/8).
   std::size_t stride = std::size_t{1} << 44;
   while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
   return stride;
@@ -87,7 +89,7 @@ struct SimBackend::State {
   struct Device {
     std::size_t capacity = 0;
     std::size_t used = 0;  // may exceed capacity after set_capacity lowers it
-    sim::RangeAllocator space;
+    sim::DriverPlacement space;
     std::map<std::uintptr_t, std::size_t> live;  // segment start -> requested size
     std::vector<bool> peers;                     // enable_peer_access(this, peer)
     std::vector<ProcessMemory> others;           // set_other_processes
@@ -95,9 +97,20 @@ struct SimBackend::State {
   };
   // Invariant: completed <= submitted. Work item n (1-based) has completed iff
   // n <= completed; an event recorded at position p completed iff p <= completed.
+  // waits: the device-side waits inserted on this stream (stream_wait_event), in
+  // order: work after position `at` cannot complete before `stream` completes
+  // `position`. waited: per other stream, the highest position this stream was made to
+  // wait for (ordered_after, and the pools' reuse after event dependencies).
+  struct Wait {
+    std::uint64_t at;
+    StreamHandle stream;
+    std::uint64_t position;
+  };
   struct Stream {
     std::uint64_t submitted = 0;
     std::uint64_t completed = 0;
+    std::vector<Wait> waits;
+    std::map<StreamHandle, std::uint64_t> waited;
   };
   // Invariant: recorded implies position >= 1 and streams contains stream.
   struct Event {
@@ -161,7 +174,10 @@ struct SimBackend::State {
   // The event, or nullptr after setting the error (unknown, or of another device).
   Event* find_event(const char* op, int device, EventHandle event);
   void complete_all() {
-    for (auto& [handle, stream] : streams) stream.completed = stream.submitted;
+    for (auto& [handle, stream] : streams) {
+      stream.completed = stream.submitted;
+      stream.waits.clear();
+    }
   }
   // How far streams have got, for the pools (valid under the mutex).
   sim::StreamProgress progress();
@@ -184,8 +200,6 @@ struct SimBackend::State {
   std::unordered_map<EventHandle, Event> events;
   EventHandle next_event = 1;
   bool eager = false;
-  // waited[t][s]: the highest position of stream s that stream t waited for.
-  std::unordered_map<StreamHandle, std::unordered_map<StreamHandle, std::uint64_t>> waited;
 
   std::unordered_map<PoolHandle, Pool> pools;
   PoolHandle next_pool = 1;
@@ -197,7 +211,7 @@ struct SimBackend::State {
   };
   std::map<std::uintptr_t, Chunk> chunks;  // every pool chunk, by start
 
-  sim::RangeAllocator imports;               // synthetic addresses of opened IPC mappings
+  sim::DriverPlacement imports;              // synthetic addresses of opened IPC mappings
   std::map<std::uintptr_t, OpenIpc> opened;  // by start
   std::set<std::string> open_keys;
 

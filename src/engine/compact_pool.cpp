@@ -15,6 +15,10 @@ constexpr std::size_t kSetNodeSize = 64;
 // Reclaimable pages examined per request before new memory is taken instead: the
 // oldest are the likeliest to have completed their fences.
 constexpr int kReclaimProbes = 8;
+// Free blocks after the best fit examined for one whose memory is all there.
+constexpr int kPlacementProbes = 32;
+// Pages booked at least when an arena starts being used (1 GiB of 2 MiB pages).
+constexpr std::size_t kMinPublishedPages = 512;
 }  // namespace
 
 CompactPool::CompactPool(PoolServices& services)
@@ -49,7 +53,7 @@ CompactPool::~CompactPool() {
     }
     (void)services_.backend.release_address_range(
         services_.device, reinterpret_cast<void*>(a->segment->base), a->segment->size);
-    services_.segments.retire(a->segment);
+    services_.segments.retire_part(a->segment, a->pages.size() * page_);
   }
   for (PhysicalHandle h : spare_) {
     (void)services_.backend.release_physical(services_.device, h);
@@ -173,12 +177,23 @@ CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {
   seg->head = b;
   seg->set_owner(this);
   arena->segment = seg;
-  arena->pages.resize(size / page_);
-  services_.segments.publish(seg);
+  // Pages (and the segment map's entries) follow the highest block in use (grow_pages):
+  // an arena is far larger than what it holds.
   index_free(b);
   counters_.add<kSegment>(kLargePool, 1);
   arenas_.push_back(std::move(arena));
   return arenas_.back().get();
+}
+
+// Books for pages [0, end) of a (and their entries in the segment map), grown by
+// doubling so that a request far into the arena costs one registration.
+void CompactPool::grow_pages(Arena& a, std::size_t end) {
+  const std::size_t have = a.pages.size();
+  if (end <= have) return;
+  const std::size_t total = a.segment->size / page_;
+  const std::size_t want = std::min(total, std::max({end, 2 * have, kMinPublishedPages}));
+  a.pages.resize(want);
+  services_.segments.publish_part(a.segment, a.segment->base + have * page_, (want - have) * page_);
 }
 
 // ---------------------------------------------------------------- physical pages
@@ -211,42 +226,57 @@ void CompactPool::unmap_page(Arena& a, std::size_t index) {
     services_.trace(TraceAction::segment_unmap, at, page_, 0, a.segment->context);
 }
 
+void CompactPool::list_push(PageRef r) {
+  Page& p = page(r);
+  p.listed = true;
+  p.prev = reclaim_tail_;
+  p.next = PageRef{};
+  if (reclaim_tail_)
+    page(reclaim_tail_).next = r;
+  else
+    reclaim_head_ = r;
+  reclaim_tail_ = r;
+}
+
+void CompactPool::list_remove(PageRef r) {
+  Page& p = page(r);
+  if (p.prev)
+    page(p.prev).next = p.next;
+  else
+    reclaim_head_ = p.next;
+  if (p.next)
+    page(p.next).prev = p.prev;
+  else
+    reclaim_tail_ = p.prev;
+  p.prev = p.next = PageRef{};
+  p.listed = false;
+}
+
 // The oldest free page whose last users have completed gives its memory up (not one
 // of the span being backed, which is about to hold a block).
 bool CompactPool::reclaim_one(PhysicalHandle* handle, const Span& keep) {
   int probes = 0;
-  for (auto it = reclaimable_.begin(); it != reclaimable_.end() && probes < kReclaimProbes;) {
-    Page& p = it->arena->pages[it->index];
-    if (!p.mapped || p.live != 0) {  // stale: used again, or unmapped since
-      p.listed = false;
-      it = reclaimable_.erase(it);
-      continue;
-    }
-    if (it->arena == keep.arena && it->index >= keep.first && it->index < keep.end) {
-      ++it;
+  for (PageRef r = reclaim_head_; r && probes < kReclaimProbes;) {
+    Page& p = page(r);
+    const PageRef next = p.next;
+    if (r.arena == keep.arena && r.index >= keep.first && r.index < keep.end) {
+      r = next;
       continue;
     }
     ++probes;
     if (fences_.complete(p.fence)) {
-      PageRef ref = *it;
-      reclaimable_.erase(it);
-      p.listed = false;
+      unmap_page(*r.arena, r.index);  // throws with nothing changed
+      list_remove(r);
       *handle = p.handle;
-      unmap_page(*ref.arena, ref.index);
       return true;
     }
-    ++it;
+    r = next;
   }
   return false;
 }
 
-bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
-  if (!spare_.empty()) {
-    *handle = spare_.back();
-    spare_.pop_back();
-    return true;
-  }
-  if (reclaim_one(handle, keep)) return true;
+// New memory from the device (within the memory fraction); false when refused.
+bool CompactPool::create_page(PhysicalHandle* handle) {
   if (!services_.budget.reserve(page_)) return false;  // over the memory fraction
   DeviceStatus st = services_.backend.create_physical(services_.device, page_, handle);
   if (st != DeviceStatus::ok) {
@@ -261,15 +291,41 @@ bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
   return true;
 }
 
+// Memory for one page: a spare; else a free page's memory moved here (stitching),
+// before any new memory is taken from the device.
+bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
+  if (!spare_.empty()) {
+    *handle = spare_.back();
+    spare_.pop_back();
+    return true;
+  }
+  if (reclaim_one(handle, keep)) return true;
+  return create_page(handle);
+}
+
 // Maps physical memory under every unmapped page of [first, end). All or nothing: on
 // failure nothing stays mapped and the memory taken is kept as spare pages.
 bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
-  std::vector<std::size_t> missing;
+  std::vector<std::size_t>& missing = missing_;
+  missing.clear();
   for (std::size_t i = first; i < end; ++i)
     if (!a.pages[i].mapped) missing.push_back(i);
   if (missing.empty()) return true;
+  // Free pages of this span are about to hold the block: off the reclaimable list (so
+  // the search for memory does not walk them), back on it if the request fails.
+  std::vector<std::size_t>& unlisted = unlisted_;
+  unlisted.clear();
+  for (std::size_t i = first; i < end; ++i)
+    if (a.pages[i].listed) {
+      list_remove(PageRef{&a, i});
+      unlisted.push_back(i);
+    }
+  auto relist = [&] {
+    for (std::size_t i : unlisted) list_push(PageRef{&a, i});
+  };
   const Span keep{&a, first, end};
-  std::vector<PhysicalHandle> got;
+  std::vector<PhysicalHandle>& got = got_;
+  got.clear();
   bool enough = true;
   try {
     for (std::size_t k = 0; k < missing.size() && enough; ++k) {
@@ -279,21 +335,37 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
     }
   } catch (...) {
     spare_.insert(spare_.end(), got.begin(), got.end());
+    relist();
     throw;
   }
   if (!enough) {
     spare_.insert(spare_.end(), got.begin(), got.end());
+    relist();
     return false;
   }
   const std::uintptr_t base = a.segment->base;
   std::size_t mapped = 0;
+  // A failed request leaves nothing mapped, except a page the device refuses to unmap:
+  // that one stays a free mapped page (counted, reclaimable), never forgotten.
   auto undo = [&](const std::string& why) {
-    for (std::size_t k = 0; k < mapped; ++k)
-      (void)services_.backend.unmap(services_.device,
-                                    reinterpret_cast<void*>(base + missing[k] * page_), page_);
-    spare_.insert(spare_.end(), got.begin(), got.end());
+    const std::string reason = services_.backend.last_error();
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      if (k < mapped && services_.backend.unmap(services_.device,
+                                                reinterpret_cast<void*>(base + missing[k] * page_),
+                                                page_) != DeviceStatus::ok) {
+        Page& p = a.pages[missing[k]];
+        p.handle = got[k];
+        p.mapped = true;
+        p.fence.clear();
+        a.segment->mapped_bytes += page_;
+        list_push(PageRef{&a, missing[k]});
+        continue;
+      }
+      spare_.push_back(got[k]);
+    }
+    relist();
     throw DeviceError("reservoir: " + why + " on device " + std::to_string(services_.device) +
-                      " failed: " + services_.backend.last_error());
+                      " failed: " + reason);
   };
   for (; mapped < missing.size(); ++mapped)
     if (services_.backend.map(services_.device,
@@ -326,24 +398,70 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
   return true;
 }
 
-// Adds (sign +1) or removes (-1) the bytes of [address, address + size) to the live
-// count of each page; a page left with none joins the reclaimable list.
-void CompactPool::add_live(Arena& a, std::uintptr_t address, std::size_t size, std::int64_t sign) {
+// The bytes of [address, address + size) that lie on page i of a.
+std::size_t CompactPool::overlap(const Arena& a, std::size_t i, std::uintptr_t address,
+                                 std::size_t size) const {
+  const std::uintptr_t lo = std::max(address, a.segment->base + i * page_);
+  const std::uintptr_t hi = std::min(address + size, a.segment->base + (i + 1) * page_);
+  return hi - lo;
+}
+
+// A block of [address, address + size) was handed out: its bytes are live on their
+// pages (interior pages are whole: only the two ends need the arithmetic).
+void CompactPool::add_live(Arena& a, std::uintptr_t address, std::size_t size) {
   auto [first, end] = page_span(a, address, size);
   for (std::size_t i = first; i < end; ++i) {
-    const std::uintptr_t lo = std::max(address, a.segment->base + i * page_);
-    const std::uintptr_t hi = std::min(address + size, a.segment->base + (i + 1) * page_);
     Page& p = a.pages[i];
-    if (sign > 0) {
-      p.live += hi - lo;
-    } else {
-      p.live -= hi - lo;
-      if (p.live == 0 && !p.listed) {
-        p.listed = true;
-        reclaimable_.push_back(PageRef{&a, i});
-      }
+    if (p.listed) list_remove(PageRef{&a, i});
+    p.live += (i == first || i + 1 == end) ? overlap(a, i, address, size) : page_;
+  }
+}
+
+// A block was freed: its pages learn the marks of its users (its stream, and those
+// record_stream named), lose its bytes, and join the reclaimable list when empty.
+void CompactPool::remove_live(Arena& a, const Block& b) {
+  const std::uint64_t own = fences_.want_marker(b.stream);
+  auto [first, end] = page_span(a, b.address, b.size);
+  for (std::size_t i = first; i < end; ++i) {
+    Page& p = a.pages[i];
+    p.fence.add(b.stream, own);
+    p.live -= (i == first || i + 1 == end) ? overlap(a, i, b.address, b.size) : page_;
+    if (p.live == 0) list_push(PageRef{&a, i});
+  }
+  if (b.extras)
+    for (StreamHandle s : b.extras->uses) {
+      const std::uint64_t seq = fences_.want_marker(s);
+      for (std::size_t i = first; i < end; ++i) a.pages[i].fence.add(s, seq);
+    }
+}
+
+// Pages of [address, address + size) of the block's arena that have no memory.
+std::size_t CompactPool::unbacked_pages(const Block* b, std::size_t size) const {
+  const Arena& a = *arena_of(b);
+  auto [first, end] = page_span(a, b->address, size);
+  std::size_t missing = end > a.pages.size() ? end - std::max(first, a.pages.size()) : 0;
+  for (std::size_t i = first; i < std::min(end, a.pages.size()); ++i)
+    if (!a.pages[i].mapped) ++missing;
+  return missing;
+}
+
+// Best fit, but where the best-fitting block would need new pages and a slightly
+// larger free block already has all its memory, the latter: moving memory costs
+// device calls every time the program's layout drifts, while the address space a
+// larger block leaves free costs nothing.
+Block* CompactPool::choose(FreeSet::iterator best, std::size_t size) const {
+  Block* chosen = *best;
+  std::size_t fewest = unbacked_pages(chosen, size);
+  int looked = 0;
+  for (auto it = std::next(best); fewest > 0 && it != free_.end() && looked < kPlacementProbes;
+       ++it, ++looked) {
+    const std::size_t missing = unbacked_pages(*it, size);
+    if (missing < fewest) {
+      fewest = missing;
+      chosen = *it;
     }
   }
+  return chosen;
 }
 
 // ---------------------------------------------------------------- requests
@@ -354,18 +472,36 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
   auto it = free_.lower_bound(SizeKey{size});
-  Block* b = it != free_.end() ? *it : new_arena(size)->segment->head;
+  Block* b;
+  if (it != free_.end()) {
+    // Under a memory fraction every byte counts: best fit. Without one, moving memory
+    // less is worth a little address space (choose).
+    b = services_.budget.limited() ? *it : choose(it, size);
+  } else {
+    // More than the device has can never be backed: out of memory, not a device error.
+    MemoryInfo info;
+    if (services_.backend.memory_info(services_.device, &info) == DeviceStatus::ok &&
+        size > info.total)
+      return 0;
+    b = new_arena(size)->segment->head;
+  }
   Arena& a = *arena_of(b);
   const std::uintptr_t address = b->address;
   const std::size_t taken = b->size - size >= SizePolicy::kMinBlockSize ? size : b->size;
   auto [first, end] = page_span(a, address, taken);
-  if (!back_pages(a, first, end)) return 0;
+  grow_pages(a, end);
   // Memory last used on other streams: this stream waits for that work (on the device).
-  Fence before;
-  for (std::size_t i = first; i < end; ++i) before.merge(a.pages[i].fence);
-  if (!before.empty())
+  // First, as it may throw: nothing has changed yet (a wait inserted for a request that
+  // then fails costs nothing but the wait).
+  bool foreign = false;
+  for (std::size_t i = first; i < end && !foreign; ++i) foreign = !a.pages[i].fence.only_on(stream);
+  if (foreign) {
+    Fence before;
+    for (std::size_t i = first; i < end; ++i) before.merge(a.pages[i].fence);
     if (int waits = fences_.order_after(stream, before))
       DeviceCounters::bump(services_.counters.stream_waits, waits);
+  }
+  if (!back_pages(a, first, end)) return 0;
   Block* out;
   if (taken < b->size) {
     out = new_block(address, taken, b->segment, BlockState::allocated);
@@ -387,7 +523,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   out->requested = requested;
   out->stream = stream;
   allocated_.insert(address, out);
-  add_live(a, address, taken, +1);
+  add_live(a, address, taken);
   counters_.on_allocate(SizePolicy::pool_for(taken), static_cast<std::int64_t>(taken),
                         static_cast<std::int64_t>(requested));
   if (services_.history.active()) {
@@ -412,14 +548,7 @@ bool CompactPool::free(std::uintptr_t address) {
     services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream, b->context());
   }
   // The memory's users so far: its own stream and those record_stream named.
-  auto [first, end] = page_span(a, b->address, b->size);
-  const std::uint64_t own = fences_.want_marker(b->stream);
-  std::vector<std::pair<StreamHandle, std::uint64_t>> marks{{b->stream, own}};
-  if (b->extras)
-    for (StreamHandle s : b->extras->uses) marks.emplace_back(s, fences_.want_marker(s));
-  for (std::size_t i = first; i < end; ++i)
-    for (auto& [s, seq] : marks) a.pages[i].fence.add(s, seq);
-  add_live(a, b->address, b->size, -1);
+  remove_live(a, *b);
   counters_.on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
                     static_cast<std::int64_t>(b->requested));
   b->extras.reset();
@@ -453,12 +582,10 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       Page& p = a->pages[i];
       if (!p.mapped || p.live != 0) continue;
       const PhysicalHandle h = p.handle;
-      unmap_page(*a, i);
+      unmap_page(*a, i);  // throws with nothing changed
+      list_remove(PageRef{a.get(), i});
       spare_.push_back(h);
     }
-  for (auto& a : arenas_)
-    for (Page& p : a->pages) p.listed = false;
-  reclaimable_.clear();
   if (give_back) {
     while (!spare_.empty()) {
       PhysicalHandle h = spare_.back();
@@ -466,7 +593,10 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       release_handle(h);
       released += page_;
     }
-    // Arenas holding nothing go back too (a new one is reserved when needed).
+    // Arenas holding nothing go back too (a new one is reserved when needed). A range
+    // the device refuses to release stays, counted as a segment, and is retried by the
+    // next release.
+    std::string failure;
     for (auto it = arenas_.begin(); it != arenas_.end();) {
       Arena& a = **it;
       Block* head = a.segment->head;
@@ -474,13 +604,23 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
         ++it;
         continue;
       }
+      if (services_.backend.release_address_range(services_.device,
+                                                  reinterpret_cast<void*>(a.segment->base),
+                                                  a.segment->size) != DeviceStatus::ok) {
+        if (failure.empty()) failure = services_.backend.last_error();
+        ++it;
+        continue;
+      }
       free_.erase(head->free_at);
       delete_block(head);
-      (void)services_.backend.release_address_range(
-          services_.device, reinterpret_cast<void*>(a.segment->base), a.segment->size);
       counters_.add<kSegment>(kLargePool, -1);
-      services_.segments.retire(a.segment);
+      services_.segments.retire_part(a.segment, a.pages.size() * page_);
       it = arenas_.erase(it);
+    }
+    if (!failure.empty()) {
+      finish_operation();
+      throw DeviceError("reservoir: releasing policy:compact address space on device " +
+                        std::to_string(services_.device) + " failed: " + failure);
     }
   }
   finish_operation();

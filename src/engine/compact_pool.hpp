@@ -21,13 +21,13 @@
 //   page.live == bytes of allocated blocks overlapping the page;
 //   page.live > 0 => page.mapped;
 //   reserved_bytes == (mapped pages + spare handles) * page size == physical bytes held;
-//   every mapped page with live == 0 is in reclaimable_ (which may also hold stale entries).
+//   page.listed <=> page.mapped && page.live == 0 <=> the page is on the reclaimable list
+//   (oldest first).
 // Locking: one Lock for the pool (the device); never held while taking another pool's.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,20 +80,27 @@ class alignas(64) CompactPool final : public BlockOwner {
 
  private:
   using Guard = std::unique_lock<Lock>;
+  struct Arena;
+  struct PageRef {
+    Arena* arena = nullptr;
+    std::size_t index = 0;
+    explicit operator bool() const noexcept { return arena != nullptr; }
+    bool operator==(const PageRef&) const = default;
+  };
   struct Page {
     PhysicalHandle handle = 0;
     bool mapped = false;
-    bool listed = false;     // in reclaimable_
+    bool listed = false;     // on the reclaimable list
     std::uint64_t live = 0;  // bytes of allocated blocks on this page
     Fence fence;             // marks of the frees and uses of memory on this page
+    PageRef prev, next;      // the reclaimable list
   };
+  // pages covers [base, base + pages.size() * page) — the part of the range that may
+  // hold blocks in use, registered in the segment map; beyond it the arena is one free
+  // block of address space.
   struct Arena {
     Segment* segment = nullptr;
     std::vector<Page> pages;
-  };
-  struct PageRef {
-    Arena* arena;
-    std::size_t index;
   };
   struct Span {  // pages [first, end) of arena
     const Arena* arena;
@@ -109,14 +116,24 @@ class alignas(64) CompactPool final : public BlockOwner {
   void reposition_free(Block* b);
   Block* coalesce_free(Block* b);
   Arena* new_arena(std::size_t at_least);
+  std::size_t unbacked_pages(const Block* b, std::size_t size) const;
+  Block* choose(FreeSet::iterator best, std::size_t size) const;
+  void grow_pages(Arena& a, std::size_t end);
   // Physical memory for the unmapped pages of [first, end) of a: all or nothing.
   bool back_pages(Arena& a, std::size_t first, std::size_t end);
   // A spare, a reclaimed or a new page (never one of keep).
   bool take_physical(PhysicalHandle* handle, const Span& keep);
   bool reclaim_one(PhysicalHandle* handle, const Span& keep);
+  bool create_page(PhysicalHandle* handle);
+  Page& page(const PageRef& r) { return r.arena->pages[r.index]; }
+  void list_push(PageRef r);
+  void list_remove(PageRef r);
   void unmap_page(Arena& a, std::size_t index);  // its fence has completed
   void release_handle(PhysicalHandle handle);
-  void add_live(Arena& a, std::uintptr_t address, std::size_t size, std::int64_t sign);
+  std::size_t overlap(const Arena& a, std::size_t i, std::uintptr_t address,
+                      std::size_t size) const;
+  void add_live(Arena& a, std::uintptr_t address, std::size_t size);
+  void remove_live(Arena& a, const Block& b);
   void finish_operation();
   void validate_locked(ValidationTotals* totals);
 
@@ -129,7 +146,11 @@ class alignas(64) CompactPool final : public BlockOwner {
   AddressMap<Block> allocated_;
   StreamEvents fences_;
   std::vector<std::unique_ptr<Arena>> arenas_;
-  std::deque<PageRef> reclaimable_;  // mapped pages that held no block, oldest first
+  PageRef reclaim_head_, reclaim_tail_;  // mapped pages that hold no block, oldest first
+  // Scratch of back_pages (kept to spare an allocation per request).
+  std::vector<std::size_t> missing_;
+  std::vector<PhysicalHandle> got_;
+  std::vector<std::size_t> unlisted_;
   std::vector<PhysicalHandle> spare_;
   std::size_t page_ = 0;  // mapping granularity
 };

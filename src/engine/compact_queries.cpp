@@ -17,6 +17,7 @@ std::size_t CompactPool::largest_free_block() {
     for (Block* b = a->segment->head; b; b = b->next) {
       if (b->state != BlockState::free) continue;
       auto [first, end] = page_span(*a, b->address, b->size);
+      end = std::min(end, a->pages.size());
       std::size_t run = 0;
       for (std::size_t i = first; i < end; ++i) {
         run = a->pages[i].mapped ? run + page_ : 0;
@@ -137,7 +138,7 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
-    RESERVOIR_CHECK(services_.segments.published(seg),
+    RESERVOIR_CHECK(a->pages.empty() || services_.segments.published(seg),
                     "arena " + at(seg->base) + " missing from the segment map");
     RESERVOIR_CHECK(seg->head && seg->head->address == seg->base && !seg->head->prev,
                     "arena " + at(seg->base) + " does not start with its head block");
@@ -185,9 +186,10 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
                                                    at(seg->base) +
                                                    " holds a block but is unmapped");
       if (p.mapped) ++mapped_here;
-      if (p.mapped && p.live == 0)
-        RESERVOIR_CHECK(p.listed, "free mapped page " + std::to_string(i) + " of arena " +
-                                      at(seg->base) + " is not reclaimable");
+      RESERVOIR_CHECK(p.listed == (p.mapped && p.live == 0),
+                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
+                          (p.listed ? " is reclaimable but holds a block or is unmapped"
+                                    : " is free and mapped but not reclaimable"));
     }
     RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
                     "arena " + at(seg->base) + " counts mapped bytes wrong");

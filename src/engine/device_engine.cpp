@@ -37,6 +37,7 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       registry_(segments),
       services_{backend_,  device_, events_, ledger_,  registry_, budget_,
                 counters_, gc_,     peers_,  history_, settings_} {
+  compact_on_.store(config.policy == Config::Policy::compact, std::memory_order_relaxed);
   if (config.per_process_memory_fraction_set)
     set_memory_fraction(config.per_process_memory_fraction);
 }

@@ -139,6 +139,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   seg->mapped_bytes += mapped;
   counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
   DeviceCounters::bump(services_.counters.device_allocs);
+  DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(mapped / page));
   if (tracing()) services_.trace(TraceAction::segment_map, mapped_at, mapped, stream_, context);
   return keep;
 }
@@ -190,6 +191,8 @@ bool StreamPool::unmap_block(Block* b) {
     count_held(seg, held, length);  // pages whose memory could not be released stay reserved
     counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
+    DeviceCounters::bump(services_.counters.device_unmaps,
+                         static_cast<std::int64_t>(length / seg->vm->page_size()));
     if (tracing())
       services_.trace(TraceAction::segment_unmap, start, length, stream_, seg->context);
   }
@@ -247,8 +250,8 @@ void StreamPool::count_held(Segment* seg, std::size_t held_before, std::size_t u
   const std::size_t held = seg->vm->held_bytes();
   RESERVOIR_ASSERT(unused + held_before >= held);
   if (held != held_before)
-    counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(held) -
-                                                 static_cast<std::int64_t>(held_before));
+    counters_.add<kReservedBytes>(
+        seg->pool, static_cast<std::int64_t>(held) - static_cast<std::int64_t>(held_before));
   if (unused + held_before > held) services_.budget.unreserve(unused + held_before - held);
 }
 

@@ -57,9 +57,18 @@ Segment* SegmentMap::find(std::uintptr_t address) const noexcept {
 }
 
 void SegmentMap::insert(Segment* segment) {
+  insert(segment, segment->base, segment->size);
+}
+
+void SegmentMap::erase(Segment* segment) {
+  erase(segment, segment->base, segment->size);
+}
+
+void SegmentMap::insert(Segment* segment, std::uintptr_t address, std::size_t bytes) {
+  if (bytes == 0) return;
   std::lock_guard<std::mutex> guard(write_mutex_);
-  std::uint64_t first = segment->base >> kPageBits;
-  std::uint64_t last = (segment->base + segment->size - 1) >> kPageBits;
+  std::uint64_t first = address >> kPageBits;
+  std::uint64_t last = (address + bytes - 1) >> kPageBits;
   for (std::uint64_t page = first; page <= last; ++page) {
     Slot* s = slot(page, true);
     RESERVOIR_CHECK(s != nullptr, "segment address beyond 57 bits");
@@ -75,10 +84,11 @@ void SegmentMap::insert(Segment* segment) {
   }
 }
 
-void SegmentMap::erase(Segment* segment) {
+void SegmentMap::erase(Segment* segment, std::uintptr_t address, std::size_t bytes) {
+  if (bytes == 0) return;
   std::lock_guard<std::mutex> guard(write_mutex_);
-  std::uint64_t first = segment->base >> kPageBits;
-  std::uint64_t last = (segment->base + segment->size - 1) >> kPageBits;
+  std::uint64_t first = address >> kPageBits;
+  std::uint64_t last = (address + bytes - 1) >> kPageBits;
   for (std::uint64_t page = first; page <= last; ++page) {
     Slot* s = slot(page, false);
     if (!s) continue;

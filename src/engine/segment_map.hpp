@@ -30,6 +30,11 @@ class SegmentMap {
   // pre: segment's range overlaps no registered segment.
   void insert(Segment* segment);
   void erase(Segment* segment);
+  // The same for the part [address, address + bytes) of segment's range: a segment
+  // whose range is far larger than what it uses (a policy:compact arena) is
+  // registered as its use grows, and find() answers for the registered part.
+  void insert(Segment* segment, std::uintptr_t address, std::size_t bytes);
+  void erase(Segment* segment, std::uintptr_t address, std::size_t bytes);
 
  private:
   static constexpr int kPageBits = 21;

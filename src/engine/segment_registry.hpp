@@ -51,6 +51,16 @@ class SegmentRegistry {
   }
   // pre: segment's range is final and overlaps no registered segment.
   void publish(Segment* segment) { map_.insert(segment); }
+  // Registers only [address, address + bytes) of segment's range (grown later by
+  // more calls over the following bytes); retire_part undoes it.
+  void publish_part(Segment* segment, std::uintptr_t address, std::size_t bytes) {
+    map_.insert(segment, address, bytes);
+  }
+  void retire_part(Segment* segment, std::size_t published_bytes) {
+    map_.erase(segment, segment->base, published_bytes);
+    std::lock_guard<std::mutex> guard(mutex_);
+    spare_.push_back(segment);
+  }
   // Removes segment from the map and keeps the object for reuse.
   void retire(Segment* segment) {
     map_.erase(segment);

@@ -7,15 +7,6 @@
 
 namespace reservoir::detail {
 
-void Fence::add(StreamHandle stream, std::uint64_t seq) {
-  for (Mark& m : marks_)
-    if (m.stream == stream) {
-      m.seq = std::max(m.seq, seq);
-      return;
-    }
-  marks_.push_back(Mark{stream, seq});
-}
-
 StreamEvents::~StreamEvents() {
   for (Timeline& t : timelines_)
     for (auto& [seq, event] : t.pending) events_.release(event);
@@ -74,8 +65,10 @@ bool StreamEvents::done(Timeline& t, std::uint64_t seq) {
 }
 
 bool StreamEvents::complete(const Fence& fence, StreamHandle on) {
-  for (const Fence::Mark& m : fence.marks())
+  for (std::size_t i = 0; i < fence.size(); ++i) {
+    const Fence::Mark& m = fence[i];
     if (m.stream != on && !done(timeline(m.stream), m.seq)) return false;
+  }
   return true;
 }
 
@@ -87,7 +80,8 @@ EventHandle StreamEvents::event_of(Timeline& t, std::uint64_t seq) {
 
 int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
   int waits = 0;
-  for (const Fence::Mark& m : fence.marks()) {
+  for (std::size_t i = 0; i < fence.size(); ++i) {
+    const Fence::Mark& m = fence[i];
     if (m.stream == stream) continue;
     Timeline& t = timeline(m.stream);
     if (done(t, m.seq)) continue;
@@ -101,19 +95,12 @@ int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
 }
 
 void StreamEvents::host_waited(StreamHandle stream) {
+  // The program says the host waited for stream: its markers have likely completed.
+  // They are queried, not assumed (a wrong hint must never let memory move early).
   for (Timeline& t : timelines_) {
     if (t.stream != stream) continue;
-    // Every marker recorded so far is behind the wait; an owed one stands for work
-    // that was submitted before it too.
-    if (t.wanted != 0) {
-      t.completed = std::max(t.completed, t.wanted);
-      t.wanted = 0;
-    }
-    for (auto& [seq, event] : t.pending) {
-      t.completed = std::max(t.completed, seq);
-      events_.release(event);
-    }
-    t.pending.clear();
+    record(t);
+    poll(t);
   }
 }
 

@@ -26,28 +26,54 @@
 
 namespace reservoir::detail {
 
+// Marks per stream, at most one each. Most memory is used on one or two streams:
+// those marks are kept inline (no heap allocation on the free path).
 class Fence {
  public:
   struct Mark {
     StreamHandle stream;
     std::uint64_t seq;
   };
-  bool empty() const noexcept { return marks_.empty(); }
-  const std::vector<Mark>& marks() const noexcept { return marks_; }
-  // Keeps the later of two marks on one stream.
-  void add(StreamHandle stream, std::uint64_t seq);
-  void merge(const Fence& other) {
-    for (const Mark& m : other.marks_) add(m.stream, m.seq);
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  const Mark& operator[](std::size_t i) const noexcept {
+    return i < kInline ? inline_[i] : more_[i - kInline];
   }
-  void clear() noexcept { marks_.clear(); }
-  // Drops marks that are complete (completed(stream, seq) true).
-  template <typename Completed>
-  void prune(Completed&& completed) {
-    std::erase_if(marks_, [&](const Mark& m) { return completed(m.stream, m.seq); });
+  // Keeps the later of two marks on one stream.
+  void add(StreamHandle stream, std::uint64_t seq) {
+    for (std::size_t i = 0; i < size_; ++i) {
+      Mark& m = at(i);
+      if (m.stream == stream) {
+        if (seq > m.seq) m.seq = seq;
+        return;
+      }
+    }
+    if (size_ < kInline)
+      inline_[size_] = Mark{stream, seq};
+    else
+      more_.push_back(Mark{stream, seq});
+    ++size_;
+  }
+  void merge(const Fence& other) {
+    for (std::size_t i = 0; i < other.size_; ++i) add(other[i].stream, other[i].seq);
+  }
+  void clear() noexcept {
+    size_ = 0;
+    more_.clear();
+  }
+  // Whether every mark is on stream (nothing to order or wait for there).
+  bool only_on(StreamHandle stream) const noexcept {
+    for (std::size_t i = 0; i < size_; ++i)
+      if ((*this)[i].stream != stream) return false;
+    return true;
   }
 
  private:
-  std::vector<Mark> marks_;
+  static constexpr std::size_t kInline = 2;
+  Mark& at(std::size_t i) noexcept { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  Mark inline_[kInline] = {};
+  std::size_t size_ = 0;
+  std::vector<Mark> more_;
 };
 
 class StreamEvents {
@@ -72,7 +98,7 @@ class StreamEvents {
   // Makes stream wait on the device for every incomplete mark of fence on other
   // streams; returns the number of waits inserted. Throws DeviceError.
   int order_after(StreamHandle stream, const Fence& fence);
-  // The host waited for stream: all of its markers are complete.
+  // The host waited for stream: its markers are checked (queried) now.
   void host_waited(StreamHandle stream);
   // Waits on the host for every marker of every stream (the out-of-memory ladder).
   void synchronize_all();

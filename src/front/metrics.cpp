@@ -56,6 +56,13 @@ constexpr CounterMetric kCounters[] = {
      &DeviceStats::num_device_alloc, "num_device_alloc"},
     {"reservoir_device_frees_total", "Device frees (cudaFree and unmaps).",
      &DeviceStats::num_device_free, "num_device_free"},
+    {"reservoir_device_maps_total", "Pages mapped (expandable segments, policy:compact).",
+     &DeviceStats::num_device_map, "num_device_map"},
+    {"reservoir_device_unmaps_total", "Pages unmapped.", &DeviceStats::num_device_unmap,
+     "num_device_unmap"},
+    {"reservoir_stream_waits_total",
+     "Device-side waits inserted to reuse memory across streams (policy:compact).",
+     &DeviceStats::num_stream_waits, "num_stream_waits"},
 };
 
 struct DeviceMetrics {

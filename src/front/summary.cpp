@@ -63,6 +63,12 @@ std::string Allocator::summary(int device) {
                  std::to_string(s.num_device_free))
                     .c_str());
   out += buf;
+  std::snprintf(buf, sizeof buf, "| %-82s|\n",
+                ("pages mapped/unmapped: " + std::to_string(s.num_device_map) + "/" +
+                 std::to_string(s.num_device_unmap) +
+                 "   device-side stream waits: " + std::to_string(s.num_stream_waits))
+                    .c_str());
+  out += buf;
   out += rule;
   out += "| Metric                |  Cur Usage   |  Peak Usage  |  Tot Alloc   |  Tot Freed   |\n";
   out += "|-----------------------+--------------+--------------+--------------+--------------|\n";

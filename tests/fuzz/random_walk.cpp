@@ -54,6 +54,14 @@ const ConfigRow kConfigs[] = {
 };
 const std::size_t kConfigRows = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
+const ConfigRow kPolicyConfigs[] = {
+    {"policy:compact", Expect::ok},
+    {"policy:pytorch", Expect::ok},
+    {"policy:compact,per_process_memory_fraction:0.5", Expect::ok},
+    {"policy:tidy", Expect::bad},
+};
+const std::size_t kPolicyConfigRows = sizeof(kPolicyConfigs) / sizeof(kPolicyConfigs[0]);
+
 // Starting configurations, picked by the first byte.
 const char* const kInitialConfigs[8] = {
     "",
@@ -211,7 +219,7 @@ void Walker::op_alloc() {
     }
     // Expandable segments refuse, without asking, a request larger than the device.
     WALK_CHECK(sim_->counters().failed_allocs > refused || fraction_set_ ||
-                   (alloc_->config().expandable_segments &&
+                   ((alloc_->config().expandable_segments || compact_) &&
                     size > sim_->capacity(device < 0 ? current_device_ : device)),
                std::string("OutOfMemoryError without a refusal by the device: ") + e.what());
     WALK_CHECK(ooms_ == ooms + 1, "the OOM observer was not told exactly once");
@@ -234,7 +242,8 @@ void Walker::op_alloc() {
          device,
          stream,
          next_id_++,
-         {}};
+         {},
+         compact_};
   WALK_CHECK(l.block >= size && l.block % 512 == 0, "block size " + std::to_string(l.block));
   WALK_CHECK(alloc_->requested_size(p) == size, "requested size differs");
   check_disjoint(l);
@@ -269,7 +278,13 @@ void Walker::free_live_at(std::size_t i) {
     return;
   }
   freed_[freed_next_++ % freed_.size()] = l.address;
-  if (!l.uses.empty() && !eager_) in_flight_.push_back({l.address, l.address + l.block, l.uses});
+  if (eager_) return;
+  // Under policy:compact the block's own stream matters too: its memory may move.
+  const bool compact = l.compact;
+  InFlight f{l.address, l.address + l.block, l.uses, {}, compact};
+  if (compact) f.waiting.push_back(l.stream);
+  for (StreamHandle s : f.waiting) f.positions.push_back(sim_->submitted(s));
+  if (!f.waiting.empty()) in_flight_.push_back(std::move(f));
 }
 
 void Walker::op_free_all() {
@@ -304,7 +319,14 @@ void Walker::op_record_stream() {
 void Walker::op_advance() {
   const StreamHandle stream = in_.u8() % 4;
   sim_->advance(stream);
-  for (InFlight& f : in_flight_) std::erase(f.waiting, stream);
+  // A stream stops at a device-side wait on another stream's unfinished work.
+  const std::uint64_t done = sim_->completed(stream);
+  for (InFlight& f : in_flight_)
+    for (std::size_t k = f.waiting.size(); k-- > 0;)
+      if (f.waiting[k] == stream && f.positions[k] <= done) {
+        f.waiting.erase(f.waiting.begin() + static_cast<std::ptrdiff_t>(k));
+        f.positions.erase(f.positions.begin() + static_cast<std::ptrdiff_t>(k));
+      }
   std::erase_if(in_flight_, [](const InFlight& f) { return f.waiting.empty(); });
 }
 
@@ -360,7 +382,9 @@ void Walker::op_fraction() {
 }
 
 void Walker::op_config() {
-  const ConfigRow& row = kConfigs[in_.u8() % kConfigRows];
+  const std::uint8_t pick = in_.u8();
+  const ConfigRow& row =
+      pick >= 0xF0 ? kPolicyConfigs[pick % kPolicyConfigRows] : kConfigs[pick % kConfigRows];
   const std::string before = alloc_->config().to_string();
   const std::array<double, kDevices> fractions_before = fractions();
   const std::vector<std::int64_t> stats = snapshot();
@@ -374,6 +398,7 @@ void Walker::op_config() {
     return;
   }
   WALK_CHECK(row.expect != Expect::bad, std::string(row.text) + " was accepted");
+  compact_ = alloc_->config().policy == Config::Policy::compact;
   if (std::string(row.text).find("per_process_memory_fraction") != std::string::npos)
     fraction_set_ = true;
   else

@@ -16,10 +16,18 @@ void Walker::check_disjoint(const Live& l) {
   WALK_CHECK(next == shadow_.begin() || std::prev(next)->second <= l.address,
              "new block " + pointer_text(reinterpret_cast<void*>(l.address)) +
                  " starts inside a live block");
-  for (const InFlight& f : in_flight_)
-    WALK_CHECK(end <= f.lo || l.address >= f.hi,
-               "memory freed with pending uses on other streams was handed out before "
-               "those streams advanced");
+  for (const InFlight& f : in_flight_) {
+    if (end <= f.lo || l.address >= f.hi) continue;
+    WALK_CHECK(f.compact,
+               "memory freed with pending uses on other streams was handed out "
+               "before those streams advanced");
+    // policy:compact reuses it at once, the new stream ordered after the old ones.
+    for (std::size_t k = 0; k < f.waiting.size(); ++k)
+      WALK_CHECK(sim_->ordered_after(l.stream, f.waiting[k], f.positions[k]),
+                 "policy:compact handed memory last used on stream " +
+                     std::to_string(f.waiting[k]) + " to stream " + std::to_string(l.stream) +
+                     " without making it wait for that work");
+  }
   for (const auto& [lo, hi] : kept_)
     WALK_CHECK(end <= lo || l.address >= hi,
                "a block whose free failed (kept unused for good) was handed out again");
@@ -166,7 +174,7 @@ Walker::AllStats Walker::stats_all() {
 
 void Walker::check_books() {
   alloc_->validate();
-  expandable_seen_ |= alloc_->config().expandable_segments;
+  expandable_seen_ |= alloc_->config().expandable_segments || compact_;
   const AllStats all = stats_all();
   for (int d = 0; d < kDevices; ++d) {
     const DeviceStats& s = all[d];
@@ -194,6 +202,20 @@ void Walker::check_books() {
                      std::to_string(st->current) + ", peak " + std::to_string(st->peak));
   }
   note_synchronizations(all);
+  check_in_flight_mapped();
+}
+
+// Memory whose last users have not completed must stay where they use it: a page of
+// it unmapped (its memory moved elsewhere) would fault them.
+void Walker::check_in_flight_mapped() {
+  for (const InFlight& f : in_flight_) {
+    if (!f.compact) continue;
+    // Pages are the simulated device's granularity (2 MiB); access() takes their start.
+    for (std::uintptr_t a = f.lo & ~(2 * kMiB - 1); a < f.hi; a += 2 * kMiB)
+      WALK_CHECK(!sim_->access(reinterpret_cast<void*>(a)).empty(),
+                 "policy:compact unmapped " + pointer_text(reinterpret_cast<void*>(a)) +
+                     " while work that used it had not completed");
+  }
 }
 
 // The ladder's last rung and empty_cache wait for every pending free: after one,

@@ -72,6 +72,9 @@ struct ConfigRow {
 };
 extern const ConfigRow kConfigs[];
 extern const std::size_t kConfigRows;
+// Picked by a config byte of 0xF0 and above (older inputs keep their meaning below).
+extern const ConfigRow kPolicyConfigs[];
+extern const std::size_t kPolicyConfigRows;
 extern const char* const kInitialConfigs[8];
 // The request size of a size class (0 tiny ... 6 never fits, 7 zero) from 16 bits.
 std::size_t size_for(int size_class, std::uint16_t s);
@@ -86,6 +89,7 @@ struct Live {
   StreamHandle stream;
   std::uint64_t id;
   std::vector<StreamHandle> uses;  // other streams recorded with record_stream
+  bool compact = false;            // allocated under policy:compact
 };
 
 // A block freed while other streams used it: its memory must not be handed out
@@ -93,6 +97,13 @@ struct Live {
 struct InFlight {
   std::uintptr_t lo, hi;
   std::vector<StreamHandle> waiting;
+  // Per waiting stream, its work at the free (SimBackend::submitted): done once the
+  // stream completed that far.
+  std::vector<std::uint64_t> positions;
+  // Freed under policy:compact: another stream may reuse it at once if the allocator
+  // ordered that stream after the waiting ones on the device; and its pages must stay
+  // mapped (their memory must not move) until the waiting streams completed.
+  bool compact = false;
 };
 
 inline std::uint8_t pattern_byte(std::uint64_t id, std::size_t offset) {
@@ -139,6 +150,7 @@ class Walker {
 
   // walk_checks.cpp: checks, queries and bad inputs.
   void check_disjoint(const Live& l);
+  void check_in_flight_mapped();
   void check_pattern(const Live& l);
   void check_books();
   void note_synchronizations(const AllStats& all);
@@ -166,7 +178,7 @@ class Walker {
   std::int64_t syncs_ = 0;
   int current_device_ = 0;
   const bool trace_ = std::getenv("RESERVOIR_WALK_TRACE") != nullptr;  // one line per step
-  bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false;
+  bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false, compact_ = false;
   bool callback_on_ = false, capacity_changed_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
 };

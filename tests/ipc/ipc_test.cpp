@@ -12,8 +12,10 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "reservoir/allocator.hpp"
+#include "reservoir/errors.hpp"
 #include "reservoir/sim_backend.hpp"
 
 namespace reservoir {
@@ -236,6 +238,49 @@ TEST(IpcProcesses, AChildOpensBothKindsOfBlockAndTheParentSeesItsWrites) {
   EXPECT_EQ(b[26 * MiB - 1], 0x41);
   ordinary.alloc->deallocate(a);
   expandable.alloc->deallocate(b);
+}
+
+// Issue 16's third part: the processes using the device in the OOM report (after
+// PyTorch's first sentences) and in the summary, or why the list is unavailable (no
+// NVML; here the simulated device refuses the call).
+TEST(IpcProcessMemory, TheOomReportListsOtherProcessesOrSaysWhyNot) {
+  SimOptions o;
+  o.capacity = std::size_t{1} << 30;
+  auto sim = std::make_shared<SimBackend>(o);
+  sim->set_other_processes(0, {{4242, 300 * MiB}});
+  Allocator a(sim, Config{});
+  void* held = a.allocate(64 * MiB, 0x1);
+  auto oom_message = [&] {
+    try {
+      a.allocate(std::size_t{2} << 30, 0x1);
+    } catch (const OutOfMemoryError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no OutOfMemoryError");
+  };
+  std::string m = oom_message();
+  const std::size_t free_at = m.find(" is free. ");
+  const std::size_t other_at = m.find("Process 4242 has 300.00 MiB memory in use. ");
+  const std::size_t self_at = m.find("Including non-PyTorch memory, this process has ");
+  ASSERT_NE(other_at, std::string::npos) << m;
+  ASSERT_NE(self_at, std::string::npos) << m;
+  EXPECT_LT(free_at, other_at) << m;
+  EXPECT_LT(other_at, self_at) << m;  // this process last, as in PyTorch's wording
+  std::string summary = a.summary(0);
+  EXPECT_NE(summary.find("process 4242: 300.00 MiB"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("(this process, including non-Reservoir memory)"), std::string::npos)
+      << summary;
+
+  sim->fail_operation(SimOp::process_memory, DeviceStatus::unsupported);
+  m = oom_message();
+  EXPECT_NE(m.find("The list of processes using GPU 0 is unavailable (sim: injected"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("Process 4242"), std::string::npos) << m;
+  summary = a.summary(0);
+  EXPECT_NE(summary.find("the list of processes is unavailable"), std::string::npos) << summary;
+  sim->clear_faults();
+  a.deallocate(held);
 }
 
 TEST(IpcSocket, MalformedStreamsAreRefused) {

@@ -210,6 +210,7 @@ struct Plan {
 
 constexpr DeviceStatus kError = DeviceStatus::error;
 constexpr const char* kExpandable = "expandable_segments:True";
+constexpr const char* kCompact = "policy:compact";
 const Plan kPlans[] = {
     // Growing an expandable segment: each step, and the undo failing as well.
     {"CreatePhysical", kExpandable, SimOp::create_physical, kError, SimOp::map, 0, 1},
@@ -238,6 +239,22 @@ const Plan kPlans[] = {
     {"SynchronizeEvent", "", SimOp::synchronize_event, kError, SimOp::map, 0, 1},
     {"RecordEvent", "", SimOp::record_event, kError, SimOp::map, 0, 0},
     {"CreateEvent", "", SimOp::create_event, kError, SimOp::map, 0, 0},
+    // policy:compact: backing pages, moving a free page's memory, fences, releases.
+    {"CompactCreatePhysical", kCompact, SimOp::create_physical, kError, SimOp::map, 0, 1},
+    {"CompactCreatePhysicalOom", kCompact, SimOp::create_physical, DeviceStatus::out_of_memory,
+     SimOp::map, 0, -1},
+    {"CompactMapThenUnmap", kCompact, SimOp::map, kError, SimOp::unmap, 1, 1},
+    {"CompactSetAccessThenUnmap", kCompact, SimOp::set_access, kError, SimOp::unmap, 2, 1},
+    {"CompactUnmap", kCompact, SimOp::unmap, kError, SimOp::unmap, 0, 1},
+    {"CompactReleasePhysicalThenRetry", kCompact, SimOp::release_physical, kError,
+     SimOp::release_physical, 1, 1},
+    {"CompactReleaseRangeThenRetry", kCompact, SimOp::release_address_range, kError,
+     SimOp::release_address_range, 1, 1},
+    {"CompactReserve", kCompact, SimOp::reserve_address_range, kError, SimOp::map, 0, 1},
+    {"CompactRecordEvent", kCompact, SimOp::record_event, kError, SimOp::map, 0, -1},
+    {"CompactQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1},
+    {"CompactStreamWait", kCompact, SimOp::stream_wait_event, kError, SimOp::map, 0, 1},
+    {"CompactSynchronizeEvent", kCompact, SimOp::synchronize_event, kError, SimOp::map, 0, -1},
 };
 
 void PrintTo(const Plan& plan, std::ostream* os) {

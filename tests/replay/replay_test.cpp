@@ -25,13 +25,20 @@ namespace {
 using test::TempDir;
 constexpr std::uint64_t MiB = std::uint64_t{1} << 20;
 
-// As in PyTorch, a freed block used on another stream stays counted in requested
-// (and reserved) bytes until that stream's work at the free completes. In the sample
-// trace block 0 (1 MiB, used on stream 1) is freed after the last "s,1", so it stays
-// pending to the end: the peak is the trace's live peak plus 1 MiB.
+// A device that lags (work completes at host waits): as in PyTorch, a freed block used
+// on another stream stays counted in requested (and reserved) bytes until that
+// stream's work at the free completes. In the sample trace block 0 (1 MiB, used on
+// stream 1) is freed after the last "s,1", so it stays pending to the end: the peak is
+// the trace's live peak plus 1 MiB.
+ReplayOptions lagging() {
+  ReplayOptions o;
+  o.device_keeps_up = false;
+  return o;
+}
+
 TEST(Replay, SampleTraceFigures) {
   const Trace t = parse_trace_text(test::sample_trace_text(), "sample");
-  const ReplayResult r = replay_trace(t, "");
+  const ReplayResult r = replay_trace(t, "", lagging());
   EXPECT_EQ(r.config, "");
   EXPECT_EQ(r.events, 10u);
   EXPECT_EQ(r.ooms, 0u);
@@ -50,6 +57,15 @@ TEST(Replay, SampleTraceFigures) {
   EXPECT_NE(json.find("\"peak_requested\": 36700160"), std::string::npos) << json;
 }
 
+// By default the device keeps up (as a GPU replaying the trace): the free of block 0
+// completes at once, and the peak is the trace's live peak.
+TEST(Replay, TheDeviceKeepsUpByDefault) {
+  const Trace t = parse_trace_text(test::sample_trace_text(), "sample");
+  const ReplayResult r = replay_trace(t, "");
+  EXPECT_EQ(r.peak_requested, 35651584u);
+  EXPECT_EQ(replay_trace(t, "", lagging()).peak_requested, 35651584u + MiB);
+}
+
 // Moving the host wait after the free completes the pending use: the block is
 // released and the peak is the trace's live peak.
 TEST(Replay, HostWaitReleasesBlocksUsedOnOtherStreams) {
@@ -58,7 +74,7 @@ TEST(Replay, HostWaitReleasesBlocksUsedOnOtherStreams) {
   text.erase(text.find(wait), wait.size());
   text.insert(text.find("a,3,"), wait);
   const Trace t = parse_trace_text(text, "sample2");
-  const ReplayResult r = replay_trace(t, "");
+  const ReplayResult r = replay_trace(t, "", lagging());  // see SampleTraceFigures
   EXPECT_EQ(r.peak_requested, 35651584u);
   EXPECT_EQ(r.ooms, 0u);
 }
@@ -143,7 +159,7 @@ TEST(Replay, SparseStreamNumbers) {
 
 TEST(Replay, TimelineKeepsTheMaximumPerBucket) {
   const Trace t = parse_trace_text(test::sample_trace_text(), "sample");
-  ReplayOptions o;
+  ReplayOptions o = lagging();
   o.timeline_points = 4;
   const ReplayResult r = replay_trace(t, "", o);
   EXPECT_EQ(r.timeline.bucket, 3u);

@@ -95,6 +95,12 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o, RawOptions& raw) {
                          "the whole trace runs, as PyTorch's "
                          "set_per_process_memory_fraction"))
       ->disable_flag_override();
+  app->add_flag("--device-lags", o.device_lags,
+                describe("on the simulated device, a stream's work completes only at the "
+                         "trace's host waits (s lines) and at frees on it, so memory used on "
+                         "other streams (u lines) is reused later; by default the device keeps "
+                         "up, as when the trace is replayed on a GPU"))
+      ->disable_flag_override();
   app->add_flag("--json", o.json, describe("print a JSON array instead of the table"))
       ->disable_flag_override();
   app->add_option("--plot", o.plot,

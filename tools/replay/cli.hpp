@@ -31,6 +31,9 @@ struct CliOptions {
   // host time), or "auto" (cuda when a GPU is present). The fit search always runs on
   // the simulated device.
   std::string device = "sim";
+  // The device lags: the trace's work completes only at its host waits and frees
+  // (ReplayOptions::device_keeps_up false).
+  bool device_lags = false;
   bool help = false;
   bool version = false;
 };

@@ -135,6 +135,7 @@ int run(const CliOptions& opts) {
     bar.set_label(label + ": replay");
     ReplayOptions ro;
     ro.capacity = opts.capacity;
+    ro.device_keeps_up = !opts.device_lags;
     ro.progress = progress;
     ro.backend = device;
     ReplayResult r = replay_trace(trace, c, ro);
@@ -142,6 +143,7 @@ int run(const CliOptions& opts) {
     if (opts.fit) {
       FitOptions fo;
       fo.device_total = opts.capacity;
+      fo.device_keeps_up = !opts.device_lags;
       fo.progress = progress;
       fo.on_step = [&](int run) { bar.set_label(label + ": fit, run " + std::to_string(run)); };
       const FitResult f = fit_memory_fraction(trace, c, r, fo);

@@ -122,7 +122,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   if (!backend) {
     SimOptions sim_options;
     sim_options.capacity = options.capacity;
-    sim_options.eager = false;
+    sim_options.eager = options.device_keeps_up;
     sim = std::make_shared<SimBackend>(sim_options);
     backend = sim;
   }
@@ -230,6 +230,7 @@ FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
   auto works = [&](double fraction) {
     if (options.on_step) options.on_step(fit.runs + 1);
     ReplayOptions ro;
+    ro.device_keeps_up = options.device_keeps_up;
     ro.capacity = options.device_total;
     ro.memory_fraction = fraction;
     ro.stop_at_first_oom = true;

@@ -7,10 +7,13 @@
 // Every run uses a fresh SimBackend and Allocator, so runs are independent and
 // deterministic. Semantics (docs/replay.md):
 //   - trace stream k is StreamHandle k + 1 on device 0;
-//   - stream work is not eager: "s,STREAM" completes that stream's work
-//     (SimBackend::advance, then Allocator::notify_host_wait);
-//   - a free also completes the allocating stream's work, as the shared traces
-//     assume (they carry no record_stream events; PyTorch's figures were measured so);
+//   - the device keeps up (ReplayOptions::device_keeps_up, the default): the work a
+//     trace stands for has completed whenever the allocator asks (events complete as
+//     they are recorded), as on a GPU replaying the trace, which launches no kernels
+//     — the GPU truth (traces/gpu_truth.json) is measured so. Without it, "s,STREAM"
+//     completes that stream's work (SimBackend::advance, then
+//     Allocator::notify_host_wait) and a free completes the allocating stream's work;
+//     other streams' events (record_stream) wait for their host waits;
 //   - an allocation that throws OutOfMemoryError counts as an OOM; the replay skips
 //     that allocation's later frees and uses and goes on.
 #pragma once
@@ -47,6 +50,8 @@ struct ReplayOptions {
   // A free completes the allocating stream's work (see above). Off: frees rely on
   // "s" lines and the engine's own events only.
   bool free_completes_stream = true;
+  // Events complete as they are recorded (SimOptions::eager): what a GPU replay sees.
+  bool device_keeps_up = true;
   // Replay on this device instead of a fresh simulated one (e.g. CudaBackend): each
   // trace stream gets a stream of its own (Backend::create_stream); capacity and the
   // device-time cost model do not apply.
@@ -128,6 +133,7 @@ struct FitOptions {
   // Stop when hi - lo <= precision * hi, fractions known to fail (lo) and to work (hi).
   double precision = 1e-4;
   int max_steps = 60;
+  bool device_keeps_up = true;  // as ReplayOptions::device_keeps_up
   // Called before each run with its number (1, 2, ...).
   std::function<void(int run)> on_step;
   ProgressFn progress;

@@ -1,10 +1,14 @@
 #include "logging_backend.hpp"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <map>
+#include <sstream>
 #include <unordered_map>
+#include <utility>
 
 namespace reservoir_bench::placement {
 
@@ -159,6 +163,51 @@ std::string format_calls(const std::vector<PlacementCall>& calls) {
     out += '\n';
   }
   return out;
+}
+
+std::vector<PlacementCall> parse_calls(std::string_view text, const std::string& name) {
+  static constexpr std::pair<const char*, PlacementCall::Kind> kKinds[] = {
+      {"alloc", PlacementCall::alloc},     {"free", PlacementCall::free},
+      {"reserve", PlacementCall::reserve}, {"release", PlacementCall::release},
+      {"map", PlacementCall::map},         {"unmap", PlacementCall::unmap}};
+  std::vector<PlacementCall> calls;
+  std::size_t number = 0;
+  while (!text.empty()) {
+    const std::size_t eol = text.find('\n');
+    std::string line(text.substr(0, eol));
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    std::string tag, word;
+    in >> tag;
+    PlacementCall c;
+    const auto kind = std::find_if(std::begin(kKinds), std::end(kKinds),
+                                   [&](const auto& k) { return tag == k.first; });
+    bool good = kind != std::end(kKinds);
+    if (good) c.kind = kind->second;
+    const bool sized = good && c.kind != PlacementCall::free && c.kind != PlacementCall::release;
+    if (good && sized) good = static_cast<bool>(in >> c.size);
+    if (good) good = static_cast<bool>(in >> word);
+    if (good && word == "failed") {
+      good = static_cast<bool>(in >> word);
+      c.status = DeviceStatus::error;
+      for (DeviceStatus st : {DeviceStatus::out_of_memory, DeviceStatus::not_ready,
+                              DeviceStatus::error, DeviceStatus::unsupported}) {
+        if (word == reservoir::to_string(st)) c.status = st;
+      }
+    } else if (good) {
+      char* end = nullptr;
+      c.address = std::strtoull(word.c_str(), &end, 16);
+      good = word.starts_with("0x") && end != nullptr && *end == '\0';
+    }
+    if (!good || (in >> word)) {
+      throw OpError(name + ":" + std::to_string(number) + ": not a probe log line: '" + line + "'");
+    }
+    calls.push_back(c);
+  }
+  return calls;
 }
 
 OpList ops_from_calls(const std::vector<PlacementCall>& calls, std::string name) {

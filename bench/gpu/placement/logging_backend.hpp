@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "op_list.hpp"
@@ -91,6 +92,9 @@ class LoggingBackend final : public Backend {
 //   reserve SIZE 0xADDR | reserve SIZE failed STATUS | release 0xADDR |
 //   map SIZE 0xADDR | unmap SIZE 0xADDR
 std::string format_calls(const std::vector<PlacementCall>& calls);
+// Reads those lines back (a probe log: "#" lines and blank lines are skipped; free and
+// release get size 0, failed calls address 0). Throws OpError "name:LINE: reason".
+std::vector<PlacementCall> parse_calls(std::string_view text, const std::string& name);
 
 // The op list that replays calls' successful allocations, frees (by index) and
 // reservations on another device. Frees of addresses that no logged alloc returned

@@ -29,7 +29,7 @@ using namespace reservoir_bench::placement;
 
 const char* const kSettings[] = {"", "roundup_power2_divisions:4", "max_split_size_mb:128"};
 // An H200 as reservoir-replay simulates it by default.
-constexpr std::uint64_t kCapacity = 141 * kGiB;
+constexpr std::uint64_t kCapacity = reservoir::kDefaultSimCapacity;
 
 const char* kUsage =
     "usage: reservoir_placement_ops --traces DIR (--out DIR | --check DIR)\n"

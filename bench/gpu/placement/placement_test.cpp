@@ -160,7 +160,7 @@ TEST(OpsFromCalls, FreesBecomeIndicesAndFailuresDrop) {
             "alloc 200 failed out_of_memory\nfree 0x1000\nreserve 4096 0x8000\n");
 }
 
-TEST(RunOps, SimulatedDeviceFillsTheFirstHoleAndCleansUp) {
+TEST(RunOps, SimulatedDevicePlacesAsTheDriverAndCleansUp) {
   reservoir::SimOptions o;
   o.capacity = 8 * kGiB;
   reservoir::SimBackend sim(o);
@@ -168,14 +168,14 @@ TEST(RunOps, SimulatedDeviceFillsTheFirstHoleAndCleansUp) {
   l.name = "holes";
   for (int i = 0; i < 4; ++i) l.alloc(20 * kMiB);
   l.free(1);
-  l.alloc(10 * kMiB);       // fits the hole
-  l.alloc(4 * kGiB);        // fits nowhere on an 8 GiB device after 70 MiB
+  l.alloc(10 * kMiB);       // fits the newest chunk's tail
+  l.alloc(4 * kGiB);        // fits the 8 GiB device after 70 MiB
   l.alloc(4 * kGiB);        // fails: over capacity
   l.reserve(9 * kGiB + 1);  // rounded up to the granularity
   const OpRun run = run_ops(l, sim);
   ASSERT_EQ(run.end_of_sequence, 9u);  // 4 allocs, free, 3 allocs, reserve
   const auto& c = run.calls;
-  EXPECT_EQ(c[5].address, c[1].address);  // the simulated device is first fit
+  EXPECT_EQ(c[5].address, c[3].address + 20 * kMiB);  // not the freed chunk: the driver's way
   EXPECT_EQ(c[7].status, DeviceStatus::out_of_memory);
   EXPECT_EQ(c[8].kind, PlacementCall::reserve);
   EXPECT_EQ(c[8].size, 9 * kGiB + 2 * kMiB);
