@@ -4,7 +4,8 @@
 //   - Reservoir: reservoir::Allocator over CudaBackend (device index given explicitly);
 //   - c10: PyTorch's native caching allocator (only when built with TORCH_DIR);
 //   - cudaMallocAsync/cudaFreeAsync on the default pool, release threshold UINT64_MAX;
-//   - cudaMalloc/cudaFree.
+//   - cudaMalloc/cudaFree;
+//   - Reservoir with backend:cudaMallocAsync (a pool of its own, Reservoir's books on top).
 // Then every single allocate and free call timed on its own (latency_bench.cpp):
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
@@ -66,6 +67,23 @@ void reservoir_reset() {
 }
 std::uint64_t reservoir_peak() {
   return static_cast<std::uint64_t>(g_reservoir->stats(0).reserved_bytes.all().peak);
+}
+
+// Reservoir with backend:cudaMallocAsync (its own driver pool under Reservoir's books).
+reservoir::Allocator* g_reservoir_async = nullptr;
+void* reservoir_async_alloc(std::size_t n, cudaStream_t s) {
+  return g_reservoir_async->allocate(n, reinterpret_cast<reservoir::StreamHandle>(s), 0);
+}
+void reservoir_async_free(void* p, cudaStream_t) {
+  g_reservoir_async->deallocate(p);
+}
+void reservoir_async_reset() {
+  CK(cudaDeviceSynchronize());
+  g_reservoir_async->empty_cache();
+  g_reservoir_async->reset_peak_stats(0);
+}
+std::uint64_t reservoir_async_peak() {
+  return static_cast<std::uint64_t>(g_reservoir_async->stats(0).reserved_bytes.all().peak);
 }
 
 void* async_alloc(std::size_t n, cudaStream_t s) {
@@ -245,8 +263,10 @@ ReplayResult replay(const Api& a, const Trace& t, const std::vector<cudaStream_t
 
 // ---- Report ------------------------------------------------------------------------
 
-constexpr int kApis = 4;  // columns: reservoir, c10, cudaMallocAsync, cudaMalloc
-const char* const kColumn[kApis] = {"Reservoir", "PyTorch c10", "cudaMallocAsync", "cudaMalloc"};
+// columns: reservoir, c10, cudaMallocAsync, cudaMalloc, Reservoir backend:cudaMallocAsync
+constexpr int kApis = 5;
+const char* const kColumn[kApis] = {"Reservoir", "PyTorch c10", "cudaMallocAsync", "cudaMalloc",
+                                    "Reservoir async"};
 
 struct Row {
   std::string pattern;
@@ -335,6 +355,9 @@ int main(int argc, char** argv) {
     reservoir::Allocator reservoir_allocator(std::make_shared<reservoir::CudaBackend>(),
                                              reservoir::Config::from_environment());
     g_reservoir = &reservoir_allocator;
+    reservoir::Allocator reservoir_async(std::make_shared<reservoir::CudaBackend>(),
+                                         reservoir::Config::parse("backend:cudaMallocAsync"));
+    g_reservoir_async = &reservoir_async;
 #if defined(RESERVOIR_BENCH_WITH_C10)
     reservoir_bench::c10_api::init();
 #endif
@@ -357,6 +380,9 @@ int main(int argc, char** argv) {
         Api{"cudaMallocAsync", async_alloc, async_free, false, async_reset, async_peak});
     apis[3] = std::make_unique<Api>(
         Api{"cudaMalloc", plain_alloc, plain_free, true, plain_reset, plain_peak});
+    apis[4] = std::make_unique<Api>(Api{"reservoir backend:cudaMallocAsync", reservoir_async_alloc,
+                                        reservoir_async_free, false, reservoir_async_reset,
+                                        reservoir_async_peak});
 
     const std::string conf = reservoir_allocator.config().to_string();
     char setup[512];
@@ -406,7 +432,7 @@ int main(int argc, char** argv) {
     auto row = [&](const std::string& pattern, bool ratio = false) -> Row& {
       for (Row& r : rows)
         if (r.pattern == pattern) return r;
-      Row r{pattern, {-1, -1, -1, -1}, ratio};
+      Row r{pattern, {-1, -1, -1, -1, -1}, ratio};
       rows.push_back(r);
       return rows.back();
     };

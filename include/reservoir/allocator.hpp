@@ -25,6 +25,7 @@
 #include "reservoir/history.hpp"
 #include "reservoir/hooks.hpp"
 #include "reservoir/pools.hpp"
+#include "reservoir/ipc.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -76,7 +77,8 @@ class RESERVOIR_API Allocator {
   std::size_t requested_size(void* ptr);
 
   // Lets device read and write memory allocated on peer (cudaDeviceEnablePeerAccess),
-  // including pages of peer's expandable segments mapped now and later.
+  // including pages of peer's expandable segments mapped now and later, memory of
+  // peer's pool (backend:cudaMallocAsync) and shared memory opened on peer.
   void enable_peer_access(int device, int peer);
 
   // ---- Private pools (reservoir/pools.hpp; docs/pools.md) ----
@@ -112,6 +114,27 @@ class RESERVOIR_API Allocator {
   PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
   // Whether the pool's allocated blocks are exactly the pointers in expected.
   bool pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected, int device = -1);
+  // ---- Sharing memory with other processes (include/reservoir/ipc.hpp, docs/ipc.md) ----
+  // A handle for the allocated block at ptr, which another process opens: for a
+  // cudaMalloc'd segment its IPC handle and the block's offset; for an expandable
+  // segment the pages holding the block, exported as file descriptors (and fabric
+  // handles where the driver offers them): send it with send_shared. The sender keeps
+  // the block allocated while receivers use it; with keep, the allocator enforces
+  // that: a free of the block is held back until unshare(ptr). Throws
+  // InvalidPointerError, InvalidArgumentError (policy:compact, backend:cudaMallocAsync,
+  // uncached mode, or a device that cannot export), DeviceError.
+  SharedHandle share(void* ptr, bool keep = false);
+  // Ends keep for the block at ptr; frees it now when the program freed it meanwhile.
+  void unshare(void* ptr);
+  // The block another process shared, mapped in this one on device (-1: the current
+  // one). Mappings are cached: opening blocks of the same segment or pages again
+  // maps nothing new and returns the same addresses. In the process that shared it,
+  // the original pointer. Throws InvalidArgumentError (not a handle, or one of a newer
+  // format version), DeviceError.
+  void* open(const SharedHandle& handle, int device = -1);
+  // Lets go of one open() of the memory at ptr; the mapping goes with the last one.
+  // Throws InvalidPointerError when open() returned no such pointer.
+  void close(void* ptr);
 
   // ---- Statistics ----
   DeviceStats stats(int device = -1);
@@ -160,6 +183,9 @@ class RESERVOIR_API Allocator {
   std::vector<int> devices_in_use();
   // False in uncached mode (RESERVOIR_NO_CACHING=1): every call goes to the device.
   bool caching() const;
+  // The engine serving requests: "native", "cudaMallocAsync" (backend:cudaMallocAsync)
+  // or "uncached".
+  const std::string& engine_name() const;
   // Walks every segment, block, pool and statistic; throws InvariantError.
   void validate();
 

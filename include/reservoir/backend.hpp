@@ -9,7 +9,7 @@
 // Conventions for every operation:
 //   - returns DeviceStatus::ok on success;
 //   - DeviceStatus::out_of_memory only where noted (segment allocate, physical
-//     create): the engine then walks its out-of-memory ladder;
+//     create, allocate_from_pool): the engine then walks its out-of-memory ladder;
 //   - DeviceStatus::not_ready only from query_event;
 //   - DeviceStatus::unsupported for an optional capability the backend lacks;
 //   - DeviceStatus::error for anything else; last_error() then names the call and
@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "reservoir/export.hpp"
 #include "reservoir/types.hpp"
@@ -43,6 +44,11 @@ enum Capability : std::uint32_t {
   kVirtualMemory = 1u << 0,  // reserve/create/map/unmap/set_access/release
   kIpc = 1u << 1,            // export_ipc / open_ipc / close_ipc
   kPeerAccess = 1u << 2,     // can_access_peer / enable_peer_access
+  // export_shareable / import_shareable of physical memory (expandable segments' IPC)
+  kShareablePosixFd = 1u << 3,   // as a POSIX file descriptor (Linux)
+  kShareableFabric = 1u << 4,    // as a fabric handle (multi-node NVLink, IMEX)
+  kStreamOrderedPool = 1u << 5,  // create_pool ... free_async (cudaMallocAsync's pools)
+  kProcessMemory = 1u << 6,      // process_memory (NVML on CUDA)
 };
 
 struct MemoryInfo {
@@ -53,6 +59,34 @@ struct MemoryInfo {
 // An inter-process handle for a segment (cudaIpcMemHandle_t is 64 bytes).
 struct IpcHandle {
   unsigned char bytes[64] = {};
+};
+
+// Physical memory exported for another process (cuMemExportToShareableHandle): a
+// POSIX file descriptor, which travels between processes over a Unix socket
+// (SCM_RIGHTS), or a fabric handle, which travels as plain bytes.
+struct ShareableHandle {
+  enum Kind : std::uint8_t { posix_fd = 1, fabric = 2 };
+  Kind kind = posix_fd;
+  int fd = -1;                          // posix_fd: owned by whoever holds the handle
+  unsigned char fabric_bytes[64] = {};  // fabric: CUmemFabricHandle's bytes
+};
+
+// A driver memory pool (cudaMemPool_t / CUmemoryPool). Opaque to the engine.
+using PoolHandle = std::uintptr_t;
+
+// What a pool holds (cudaMemPoolAttr{Reserved,Used}Mem{Current,High}): reserved is
+// the device memory the pool has mapped, used what its live allocations take.
+// Invariant: used <= reserved, used_high <= reserved_high, current <= high.
+struct PoolUsage {
+  std::uint64_t reserved = 0, reserved_high = 0;
+  std::uint64_t used = 0, used_high = 0;
+};
+
+// A process using a device and the device memory it holds (NVML's
+// nvmlDeviceGetComputeRunningProcesses).
+struct ProcessMemory {
+  std::uint32_t pid = 0;
+  std::uint64_t used_bytes = 0;
 };
 
 class RESERVOIR_API Backend {
@@ -125,8 +159,57 @@ class RESERVOIR_API Backend {
   // ---- IPC (Capability kIpc) ----------------------------------------------------
   // pre: base is the start of a live segment from allocate().
   virtual DeviceStatus export_ipc(int device, void* base, IpcHandle* handle);
+  // Maps another process's segment; post(ok): *ptr is its start in this process. A
+  // handle opens once per process and device (a second open fails: callers cache).
   virtual DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr);
+  // pre: ptr came from open_ipc and is not used any more.
   virtual DeviceStatus close_ipc(int device, void* ptr);
+
+  // ---- Shareable physical memory (kShareablePosixFd / kShareableFabric) ---------
+  // Exports handle (from create_physical on device) as kind. post(ok): out->kind ==
+  // kind; a posix_fd out->fd is a new descriptor the caller closes. The memory lives
+  // until it is released here and in every importer.
+  virtual DeviceStatus export_shareable(int device, PhysicalHandle handle,
+                                        ShareableHandle::Kind kind, ShareableHandle* out);
+  // A physical handle in this process for memory another process exported (fd is not
+  // consumed). It maps and releases like one from create_physical; it does not count
+  // against this process's device memory. error when the handle names nothing.
+  virtual DeviceStatus import_shareable(int device, const ShareableHandle& shared,
+                                        PhysicalHandle* handle);
+
+  // ---- Stream-ordered pools (Capability kStreamOrderedPool) ---------------------
+  // A new pool of device memory (cuMemPoolCreate: pinned, on device, readable and
+  // writable by device). Its release threshold starts at 0 (memory goes back to the
+  // device at every synchronization) until set_pool_release_threshold.
+  virtual DeviceStatus create_pool(int device, PoolHandle* pool);
+  // pre: nothing allocated from pool is live.
+  virtual DeviceStatus destroy_pool(int device, PoolHandle pool);
+  // Stream-ordered allocation of size > 0 bytes (cuMemAllocFromPoolAsync): usable by
+  // work submitted to stream from now on. The pool reuses memory freed on stream at
+  // once, and memory freed on other streams once their free is known to be complete
+  // (an event dependency, or the free's work has finished). out_of_memory possible.
+  virtual DeviceStatus allocate_from_pool(int device, PoolHandle pool, std::size_t size,
+                                          StreamHandle stream, void** ptr);
+  // pre: ptr came from allocate_from_pool on device and is not freed yet. Frees after
+  // the work submitted to stream so far (cuMemFreeAsync).
+  virtual DeviceStatus free_async(int device, void* ptr, StreamHandle stream);
+  // Memory the pool keeps mapped past a synchronization (UINT64_MAX: all of it).
+  virtual DeviceStatus set_pool_release_threshold(int device, PoolHandle pool, std::uint64_t bytes);
+  // Gives unused memory back until the pool reserves at most keep bytes, or nothing
+  // more can be given (cuMemPoolTrimTo).
+  virtual DeviceStatus trim_pool(int device, PoolHandle pool, std::size_t keep);
+  virtual DeviceStatus pool_usage(int device, PoolHandle pool, PoolUsage* out);
+  // Resets reserved_high and used_high to the current values.
+  virtual DeviceStatus reset_pool_peaks(int device, PoolHandle pool);
+  // Makes the pool's memory readable and writable from each of devices[0..count)
+  // (cuMemPoolSetAccess), now and for memory it maps later.
+  virtual DeviceStatus set_pool_access(int device, PoolHandle pool, const int* devices, int count);
+
+  // ---- Processes (Capability kProcessMemory) ------------------------------------
+  // Every process using device and its device memory, this one included when it
+  // uses the device. unsupported (last_error says why) when the list cannot be had,
+  // e.g. without NVML.
+  virtual DeviceStatus process_memory(int device, std::vector<ProcessMemory>* out);
 
   // ---- Peer access (Capability kPeerAccess) -------------------------------------
   virtual DeviceStatus can_access_peer(int device, int peer, bool* can);

@@ -23,7 +23,10 @@ inline constexpr std::size_t kMiB = std::size_t{1} << 20;
 inline constexpr std::size_t kRoundupIntervals = 16;
 
 struct RESERVOIR_API Config {
-  // "native" (the only engine; "cudaMallocAsync" is refused with an explanation).
+  // The engine behind the API: "native" (Reservoir's caching engine) or
+  // "cudaMallocAsync" (the driver's stream-ordered memory pool, as PyTorch's
+  // backend:cudaMallocAsync, with Reservoir's statistics, history and OOM report on
+  // top; docs/async.md). Chosen when the allocator is made.
   std::string backend = "native";
   // How memory is cached (policy): "pytorch" reproduces PyTorch's native allocator to
   // the byte (per-stream caches, segments of its sizes); "compact" aims at the least

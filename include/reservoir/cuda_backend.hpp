@@ -15,7 +15,13 @@
 // - Segments come from cuMemAlloc; deallocate synchronizes the device first (as
 //   cudaFree does) so that no submitted work still uses the range.
 // - Capabilities: kVirtualMemory when every device supports the virtual memory
-//   management API, kIpc (cuIpc* on Linux), kPeerAccess.
+//   management API, kIpc (cuIpc* on Linux), kPeerAccess; kShareablePosixFd when every
+//   device exports physical memory as file descriptors, kShareableFabric when every
+//   device supports fabric handles (physical memory then requests them, falling back
+//   to descriptors only where the system refuses: no IMEX channel); kStreamOrderedPool
+//   when every device supports memory pools (cuMemPoolCreate); kProcessMemory always:
+//   process_memory asks NVML (libnvidia-ml.so.1, loaded on first use) and answers
+//   unsupported, saying why, where NVML cannot be loaded.
 #pragma once
 
 #include <cstddef>
@@ -77,6 +83,22 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
   DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
   DeviceStatus close_ipc(int device, void* ptr) override;
+  DeviceStatus export_shareable(int device, PhysicalHandle handle, ShareableHandle::Kind kind,
+                                ShareableHandle* out) override;
+  DeviceStatus import_shareable(int device, const ShareableHandle& shared,
+                                PhysicalHandle* handle) override;
+  DeviceStatus create_pool(int device, PoolHandle* pool) override;
+  DeviceStatus destroy_pool(int device, PoolHandle pool) override;
+  DeviceStatus allocate_from_pool(int device, PoolHandle pool, std::size_t size,
+                                  StreamHandle stream, void** ptr) override;
+  DeviceStatus free_async(int device, void* ptr, StreamHandle stream) override;
+  DeviceStatus set_pool_release_threshold(int device, PoolHandle pool,
+                                          std::uint64_t bytes) override;
+  DeviceStatus trim_pool(int device, PoolHandle pool, std::size_t keep) override;
+  DeviceStatus pool_usage(int device, PoolHandle pool, PoolUsage* out) override;
+  DeviceStatus reset_pool_peaks(int device, PoolHandle pool) override;
+  DeviceStatus set_pool_access(int device, PoolHandle pool, const int* devices, int count) override;
+  DeviceStatus process_memory(int device, std::vector<ProcessMemory>* out) override;
   DeviceStatus can_access_peer(int device, int peer, bool* can) override;
   DeviceStatus enable_peer_access(int device, int peer) override;
 

@@ -163,6 +163,20 @@ RESERVOIR_C_API size_t reservoir_pool_restore_count(const reservoir_pool_restore
 RESERVOIR_C_API void* reservoir_pool_restore_pointer(const reservoir_pool_restore* result,
                                                      int which, size_t index);
 RESERVOIR_C_API void reservoir_pool_restore_free(reservoir_pool_restore* result);
+/* Sharing blocks with other processes (docs/ipc.md). The handle (bytes, and for a
+ * block of an expandable segment one file descriptor per page) travels over a
+ * connected Unix socket, descriptors by SCM_RIGHTS. The sender keeps the block
+ * allocated while receivers use it; with keep != 0 a free of it is held back until
+ * reservoir_unshare. RESERVOIR_ERROR_IO when the socket fails, INVALID_ARGUMENT for a
+ * handle that is malformed or of a newer format version, INVALID_POINTER for a
+ * pointer that is no allocated block (share) or was not opened (close). */
+RESERVOIR_C_API reservoir_status reservoir_share(void* ptr, int socket, int keep);
+RESERVOIR_C_API reservoir_status reservoir_unshare(void* ptr);
+/* Receives one handle from socket and maps the block on device (-1: current); repeated
+ * opens of the same memory return the same address. */
+RESERVOIR_C_API reservoir_status reservoir_open_shared(int socket, int device, void** ptr);
+/* Lets go of one open; the mapping goes with the last. */
+RESERVOIR_C_API reservoir_status reservoir_close_shared(void* ptr);
 
 /* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. */
 RESERVOIR_C_API reservoir_status reservoir_validate(void);

@@ -18,6 +18,18 @@
 //   could not give back on its books (docs/reliability.md).
 // - Counters and a cost model (µs per raw alloc/free/map/unmap) so tools can report
 //   the device time a workload would spend.
+// - Stream-ordered pools (create_pool ... free_async) follow a model of the CUDA
+//   driver's pool (SimPoolOptions; docs/async.md), so backend:cudaMallocAsync runs
+//   and replays here too.
+// - IPC: export_ipc / open_ipc and export_shareable / import_shareable work between
+//   SimBackends of one process and with forked children. Synthetic addresses carry
+//   no data; with host_backed and shared_memory the memory is shared (memfd), so a
+//   child that opens a handle sees the parent's writes and the parent the child's.
+//   Shareable handles are real file descriptors (they travel over SCM_RIGHTS).
+// - process_memory reports this process (its used memory) and synthetic others.
+// - copy() models a kernel of one device reading and writing memory: it checks that
+//   the device may reach both ranges (its own memory, a peer's ordinary memory after
+//   enable_peer_access, mappings set_access granted, IPC mappings it opened).
 #pragma once
 
 #include <cstddef>
@@ -39,6 +51,17 @@ namespace reservoir {
 // multiply it, as PyTorch multiplies the cudaMemGetInfo total.
 inline constexpr std::size_t kDefaultSimCapacity = 150109880320;
 
+// The simulated driver pool (src/backend/sim_memory_pool.hpp): how allocations are
+// rounded and placed and how the pool grows. The defaults are the model compared with
+// cudaMallocAsync on an H200 (docs/async.md says how close it comes).
+struct SimPoolOptions {
+  std::size_t alignment = 512;                            // sizes round up to this
+  std::size_t chunk_min = std::size_t{32} << 20;          // smallest chunk mapped
+  std::size_t chunk_granularity = std::size_t{32} << 20;  // chunks are multiples of this
+  bool best_fit = false;                                  // else first fit (lowest address)
+  bool reuse_free_chunks = true;  // give entirely free chunks back before growing
+};
+
 struct SimOptions {
   std::size_t capacity = kDefaultSimCapacity;  // bytes per device
   int device_count = 1;
@@ -47,6 +70,10 @@ struct SimOptions {
   bool virtual_memory = true;                      // advertise Capability kVirtualMemory
   std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
   SimPlacement placement;                          // where segments and reservations go
+  // host_backed memory is shared (memfd), so IPC shares data with other processes;
+  // without it host-backed memory is private and IPC is not offered.
+  bool shared_memory = false;
+  SimPoolOptions pool;
   // Cost model, in microseconds of device time per call.
   double alloc_us = 150.0;
   double free_us = 100.0;
@@ -64,6 +91,10 @@ struct SimCounters {
   std::uint64_t stream_syncs = 0, device_syncs = 0;
   std::uint64_t physical_creates = 0, physical_releases = 0, maps = 0, unmaps = 0;
   std::uint64_t reservations = 0;
+  std::uint64_t pool_allocs = 0, pool_frees = 0;           // allocate_from_pool / free_async
+  std::uint64_t pool_chunks = 0, pool_chunk_releases = 0;  // chunks mapped / given back
+  std::uint64_t ipc_exports = 0, ipc_opens = 0, ipc_closes = 0;
+  std::uint64_t shareable_exports = 0, shareable_imports = 0;
   double device_time_us = 0;  // the cost model's total
 };
 
@@ -84,6 +115,13 @@ enum class SimOp {
   release_address_range,
   synchronize_stream,
   stream_wait_event,
+  allocate_from_pool,
+  free_async,
+  export_ipc,
+  open_ipc,
+  export_shareable,
+  import_shareable,
+  process_memory,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -123,6 +161,25 @@ class RESERVOIR_API SimBackend final : public Backend {
                           int count) override;
   DeviceStatus can_access_peer(int device, int peer, bool* can) override;
   DeviceStatus enable_peer_access(int device, int peer) override;
+  DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
+  DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
+  DeviceStatus close_ipc(int device, void* ptr) override;
+  DeviceStatus export_shareable(int device, PhysicalHandle handle, ShareableHandle::Kind kind,
+                                ShareableHandle* out) override;
+  DeviceStatus import_shareable(int device, const ShareableHandle& shared,
+                                PhysicalHandle* handle) override;
+  DeviceStatus create_pool(int device, PoolHandle* pool) override;
+  DeviceStatus destroy_pool(int device, PoolHandle pool) override;
+  DeviceStatus allocate_from_pool(int device, PoolHandle pool, std::size_t size,
+                                  StreamHandle stream, void** ptr) override;
+  DeviceStatus free_async(int device, void* ptr, StreamHandle stream) override;
+  DeviceStatus set_pool_release_threshold(int device, PoolHandle pool,
+                                          std::uint64_t bytes) override;
+  DeviceStatus trim_pool(int device, PoolHandle pool, std::size_t keep) override;
+  DeviceStatus pool_usage(int device, PoolHandle pool, PoolUsage* out) override;
+  DeviceStatus reset_pool_peaks(int device, PoolHandle pool) override;
+  DeviceStatus set_pool_access(int device, PoolHandle pool, const int* devices, int count) override;
+  DeviceStatus process_memory(int device, std::vector<ProcessMemory>* out) override;
   std::uint64_t now_us() const override;
 
   // ---- Test controls ----
@@ -177,6 +234,20 @@ class RESERVOIR_API SimBackend final : public Backend {
   void clear_faults();
   // Called inside allocate() before it answers (for tests of lock release).
   void set_allocate_hook(std::function<void()> hook);
+
+  // ---- Processes, access and copies ----
+  // Other processes process_memory reports on device (besides this one).
+  void set_other_processes(int device, std::vector<ProcessMemory> processes);
+  // Whether work on device may read and write [ptr, ptr + size); *why says why not.
+  bool can_reach(int device, const void* ptr, std::size_t size, std::string* why = nullptr) const;
+  // A copy by work on device (a kernel or cudaMemcpyAsync): checks that device
+  // reaches both ranges, then copies when the memory is host-backed. Returns "" or
+  // why the device could not (nothing copied then).
+  std::string copy(int device, void* dst, const void* src, std::size_t size);
+  // IPC mappings this backend opened and has not closed (open_ipc, on every device).
+  std::size_t open_ipc_mappings() const;
+  // Stream-ordered pools not destroyed, on every device.
+  std::size_t live_pools() const;
 
   // ---- Capacity and clock ----
   void set_capacity(int device, std::size_t bytes);

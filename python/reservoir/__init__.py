@@ -69,6 +69,7 @@ __all__ = [
     "ReservoirOutOfMemoryError",
     "backend_name",
     "base_allocation",
+    "close",
     "config_string",
     "current_device",
     "device_count",
@@ -87,6 +88,7 @@ __all__ = [
     "metrics",
     "metrics_json",
     "notify_host_wait",
+    "open",
     "raw_alloc",
     "raw_free",
     "record_history",
@@ -95,8 +97,10 @@ __all__ = [
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
     "set_memory_fraction",
+    "share",
     "start_trace_recording",
     "stop_trace_recording",
+    "unshare",
     "update_config",
     "validate",
 ]
@@ -473,3 +477,7 @@ def memory_summary(device=None, abbreviated=False):
     lines.append(_line("="))
     return "\n".join(lines) + "\n"
 
+
+# Sharing blocks with other processes (docs/ipc.md). Imported last: reservoir.open
+# shadows the builtin inside this module from here on, and nothing above uses it.
+from ._ipc import close, open, share, unshare  # noqa: E402,F401,A004

@@ -100,6 +100,13 @@ _SIGNATURES = {
     ),
     "reservoir_free": (ctypes.c_int, [ctypes.c_void_p]),
     "reservoir_record_stream": (ctypes.c_int, [ctypes.c_void_p, _c_uintptr]),
+    "reservoir_share": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]),
+    "reservoir_unshare": (ctypes.c_int, [ctypes.c_void_p]),
+    "reservoir_open_shared": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)],
+    ),
+    "reservoir_close_shared": (ctypes.c_int, [ctypes.c_void_p]),
     "reservoir_notify_host_wait": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
     "reservoir_empty_cache": (ctypes.c_int, []),
     "reservoir_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),

@@ -88,12 +88,39 @@ def installed_hooks():
     return dict(_wired)
 
 
+def _requested_engine(config):
+    """The backend: setting in config (a string or a dict), or None."""
+    if isinstance(config, dict):
+        value = config.get("backend")
+        return None if value is None else str(value)
+    if isinstance(config, str):
+        for item in config.split(","):
+            key, _, value = item.partition(":")
+            if key.strip() == "backend":
+                return value.strip()
+    return None
+
+
+def _startup_engine(config):
+    """backend:cudaMallocAsync (or native) picks Reservoir's engine when the allocator
+    is made, which update_config cannot change afterwards: a backend in install()'s
+    config joins the startup settings (RESERVOIR_ALLOC_CONF, read when the allocator
+    is made on the first call). If the allocator exists already, update_config then
+    refuses a different backend with the reason."""
+    engine = _requested_engine(config)
+    if engine is None:
+        return
+    base = os.environ.get("RESERVOIR_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    os.environ["RESERVOIR_ALLOC_CONF"] = (base + "," if base else "") + "backend:" + engine
+
+
 def install(config=None):
     """Makes Reservoir PyTorch's CUDA allocator for this process.
 
     config: settings applied first, as "key:value,..." (PYTORCH_CUDA_ALLOC_CONF
     syntax) or a dict; RESERVOIR_ALLOC_CONF (else PYTORCH_CUDA_ALLOC_CONF) is read
-    before that. Raises ReservoirConfigError (a ValueError) for a bad setting, and
+    before that. "backend:cudaMallocAsync" selects the driver-pool engine
+    (docs/async.md) when nothing used Reservoir before install(). Raises ReservoirConfigError (a ValueError) for a bad setting, and
     RuntimeError when called after CUDA was initialized, when there is no CUDA device,
     or when Reservoir is set to the simulated device. Calling it again is harmless
     (the config, if any, is applied). Returns the torch allocator object.
@@ -109,6 +136,7 @@ def install(config=None):
     if not torch.cuda.is_available():
         raise RuntimeError("reservoir.torch.install(): PyTorch sees no CUDA device")
 
+    _startup_engine(config)
     lib = _lib.load()
     if config is not None:
         _reservoir.update_config(config)

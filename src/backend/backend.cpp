@@ -102,6 +102,43 @@ DeviceStatus Backend::open_ipc(int, const IpcHandle&, void**) {
 DeviceStatus Backend::close_ipc(int, void*) {
   return unsupported("close_ipc");
 }
+DeviceStatus Backend::export_shareable(int, PhysicalHandle, ShareableHandle::Kind,
+                                       ShareableHandle*) {
+  return unsupported("export_shareable");
+}
+DeviceStatus Backend::import_shareable(int, const ShareableHandle&, PhysicalHandle*) {
+  return unsupported("import_shareable");
+}
+DeviceStatus Backend::create_pool(int, PoolHandle*) {
+  return unsupported("create_pool");
+}
+DeviceStatus Backend::destroy_pool(int, PoolHandle) {
+  return unsupported("destroy_pool");
+}
+DeviceStatus Backend::allocate_from_pool(int, PoolHandle, std::size_t, StreamHandle, void**) {
+  return unsupported("allocate_from_pool");
+}
+DeviceStatus Backend::free_async(int, void*, StreamHandle) {
+  return unsupported("free_async");
+}
+DeviceStatus Backend::set_pool_release_threshold(int, PoolHandle, std::uint64_t) {
+  return unsupported("set_pool_release_threshold");
+}
+DeviceStatus Backend::trim_pool(int, PoolHandle, std::size_t) {
+  return unsupported("trim_pool");
+}
+DeviceStatus Backend::pool_usage(int, PoolHandle, PoolUsage*) {
+  return unsupported("pool_usage");
+}
+DeviceStatus Backend::reset_pool_peaks(int, PoolHandle) {
+  return unsupported("reset_pool_peaks");
+}
+DeviceStatus Backend::set_pool_access(int, PoolHandle, const int*, int) {
+  return unsupported("set_pool_access");
+}
+DeviceStatus Backend::process_memory(int, std::vector<ProcessMemory>*) {
+  return unsupported("process_memory");
+}
 DeviceStatus Backend::can_access_peer(int, int, bool* can) {
   if (can) *can = false;
   return unsupported("can_access_peer");

@@ -1,7 +1,9 @@
 // Address-space bookkeeping for SimBackend: see sim_address_space.hpp.
 #include "backend/sim_address_space.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +26,15 @@ std::size_t page_size() {
   return page;
 }
 
+// Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on the chain
+// of temporaries "[" + hex(...) + ... once more of this file is inlined.
 std::string range(std::uintptr_t p, std::size_t size) {
-  return "[" + hex(p) + ", " + hex(p + size) + ")";
+  std::string out = "[";
+  out += hex(p);
+  out += ", ";
+  out += hex(p + size);
+  out += ")";
+  return out;
 }
 
 std::string dev(int device) {
@@ -65,29 +74,51 @@ HostMapping& HostMapping::operator=(HostMapping&& other) noexcept {
 
 void HostMapping::reset() noexcept {
   if (raw_ != nullptr) munmap(raw_, raw_size_);
+  if (fd_ >= 0) close(fd_);
   raw_ = nullptr;
   raw_size_ = begin_ = size_ = 0;
+  fd_ = -1;
 }
 
-bool HostMapping::map(std::size_t size, std::size_t alignment, int prot) {
+int make_memfd(std::size_t size) {
+  const int fd = memfd_create("reservoir-sim", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool HostMapping::map(std::size_t size, std::size_t alignment, int prot, bool shared) {
   reset();
   alignment = std::max(alignment, page_size());
   // Over-map by the alignment so that an aligned start always fits inside.
   const std::size_t raw_size = align_up(size, page_size()) + alignment;
-  void* raw = mmap(nullptr, raw_size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw = mmap(nullptr, raw_size, shared ? PROT_NONE : prot,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return false;
   raw_ = raw;
   raw_size_ = raw_size;
   begin_ = align_up(reinterpret_cast<std::uintptr_t>(raw), alignment);
   size_ = size;
+  if (shared) {
+    // The usable part becomes a view of a memfd, which other processes can map.
+    fd_ = make_memfd(align_up(size, page_size()));
+    if (fd_ < 0 || mmap(reinterpret_cast<void*>(begin_), align_up(size, page_size()), prot,
+                        MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd_, 0) == MAP_FAILED) {
+      reset();
+      return false;
+    }
+  }
   return true;
 }
 
-void host_discard(std::uintptr_t start, std::size_t size) {
+void host_discard(std::uintptr_t start, std::size_t size, bool shared) {
   const std::size_t page = page_size();
   const std::uintptr_t lo = align_up(start, page);
   const std::uintptr_t hi = (start + size) & ~(static_cast<std::uintptr_t>(page) - 1);
-  if (lo < hi) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  if (lo < hi) madvise(reinterpret_cast<void*>(lo), hi - lo, shared ? MADV_REMOVE : MADV_DONTNEED);
 }
 
 bool host_protect(std::uintptr_t start, std::size_t size, int prot) {
@@ -96,8 +127,22 @@ bool host_protect(std::uintptr_t start, std::size_t size, int prot) {
 
 // ---- VirtualSpace --------------------------------------------------------------
 
-VirtualSpace::VirtualSpace(bool host_backed, std::size_t granularity, Placer placer)
-    : host_backed_(host_backed), granularity_(granularity), placer_(std::move(placer)) {}
+VirtualSpace::VirtualSpace(bool host_backed, bool shared, std::size_t granularity, Placer placer)
+    : host_backed_(host_backed),
+      shared_(host_backed && shared),
+      granularity_(granularity),
+      placer_(std::move(placer)) {}
+VirtualSpace::~VirtualSpace() {
+  for (auto& [handle, physical] : physical_)
+    if (physical.fd >= 0) close(physical.fd);
+}
+
+std::size_t VirtualSpace::erase(std::unordered_map<PhysicalHandle, Physical>::iterator it) {
+  const std::size_t freed = it->second.imported ? 0 : it->second.size;
+  if (it->second.fd >= 0) close(it->second.fd);
+  physical_.erase(it);
+  return freed;
+}
 
 std::string VirtualSpace::reserve(int device, std::size_t size, std::size_t alignment, void** ptr) {
   const std::string g = std::to_string(granularity_);
@@ -153,9 +198,49 @@ std::string VirtualSpace::release(int device, void* ptr, std::size_t size) {
 }
 
 PhysicalHandle VirtualSpace::create(int device, std::size_t size) {
+  Physical physical{device, size, 0, false, false, -1};
+  if (shared_ && (physical.fd = make_memfd(size)) < 0) return 0;
   const PhysicalHandle handle = next_handle_++;
-  physical_.emplace(handle, Physical{device, size, 0, false});
+  physical_.emplace(handle, physical);
   return handle;
+}
+
+std::string VirtualSpace::export_fd(int device, PhysicalHandle handle, int* fd) {
+  auto it = physical_.find(handle);
+  if (it == physical_.end() || it->second.released) {
+    return "sim: export_shareable: unknown physical handle " + std::to_string(handle) +
+           " (never created or already released)";
+  }
+  Physical& physical = it->second;
+  if (physical.device != device) {
+    return "sim: export_shareable: physical handle " + std::to_string(handle) + " belongs to " +
+           dev(physical.device) + ", not " + dev(device);
+  }
+  if (physical.fd < 0 && (physical.fd = make_memfd(physical.size)) < 0) {
+    return std::string("sim: export_shareable: memfd_create failed: ") + std::strerror(errno);
+  }
+  *fd = fcntl(physical.fd, F_DUPFD_CLOEXEC, 0);
+  if (*fd < 0) return std::string("sim: export_shareable: dup failed: ") + std::strerror(errno);
+  return "";
+}
+
+std::string VirtualSpace::import_fd(int device, int fd, PhysicalHandle* handle, std::size_t* size) {
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    return "sim: import_shareable: " + std::to_string(fd) + " is not an open file descriptor";
+  }
+  const auto bytes = static_cast<std::size_t>(st.st_size);
+  if (bytes == 0 || bytes % granularity_ != 0) {
+    return "sim: import_shareable: descriptor " + std::to_string(fd) + " holds " +
+           std::to_string(bytes) + " bytes, not a multiple of the granularity " +
+           std::to_string(granularity_) + " (not exported physical memory)";
+  }
+  const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return std::string("sim: import_shareable: dup failed: ") + std::strerror(errno);
+  *handle = next_handle_++;
+  *size = bytes;
+  physical_.emplace(*handle, Physical{device, bytes, 0, false, true, own});
+  return "";
 }
 
 std::string VirtualSpace::release_physical(int device, PhysicalHandle handle, std::size_t* freed) {
@@ -170,8 +255,7 @@ std::string VirtualSpace::release_physical(int device, PhysicalHandle handle, st
   }
   *freed = 0;
   if (it->second.mappings == 0) {
-    *freed = it->second.size;
-    physical_.erase(it);
+    *freed = erase(it);
   } else {
     it->second.released = true;  // freed by the unmap of its last mapping
   }
@@ -223,7 +307,14 @@ std::string VirtualSpace::map(int device, void* ptr, std::size_t size, PhysicalH
       return "sim: map: " + range(p, size) + " overlaps the mapping at " + hex(prev->first);
     }
   }
-  if (host_backed_ && !host_protect(p, size, PROT_READ | PROT_WRITE)) {
+  if (host_backed_ && physical.fd >= 0) {
+    // Shared memory: the pages are the memfd's, wherever (and in whichever process)
+    // it is mapped.
+    if (mmap(ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, physical.fd, 0) ==
+        MAP_FAILED) {
+      return "sim: map: mmap of " + range(p, size) + " failed: " + std::strerror(errno);
+    }
+  } else if (host_backed_ && !host_protect(p, size, PROT_READ | PROT_WRITE)) {
     return "sim: map: mprotect of " + range(p, size) + " failed: " + std::strerror(errno);
   }
   mappings_.emplace(p, Mapping{size, handle, {}});
@@ -273,17 +364,18 @@ std::string VirtualSpace::unmap(int device, void* ptr, std::size_t size, std::si
   *freed = 0;
   for (auto it = first; it != last; ++it) {
     auto ph = physical_.find(it->second.handle);
-    if (--ph->second.mappings == 0 && ph->second.released) {
-      *freed += ph->second.size;
-      physical_.erase(ph);
+    if (host_backed_ && ph->second.fd >= 0) {
+      // Back to the reservation's PROT_NONE pages; the memfd keeps the contents.
+      mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    } else if (host_backed_) {
+      // Contents need not survive an unmap; drop them so the pages go back to the host.
+      host_discard(it->first, it->second.size);
+      host_protect(it->first, it->second.size, PROT_NONE);
     }
+    if (--ph->second.mappings == 0 && ph->second.released) *freed += erase(ph);
   }
   mappings_.erase(first, last);
-  if (host_backed_) {
-    // Contents need not survive an unmap; drop them so the pages go back to the host.
-    host_discard(p, size);
-    host_protect(p, size, PROT_NONE);
-  }
   return "";
 }
 
@@ -322,6 +414,24 @@ std::size_t VirtualSpace::reservations(int device) const {
   return static_cast<std::size_t>(
       std::count_if(reservations_.begin(), reservations_.end(),
                     [device](const auto& entry) { return entry.second.device == device; }));
+}
+
+std::string VirtualSpace::reach(int device, std::uintptr_t p, std::size_t size) const {
+  auto it = mappings_.upper_bound(p);
+  if (it == mappings_.begin() || std::prev(it)->first + std::prev(it)->second.size <= p) {
+    return "none";
+  }
+  if (std::string problem = check_covered("access", p, size, false); !problem.empty()) {
+    return problem;
+  }
+  for (it = std::prev(it); it != mappings_.end() && it->first < p + size; ++it) {
+    const std::vector<int>& a = it->second.access;
+    if (!std::binary_search(a.begin(), a.end(), device)) {
+      return "the mapping at " + hex(it->first) + " does not grant " + dev(device) +
+             " access (set_access)";
+    }
+  }
+  return "";
 }
 
 std::vector<int> VirtualSpace::access(void* ptr) const {

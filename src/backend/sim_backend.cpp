@@ -1,10 +1,15 @@
-// SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp).
+// SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp):
+// devices, segments, events and streams, virtual memory and the test controls. IPC is
+// in sim_ipc.cpp, stream-ordered pools in sim_pools.cpp, process memory and
+// reachability in sim_reach.cpp; the state they share in sim_state.hpp.
 //
 // One mutex guards all state; the allocate hook runs outside it. Address layout
 // (synthetic mode): device d owns the window [kBase + d * stride, kBase + (d + 1) *
-// stride), where the placement model (sim_placement.hpp) puts segments top-down and
-// reservations bottom-up, as the CUDA driver does. In host_backed mode segments are
-// placed the same way inside one host mapping per device, and each reservation is its
+// stride), where the placement model (sim_placement.hpp) puts segments and pool chunks
+// top-down and reservations bottom-up, as the CUDA driver does; IPC mappings this
+// backend opens come from the window after the last device. In host_backed mode
+// segments are placed the same way inside one host mapping per device (a memfd with
+// shared_memory), and each reservation is its
 // own PROT_NONE host mapping.
 //
 // Counters count calls that succeeded (for query_event: answered ok or not_ready),
@@ -28,42 +33,24 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/sim_address_space.hpp"
 #include "backend/sim_placement.hpp"
+#include "backend/sim_state.hpp"
 #include "reservoir/errors.hpp"
 
 namespace reservoir {
 
+using namespace sim;
+
 namespace {
 
-constexpr std::uintptr_t kBase = 0x7f0000000000;
-constexpr std::size_t kSmallAlignment = 512;
-constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::stream_wait_event) + 1;
 // clang-format off
 constexpr std::array<const char*, kOpCount> kOpNames = {
     "allocate", "deallocate", "create_event", "record_event", "query_event",
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
-    "stream_wait_event"};
+    "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
+    "import_shareable", "process_memory"};
 // clang-format on
-
-std::size_t round_up(std::size_t value, std::size_t alignment) {
-  return (value + alignment - 1) / alignment * alignment;
-}
-
-std::string bytes(std::size_t n) {
-  return std::to_string(n) + " bytes";
-}
-
-// Synthetic address window per device: at least 64x the capacity, so segments (from
-// the top) and dozens of expandable-segment reservations (each device memory + 1/8,
-// from the bottom) never run out of room.
-std::size_t device_stride(std::size_t capacity) {
-  std::size_t stride = std::size_t{1} << 44;
-  while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
-  return stride;
-}
 
 const SimOptions& validated(const SimOptions& o) {
   const std::size_t g = o.granularity;
@@ -75,11 +62,21 @@ const SimOptions& validated(const SimOptions& o) {
   if (o.host_backed && g % static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) != 0) {
     throw InvalidArgumentError("SimOptions: host_backed needs a granularity of whole pages");
   }
+  if (o.shared_memory && !o.host_backed) {
+    throw InvalidArgumentError("SimOptions: shared_memory needs host_backed");
+  }
+  const SimPoolOptions& p = o.pool;
+  if (p.alignment == 0 || p.chunk_granularity == 0 || p.chunk_min == 0 ||
+      p.chunk_min % kLargeAlignment != 0 || p.chunk_granularity % kLargeAlignment != 0) {
+    throw InvalidArgumentError(
+        "SimOptions: pool alignment must be positive and chunk sizes positive multiples of 2 MiB");
+  }
   if (std::string problem = sim::placement_problem(o.placement); !problem.empty()) {
     throw InvalidArgumentError(problem);
   }
   const std::size_t stride = device_stride(o.capacity);
-  if (static_cast<std::size_t>(o.device_count) > (UINTPTR_MAX - kBase) / stride) {
+  // One window per device, and one more for IPC mappings opened here.
+  if (static_cast<std::size_t>(o.device_count) + 1 > (UINTPTR_MAX - kBase) / stride) {
     throw InvalidArgumentError("SimOptions: too many devices for the address space");
   }
   return o;
@@ -97,177 +94,48 @@ std::atomic<std::uint64_t> g_next_instance{1};
 // never by address, so a new backend at a recycled address starts from device 0).
 thread_local std::unordered_map<std::uint64_t, int> t_current_device;
 
-// Backend::fail is protected; this lets the helpers below (not members) use it.
-struct Failer : Backend {
-  using Backend::fail;
-};
-
-DeviceStatus bad_device(int device, int count) {
-  return Failer::fail(DeviceStatus::error, "sim: device " + std::to_string(device) +
-                                               " does not exist (device_count " +
-                                               std::to_string(count) + ")");
-}
-
-DeviceStatus error(std::string message) {
-  return Failer::fail(DeviceStatus::error, std::move(message));
-}
-
-DeviceStatus injected_failure(SimOp op, DeviceStatus status) {
-  return Failer::fail(status,
-                      std::string("sim: injected ") + to_string(status) + " in " + to_string(op));
-}
-
 }  // namespace
 
-struct SimBackend::State {
-  // Invariants: used == sum of live segment sizes + bytes of physical allocations not
-  // yet freed; each live segment [start, start + round_up(size, 512)) is taken from
-  // space, and live segments never overlap (space hands out disjoint runs).
-  struct Device {
-    std::size_t capacity = 0;
-    std::size_t used = 0;  // may exceed capacity after set_capacity lowers it
-    sim::DriverPlacement space;
-    std::map<std::uintptr_t, std::size_t> live;  // segment start -> requested size
-    std::vector<bool> peers;                     // enable_peer_access(this, peer)
-    std::size_t free() const { return used < capacity ? capacity - used : 0; }
-  };
-  // Invariant: completed <= submitted. Work item n (1-based) has completed iff
-  // n <= completed; an event recorded at position p completed iff p <= completed.
-  // waits: the device-side waits inserted on this stream (stream_wait_event), in
-  // order: work after position `at` cannot complete before `stream` completes
-  // `position`. waited: per other stream, the highest position this stream was made to
-  // wait for (ordered_after).
-  struct Wait {
-    std::uint64_t at;
-    StreamHandle stream;
-    std::uint64_t position;
-  };
-  struct Stream {
-    std::uint64_t submitted = 0;
-    std::uint64_t completed = 0;
-    std::vector<Wait> waits;
-    std::map<StreamHandle, std::uint64_t> waited;
-  };
-  // Invariant: recorded implies position >= 1 and streams contains stream.
-  struct Event {
-    int device = 0;
-    bool recorded = false;
-    StreamHandle stream = 0;
-    std::uint64_t position = 0;
-    bool captured = false;  // recorded on a capturing stream: part of a graph
-  };
-  // Answers status on call number `call` of op (call counts from construction).
-  struct NumberedFault {
-    SimOp op;
-    std::uint64_t call;
-    DeviceStatus status;
-  };
+SimBackend::State::Device& SimBackend::State::device_or_throw(int device) {
+  if (!valid(device)) {
+    throw InvalidArgumentError("SimBackend: device " + std::to_string(device) +
+                               " does not exist (device_count " +
+                               std::to_string(options.device_count) + ")");
+  }
+  return devices[static_cast<std::size_t>(device)];
+}
 
-  explicit State(const SimOptions& o);
-
-  bool valid(int device) const { return device >= 0 && device < options.device_count; }
-  // Counts a call of op; returns the injected answer, or nullopt.
-  std::optional<DeviceStatus> injected(SimOp op, std::size_t size = 0);
-  void charge(double us) {
-    counters.device_time_us += us;
-    device_time_us += us;
+SimBackend::State::Event* SimBackend::State::find_event(const char* op, int device,
+                                                        EventHandle event) {
+  auto it = events.find(event);
+  if (it == events.end()) {
+    error(std::string("sim: ") + op + ": unknown event " + std::to_string(event) +
+          " (destroyed or never created)");
+    return nullptr;
   }
-  // Checks device, locks, counts a call of op (when given) and answers its injected
-  // fault; otherwise runs body(device) under the lock.
-  template <typename Body>
-  DeviceStatus call(int device, std::optional<SimOp> op, Body&& body) {
-    if (!valid(device)) return bad_device(device, options.device_count);
-    std::lock_guard lock(mutex);
-    if (op) {
-      if (auto status = injected(*op)) return injected_failure(*op, *status);
-    }
-    return body(devices[static_cast<std::size_t>(device)]);
+  if (it->second.device != device) {
+    error(std::string("sim: ") + op + ": event " + std::to_string(event) + " belongs to device " +
+          std::to_string(it->second.device) + ", not " + std::to_string(device));
+    return nullptr;
   }
-  // For test controls, which have no status to answer with.
-  Device& device_or_throw(int device) {
-    if (!valid(device)) {
-      throw InvalidArgumentError("SimBackend: device " + std::to_string(device) +
-                                 " does not exist (device_count " +
-                                 std::to_string(options.device_count) + ")");
-    }
-    return devices[static_cast<std::size_t>(device)];
-  }
-  // The event, or nullptr after setting the error (unknown, or of another device).
-  Event* find_event(const char* op, int device, EventHandle event) {
-    auto it = events.find(event);
-    if (it == events.end()) {
-      error(std::string("sim: ") + op + ": unknown event " + std::to_string(event) +
-            " (destroyed or never created)");
-      return nullptr;
-    }
-    if (it->second.device != device) {
-      error(std::string("sim: ") + op + ": event " + std::to_string(event) + " belongs to device " +
-            std::to_string(it->second.device) + ", not " + std::to_string(device));
-      return nullptr;
-    }
-    return &it->second;
-  }
-  // Under the lock: an error when a capture forbids op now (counted), else nullopt.
-  std::optional<DeviceStatus> refused_by_capture(const char* op) {
-    if (capturing.empty()) return std::nullopt;
-    ++capture_violations;
-    return error(std::string("sim: ") + op + " is not permitted while stream " +
-                 std::to_string(*capturing.begin()) + " is capturing");
-  }
-  std::optional<DeviceStatus> refused_captured_event(const char* op, const Event& e) {
-    if (!e.captured) return std::nullopt;
-    ++capture_violations;
-    return error(std::string("sim: ") + op + ": the event was recorded during a capture");
-  }
-  void complete_all() {
-    for (auto& [handle, stream] : streams) {
-      stream.completed = stream.submitted;
-      stream.waits.clear();
-    }
-  }
-
-  const SimOptions options;
-  const std::uint64_t id = g_next_instance.fetch_add(1);
-  mutable std::mutex mutex;
-  std::vector<Device> devices;
-  std::vector<sim::HostMapping> host;  // host_backed: device d's segment memory
-  sim::VirtualSpace vm;
-  std::unordered_map<StreamHandle, Stream> streams;
-  std::unordered_map<EventHandle, Event> events;
-  EventHandle next_event = 1;
-  bool eager = false;
-  std::set<StreamHandle> capturing;
-  std::uint64_t capture_violations = 0;
-
-  std::array<std::uint64_t, kOpCount> calls{};
-  std::array<std::optional<DeviceStatus>, kOpCount> persistent{};
-  std::vector<NumberedFault> numbered;
-  // Armed by fail_after_fault: count calls of op fail once the next fault fires.
-  struct FaultCascade {
-    SimOp op;
-    std::uint64_t count;
-    DeviceStatus status;
-  };
-  std::vector<FaultCascade> after_fault;
-  std::optional<std::size_t> fail_above;
-  std::shared_ptr<const std::function<void()>> hook;
-
-  SimCounters counters;
-  double device_time_us = 0;  // like counters.device_time_us, but never reset (clock)
-  std::uint64_t clock_us = 0;
-};
+  return &it->second;
+}
 
 SimBackend::State::State(const SimOptions& o)
     : options(validated(o)),
+      id(g_next_instance.fetch_add(1)),
       devices(static_cast<std::size_t>(o.device_count)),
-      vm(o.host_backed, o.granularity,
+      vm(o.host_backed, o.shared_memory, o.granularity,
          {[this](int d, std::size_t size, std::size_t alignment) {
             return devices[static_cast<std::size_t>(d)].space.reserve(size, alignment);
           },
           [this](int d, std::uintptr_t start) {
             devices[static_cast<std::size_t>(d)].space.release(start);
           }}),
-      eager(o.eager) {
+      eager(o.eager),
+      imports(kBase + static_cast<std::size_t>(o.device_count) * device_stride(o.capacity),
+              kBase + static_cast<std::size_t>(o.device_count + 1) * device_stride(o.capacity),
+              o.placement) {
   const std::size_t stride = device_stride(o.capacity);
   if (o.host_backed) host.resize(devices.size());
   for (std::size_t d = 0; d < devices.size(); ++d) {
@@ -281,11 +149,16 @@ SimBackend::State::State(const SimOptions& o)
     }
     // MAP_NORESERVE: only what is touched costs memory.
     const std::size_t size = host_window(o);
-    if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE)) {
+    if (!host[d].map(size, kLargeAlignment, PROT_READ | PROT_WRITE, o.shared_memory)) {
       throw DeviceError("SimBackend: mmap of " + bytes(size) + " for host_backed failed");
     }
     device.space = sim::DriverPlacement(host[d].begin(), host[d].begin() + size, o.placement);
   }
+}
+
+SimBackend::State::~State() {
+  for (auto& [start, o] : opened)
+    if (o.view != nullptr) munmap(o.view, o.view_bytes);
 }
 
 std::optional<DeviceStatus> SimBackend::State::injected(SimOp op, std::size_t size) {
@@ -330,7 +203,13 @@ SimBackend::SimBackend(SimOptions options) : state_(std::make_unique<State>(opti
 SimBackend::~SimBackend() = default;
 
 std::uint32_t SimBackend::capabilities() const noexcept {
-  return kPeerAccess | (state_->options.virtual_memory ? kVirtualMemory : 0u);
+  const SimOptions& o = state_->options;
+  // IPC needs memory another process can reach: synthetic (no data) or shared.
+  const bool shareable = !o.host_backed || o.shared_memory;
+  std::uint32_t caps = kPeerAccess | kStreamOrderedPool | kProcessMemory;
+  if (o.virtual_memory) caps |= kVirtualMemory;
+  if (shareable) caps |= kIpc | (o.virtual_memory ? kShareablePosixFd : 0u);
+  return caps;
 }
 
 DeviceStatus SimBackend::device_count(int* count) {
@@ -410,7 +289,8 @@ DeviceStatus SimBackend::deallocate(int device, void* ptr, std::size_t size) {
       return error("sim: deallocate: " + sim::hex(start) + " was allocated with " +
                    bytes(it->second) + ", not " + bytes(size));
     }
-    if (s.options.host_backed) sim::host_discard(start, round_up(size, kSmallAlignment));
+    if (s.options.host_backed)
+      sim::host_discard(start, round_up(size, kSmallAlignment), s.options.shared_memory);
     d.space.release(start);
     d.live.erase(it);
     d.used -= size;
@@ -486,6 +366,7 @@ DeviceStatus SimBackend::synchronize_event(int device, EventHandle event) {
       st.completed = std::max(st.completed, e->position);
     }
     ++s.counters.event_syncs;
+    s.apply_release_thresholds(device);
     return DeviceStatus::ok;
   });
 }
@@ -513,6 +394,7 @@ DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
     auto it = s.streams.find(stream);
     if (it != s.streams.end()) it->second.completed = it->second.submitted;
     ++s.counters.stream_syncs;
+    s.apply_release_thresholds(device);
     return DeviceStatus::ok;
   });
 }
@@ -523,6 +405,7 @@ DeviceStatus SimBackend::synchronize_device(int device) {
     if (auto refused = s.refused_by_capture("synchronize_device")) return *refused;
     s.complete_all();  // streams are not per device: all of them finish
     ++s.counters.device_syncs;
+    s.apply_release_thresholds(device);
     return DeviceStatus::ok;
   });
 }
@@ -581,7 +464,9 @@ DeviceStatus SimBackend::create_physical(int device, std::size_t size, PhysicalH
                               " out of memory: " + bytes(size) + " requested, " + bytes(free) +
                               " free of " + bytes(d.capacity));
     }
-    *handle = s.vm.create(device, size);
+    const PhysicalHandle made = s.vm.create(device, size);
+    if (made == 0) return error("sim: create_physical: memfd_create for shared memory failed");
+    *handle = made;
     d.used += size;
     ++s.counters.physical_creates;
     return DeviceStatus::ok;

@@ -15,6 +15,8 @@
 
 namespace reservoir::detail {
 
+struct SharedBlock;
+
 class BlockOwner {
  public:
   virtual bool free(std::uintptr_t address) = 0;
@@ -26,6 +28,9 @@ class BlockOwner {
   virtual bool segment_of(std::uintptr_t address, BaseAllocation* out) = 0;
   // Why address is not an allocated block here, for error messages.
   virtual std::string explain_not_allocated(std::uintptr_t address) = 0;
+  // What IPC needs to share the allocated block at address (ipc_handle.hpp). By
+  // default an owner cannot share: it throws InvalidArgumentError saying so.
+  virtual bool share(std::uintptr_t address, SharedBlock* out);
 
  protected:
   ~BlockOwner() = default;

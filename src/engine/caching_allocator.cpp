@@ -96,6 +96,13 @@ std::size_t CachingAllocator::requested_size(void* ptr) {
   return requested;
 }
 
+SharedBlock CachingAllocator::share(void* ptr) {
+  SharedBlock out;
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  retry(ptr, "share", [&](BlockOwner& o) { return o.share(address, &out); });
+  return out;
+}
+
 void CachingAllocator::empty_cache(int device) {
   for (int d = 0; d < device_count_; ++d)
     if (device < 0 || d == device)

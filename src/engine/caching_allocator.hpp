@@ -22,6 +22,7 @@
 #include "engine/block.hpp"
 #include "engine/block_owner.hpp"
 #include "engine/device_engine.hpp"
+#include "engine/ipc_handle.hpp"
 #include "engine/memory_resource.hpp"
 #include "engine/segment_map.hpp"
 #include "reservoir/backend.hpp"
@@ -53,6 +54,8 @@ class CachingAllocator final : public BlockResource {
   std::size_t requested_size(void* ptr) override;
   void empty_cache(int device) override;  // -1: every device in use
   std::size_t largest_cached_block(int device) override;
+  // The allocated block at ptr, as IPC shares it (throws InvalidPointerError).
+  SharedBlock share(void* ptr);
 
   // ---- Engines ----
   // The engine of a valid device index, made on first use.

@@ -213,4 +213,17 @@ void ExpandableSegment::add_peer(int device) {
   peers_.push_back(device);
 }
 
+std::vector<PhysicalHandle> ExpandableSegment::handles(std::uintptr_t address, std::size_t bytes,
+                                                       std::uintptr_t* first) const {
+  const std::size_t begin = (address - base_) / page_;
+  const std::size_t end = (address + bytes - base_ + page_ - 1) / page_;
+  std::vector<PhysicalHandle> out;
+  for (std::size_t i = begin; i < end && i < pages_.size(); ++i) {
+    RESERVOIR_CHECK(pages_[i].has_value(), "an allocated block lies on an unmapped page");
+    out.push_back(*pages_[i]);
+  }
+  *first = base_ + begin * page_;
+  return out;
+}
+
 }  // namespace reservoir::detail

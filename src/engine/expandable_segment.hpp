@@ -77,6 +77,10 @@ class ExpandableSegment {
   // Gives back the held pages, then the address range (pre: nothing mapped). Returns
   // "" when the segment owns nothing any more, else why not (retry later).
   std::string release();
+  // The physical handles of the pages covering [address, address + bytes), all
+  // mapped (an allocated block's), in order; *first gets the first page's address.
+  std::vector<PhysicalHandle> handles(std::uintptr_t address, std::size_t bytes,
+                                      std::uintptr_t* first) const;
   // Grants device read/write access to every mapped page, and to pages mapped later.
   // Throws DeviceError; device is then not a peer (a retry grants all pages again).
   void add_peer(int device);

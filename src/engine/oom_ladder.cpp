@@ -18,6 +18,7 @@
 #include <cstdio>
 
 #include "engine/device_engine.hpp"
+#include "engine/oom_report.hpp"
 #include "reservoir/errors.hpp"
 #include "util/format.hpp"
 
@@ -41,21 +42,19 @@ struct OomFacts {
 };
 
 // PyTorch's wording first (tools and tests match "CUDA out of memory. Tried to
-// allocate ..."), then what Reservoir knows and what to try.
-std::string oom_message(const OomFacts& f) {
-  using P = std::string (*)(std::uint64_t);
-  const P torch_size = format_size_pytorch_style;
-  std::string m = "CUDA out of memory. Tried to allocate " + torch_size(f.alloc_size) + ". GPU " +
-                  std::to_string(f.device);
-  if (f.have_info)
-    m += " has a total capacity of " + torch_size(f.info.total) + " of which " +
-         torch_size(f.info.free) + " is free. ";
-  else
-    m += " did not report its memory. ";
-  if (f.limited) m += torch_size(f.allowed) + " allowed; ";
-  const std::uint64_t unallocated = f.reserved - std::min(f.reserved, f.allocated);
-  m += "Of the allocated memory " + torch_size(f.allocated) + " is allocated by Reservoir, and " +
-       torch_size(unallocated) + " is reserved by Reservoir but unallocated. ";
+// allocate ..."), with the processes using the device (oom_report.hpp), then what
+// Reservoir knows and what to try.
+std::string oom_message(Backend& backend, const OomFacts& f) {
+  OomOpening o;
+  o.device = f.device;
+  o.alloc_size = f.alloc_size;
+  o.have_info = f.have_info;
+  o.info = f.info;
+  o.limited = f.limited;
+  o.allowed = f.allowed;
+  o.allocated = f.allocated;
+  o.reserved = f.reserved;
+  std::string m = oom_opening(backend, o);
   m += "Reservoir (" + std::string(f.backend) + " device " + std::to_string(f.device) +
        "): the request of " + format_size(f.requested) + " on stream " +
        format_pointer(reinterpret_cast<void*>(f.stream)) + " needed a new segment of " +
@@ -164,7 +163,7 @@ void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requeste
     services_.trace(TraceAction::oom, f.info.free, f.alloc_size, stream, nullptr);
   for (auto& observer : hooks_.observers())
     observer(device_, f.alloc_size, f.limited ? f.allowed : f.info.total, f.info.free);
-  throw OutOfMemoryError(oom_message(f));
+  throw OutOfMemoryError(oom_message(backend_, f));
 }
 
 }  // namespace reservoir::detail

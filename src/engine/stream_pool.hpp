@@ -98,6 +98,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) override;
   bool segment_of(std::uintptr_t address, BaseAllocation* out) override;
   std::string explain_not_allocated(std::uintptr_t address) override;
+  bool share(std::uintptr_t address, SharedBlock* out) override;
 
   // ---- Cache control (called by DeviceEngine; each takes the lock) ----
   void process_events_now();     // completes pending frees whose events have completed

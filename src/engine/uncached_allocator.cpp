@@ -1,5 +1,6 @@
 #include "engine/uncached_allocator.hpp"
 
+#include "engine/oom_report.hpp"
 #include "reservoir/errors.hpp"
 #include "util/format.hpp"
 
@@ -44,8 +45,8 @@ void* UncachedAllocator::allocate(std::size_t size, StreamHandle stream, int dev
     DeviceCounters::bump(engines_.engine(device).counters().ooms);
     throw OutOfMemoryError("CUDA out of memory. Tried to allocate " +
                            format_size_pytorch_style(size) + ". GPU " + std::to_string(device) +
-                           memory +
-                           " Reservoir is in uncached mode (RESERVOIR_NO_CACHING=1): "
+                           memory + " " + process_memory_sentences(backend_, device) +
+                           "Reservoir is in uncached mode (RESERVOIR_NO_CACHING=1): "
                            "the device itself refused the request on stream " +
                            format_pointer(reinterpret_cast<void*>(stream)) + ".");
   }

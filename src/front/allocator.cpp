@@ -10,8 +10,10 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/async_pool_allocator.hpp"
 #include "engine/caching_allocator.hpp"
 #include "engine/uncached_allocator.hpp"
+#include "front/ipc_service.hpp"
 #include "front/request_layers.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "util/format.hpp"
@@ -44,8 +46,10 @@ struct Allocator::Impl {
   int device_count = 0;
   std::unique_ptr<detail::CachingAllocator> core;       // the engine: always there
   std::unique_ptr<detail::UncachedAllocator> uncached;  // RESERVOIR_NO_CACHING=1
-  detail::BlockResource* base = nullptr;                // core or uncached
+  std::unique_ptr<detail::AsyncPoolAllocator> async;    // backend:cudaMallocAsync
+  detail::BlockResource* base = nullptr;                // core, uncached or async
   std::atomic<detail::MemoryResource*> top{nullptr};    // base, or layers around it
+  std::unique_ptr<detail::IpcService> ipc;              // share / open (docs/ipc.md)
 
   // The layers in force, and every layer ever made (a thread may still be inside a
   // layer that was just taken out of the chain, so none is destroyed before this).
@@ -118,10 +122,14 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
   if (env_flag("RESERVOIR_NO_CACHING")) {
     im.uncached = std::make_unique<detail::UncachedAllocator>(*im.backend, *im.core);
     im.base = im.uncached.get();
+  } else if (config.backend == "cudaMallocAsync") {
+    im.async = std::make_unique<detail::AsyncPoolAllocator>(*im.backend, *im.core);  // ConfigError
+    im.base = im.async.get();
   } else {
     im.base = im.core.get();
   }
   im.top.store(im.base);
+  im.ipc = std::make_unique<detail::IpcService>(*im.backend, *im.core);
   im.oom_snapshot_path = config.oom_snapshot;
   if (!config.record_trace.empty()) im.set_recording(*this, config.record_trace);  // IoError
   std::lock_guard<std::mutex> guard(im.layers_mutex);
@@ -196,6 +204,8 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
 void Allocator::deallocate(void* ptr) {
   if (!ptr) return;
   Impl& im = *impl_;
+  // A block shared with keep waits for unshare (one load when nothing is kept).
+  if (__builtin_expect(im.ipc->holding(), 0) && im.ipc->hold_free(ptr)) return;
   detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
   if (top == im.core.get()) return im.core->deallocate(ptr);
   top->deallocate(ptr);
@@ -256,6 +266,33 @@ void Allocator::enable_peer_access(int device, int peer) {
     throw DeviceError("reservoir: enabling access from device " + std::to_string(d) +
                       " to device " + std::to_string(p) + " failed: " + im.backend->last_error());
   im.core->engine(p).add_peer(d);
+  if (im.async) im.async->add_peer(p, d);
+  im.ipc->add_peer(p, d);
+}
+
+// ---------------------------------------------------------------- sharing (IPC)
+
+SharedHandle Allocator::share(void* ptr, bool keep) {
+  Impl& im = *impl_;
+  if (im.base != im.core.get())
+    throw InvalidArgumentError(
+        std::string("reservoir: cannot share ") + detail::format_pointer(ptr) + ": " +
+        (im.async ? "backend:cudaMallocAsync memory cannot be shared (PyTorch's cannot either)"
+                  : "uncached mode (RESERVOIR_NO_CACHING=1) does not share memory") +
+        "; use backend:native");
+  return im.ipc->share(ptr, keep);
+}
+
+void Allocator::unshare(void* ptr) {
+  if (impl_->ipc->unshare(ptr)) deallocate(ptr);
+}
+
+void* Allocator::open(const SharedHandle& handle, int device) {
+  return impl_->ipc->open(handle, impl_->resolve(device));
+}
+
+void Allocator::close(void* ptr) {
+  impl_->ipc->close(ptr);
 }
 
 // ---------------------------------------------------------------- private pools
@@ -330,15 +367,25 @@ bool Allocator::pool_live_allocations_are(PoolId pool, const std::vector<void*>&
 // ---------------------------------------------------------------- statistics and hooks
 
 DeviceStats Allocator::stats(int device) {
-  return impl_->engine(device).stats();
+  Impl& im = *impl_;
+  const int d = im.resolve(device);
+  DeviceStats s = im.core->engine(d).stats();
+  if (im.async) im.async->adjust_stats(d, &s);
+  return s;
 }
 
 void Allocator::reset_peak_stats(int device) {
-  impl_->engine(device).reset_peak_stats();
+  Impl& im = *impl_;
+  const int d = im.resolve(device);
+  im.core->engine(d).reset_peak_stats();
+  if (im.async) im.async->reset_peaks(d);
 }
 
 void Allocator::reset_accumulated_stats(int device) {
-  impl_->engine(device).reset_accumulated_stats();
+  Impl& im = *impl_;
+  const int d = im.resolve(device);
+  im.core->engine(d).reset_accumulated_stats();
+  if (im.async) im.async->reset_accumulated(d);
 }
 
 void Allocator::attach_oom_observer(OomObserver observer) {
@@ -360,6 +407,12 @@ void Allocator::update_config(std::string_view text) {
   const Config before = im.core->config();
   Config next = before;
   next.apply(text);  // throws ConfigError, changing nothing
+  if (next.backend != before.backend)
+    throw ConfigError("reservoir: backend:" + next.backend +
+                      " cannot be set at run time: the engine is chosen when the allocator is "
+                      "made (set RESERVOIR_ALLOC_CONF=backend:" +
+                      next.backend +
+                      " before the first allocation); it is backend:" + before.backend);
   // A new trace file is opened before anything changes, so a path that cannot be
   // written (IoError) leaves the configuration as it was.
   if (next.record_trace != before.record_trace) im.set_recording(*this, next.record_trace);
@@ -405,6 +458,7 @@ Snapshot Allocator::snapshot() {
     e->snapshot(&out.segments);
     out.device_traces[static_cast<std::size_t>(d)] = e->history().entries();
   }
+  if (im.async) im.async->snapshot(&out.segments);
   std::sort(out.segments.begin(), out.segments.end(),
             [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
   out.annotations = im.core->annotations();
@@ -438,6 +492,11 @@ std::vector<int> Allocator::devices_in_use() {
 
 bool Allocator::caching() const {
   return impl_->uncached == nullptr;
+}
+
+const std::string& Allocator::engine_name() const {
+  static const std::string native = "native", async = "cudaMallocAsync", uncached = "uncached";
+  return impl_->uncached ? uncached : impl_->async ? async : native;
 }
 
 void Allocator::validate() {

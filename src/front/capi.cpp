@@ -15,6 +15,7 @@
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
+#include "reservoir/ipc.hpp"
 #include "reservoir/reservoir.h"
 #include "reservoir/stats.hpp"
 
@@ -215,6 +216,31 @@ reservoir_status reservoir_free(void* ptr) {
   return guarded("reservoir_free", [&] {
     if (ptr != nullptr) Allocator::instance().deallocate(ptr);
   });
+}
+
+reservoir_status reservoir_share(void* ptr, int socket, int keep) {
+  constexpr const char* kFn = "reservoir_share";
+  return guarded(kFn, [&] {
+    if (ptr == nullptr) throw reservoir::InvalidPointerError(std::string(kFn) + ": ptr is NULL");
+    reservoir::send_shared(socket, Allocator::instance().share(ptr, keep != 0));
+  });
+}
+
+reservoir_status reservoir_unshare(void* ptr) {
+  return guarded("reservoir_unshare", [&] { Allocator::instance().unshare(ptr); });
+}
+
+reservoir_status reservoir_open_shared(int socket, int device, void** ptr) {
+  constexpr const char* kFn = "reservoir_open_shared";
+  return guarded(kFn, [&] {
+    if (ptr == nullptr) throw reservoir::InvalidArgumentError(std::string(kFn) + ": ptr is NULL");
+    *ptr = nullptr;
+    *ptr = Allocator::instance().open(reservoir::receive_shared(socket), device);
+  });
+}
+
+reservoir_status reservoir_close_shared(void* ptr) {
+  return guarded("reservoir_close_shared", [&] { Allocator::instance().close(ptr); });
 }
 
 reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream) {

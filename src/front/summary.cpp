@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "engine/oom_report.hpp"
 #include "reservoir/allocator.hpp"
 #include "util/format.hpp"
 
@@ -42,15 +43,18 @@ void block(std::string& out, const char* name, const StatArray& a, bool bytes) {
 
 std::string Allocator::summary(int device) {
   DeviceStats s = stats(device);
+  int d = device;
+  if (d < 0 && backend().current_device(&d) != DeviceStatus::ok) d = 0;
   const std::string rule =
       "|=======================+==============+==============+==============+==============|\n";
   std::string out;
   out += rule;
   char buf[200];
-  std::snprintf(buf, sizeof buf, "| %-82s|\n",
-                ("Reservoir memory summary, device " + std::to_string(device < 0 ? 0 : device) +
-                 " (" + backend().name() + ")")
-                    .c_str());
+  std::snprintf(
+      buf, sizeof buf, "| %-82s|\n",
+      ("Reservoir memory summary, device " + std::to_string(d) + " (" + backend().name() + ", " +
+       (caching() ? "backend:" + engine_name() : std::string("uncached mode")) + ")")
+          .c_str());
   out += buf;
   std::snprintf(buf, sizeof buf, "| %-82s|\n",
                 ("OOMs: " + std::to_string(s.num_ooms) +
@@ -87,6 +91,13 @@ std::string Allocator::summary(int device) {
        " of the reserved memory")
           .c_str());
   out += buf;
+  // Who else holds memory on the device (NVML on CUDA), as the OOM report lists it.
+  std::snprintf(buf, sizeof buf, "| %-82s|\n", "Processes using the device:");
+  out += buf;
+  for (const std::string& line : detail::process_memory_lines(backend(), d)) {
+    std::snprintf(buf, sizeof buf, "|   %-80s|\n", line.substr(0, 80).c_str());
+    out += buf;
+  }
   out += rule;
   return out;
 }

@@ -156,14 +156,12 @@ void parse_roundup(Config& c, const std::string& key, const std::string& value) 
 
 void apply_entry(Config& c, const std::string& key, const std::string& value) {
   if (key == "backend") {
-    if (value == "native") {
+    if (value == "native" || value == "cudaMallocAsync") {
       c.backend = value;
-    } else if (value == "cudaMallocAsync") {
-      bad(key, value,
-          "Reservoir is itself the allocator; 'cudaMallocAsync' selects a different one. Remove "
-          "the key or use backend:native");
     } else {
-      bad(key, value, "native");
+      bad(key, value,
+          "native (Reservoir's caching engine) or cudaMallocAsync (the driver's stream-ordered "
+          "pool, with Reservoir's statistics on top)");
     }
   } else if (key == "policy") {
     if (value == "pytorch")
@@ -171,8 +169,9 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
     else if (value == "compact")
       c.policy = Config::Policy::compact;
     else
-      bad(key, value, "pytorch (the default: PyTorch's allocator, byte for byte) or compact (the "
-                      "least reserved memory)");
+      bad(key, value,
+          "pytorch (the default: PyTorch's allocator, byte for byte) or compact (the "
+          "least reserved memory)");
   } else if (key == "max_split_size_mb") {
     unsigned long long mb = 0;
     if (!parse_uint(value, &mb) || mb <= kLargeBufferMiB)

@@ -53,7 +53,12 @@ TEST(SimBackend, DescribesItself) {
   EXPECT_STREQ(sim.name(), "sim");
   EXPECT_TRUE(sim.has(kVirtualMemory));
   EXPECT_TRUE(sim.has(kPeerAccess));
-  EXPECT_FALSE(sim.has(kIpc));
+  // Synthetic memory can be "shared" (no data); pools and the process list are modelled.
+  EXPECT_TRUE(sim.has(kIpc));
+  EXPECT_TRUE(sim.has(kShareablePosixFd));
+  EXPECT_FALSE(sim.has(kShareableFabric));
+  EXPECT_TRUE(sim.has(kStreamOrderedPool));
+  EXPECT_TRUE(sim.has(kProcessMemory));
   int count = -1;
   EXPECT_EQ(sim.device_count(&count), kOk);
   EXPECT_EQ(count, 1);
@@ -693,7 +698,7 @@ TEST(SimVmm, SetAccessNeedsAMappedRangeAndValidDevices) {
 TEST(SimVmm, VirtualSpaceRecordsAccess) {
   sim::DriverPlacement space(0x100000000, 0x200000000, SimPlacement{});
   sim::VirtualSpace vs(
-      false, 2 * MiB,
+      false, false, 2 * MiB,
       {[&](int, std::size_t size, std::size_t a) { return space.reserve(size, a); },
        [&](int, std::uintptr_t start) { space.release(start); }});
   void* r = nullptr;

@@ -6,8 +6,10 @@ namespace reservoir::testing {
 namespace {
 
 // These tests choose their configuration themselves; run them once per backend.
-#define ONCE_PER_BACKEND() \
-  if (expandable()) GTEST_SKIP() << "runs once per backend, in the default mode"
+#define ONCE_PER_BACKEND()                                 \
+  if (expandable() || async())                             \
+  GTEST_SKIP() << "runs once per backend, in the default " \
+                  "mode"
 
 TEST_P(Conformance, ExpandableGrowsByPagesAndReservedFollowsMaps) {
   ONCE_PER_BACKEND();

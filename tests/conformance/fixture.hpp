@@ -10,11 +10,24 @@
 #include "conformance/harness.hpp"
 #include "reservoir/allocator.hpp"
 
-// Skips a test of the regular segments' exact layout in the expandable mode.
-#define REGULAR_SEGMENTS_ONLY()                                                         \
-  if (expandable())                                                                     \
-  GTEST_SKIP() << "regular-segment layout (sizes, splits, inactive-split statistics); " \
-                  "expandable segments have their own layout tests (Expandable*)"
+// Skips a test of the regular segments' exact layout in the expandable mode (and in
+// the async mode, which has no segments of its own).
+#define REGULAR_SEGMENTS_ONLY()                                                           \
+  if (expandable())                                                                       \
+    GTEST_SKIP() << "regular-segment layout (sizes, splits, inactive-split statistics); " \
+                    "expandable segments have their own layout tests (Expandable*)";      \
+  NATIVE_ENGINE_ONLY()
+
+// Skips a test of Reservoir's own caching engine (its cache, rounding and ladder) in
+// the async mode (backend:cudaMallocAsync: the driver's pool caches, with rules of its
+// own; async_test.cpp has its tests).
+#define NATIVE_ENGINE_ONLY() \
+  if (async())               \
+  GTEST_SKIP() << "the caching engine's behaviour; backend:cudaMallocAsync has Async* tests"
+
+// Runs a test in the async mode only.
+#define ASYNC_ONLY() \
+  if (!async()) GTEST_SKIP() << "backend:cudaMallocAsync only (the suite's async mode)"
 
 namespace reservoir::testing {
 
@@ -28,7 +41,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     std::string param = GetParam();
     auto plus = param.find('+');
     backend_name_ = param.substr(0, plus);
-    expandable_ = plus != std::string::npos && param.substr(plus + 1) == "expandable";
+    const std::string mode = plus == std::string::npos ? "" : param.substr(plus + 1);
+    expandable_ = mode == "expandable";
+    async_ = mode == "async";
     for (auto& [name, factory] : harness_registry())
       if (name == backend_name_) harness_ = factory();
     ASSERT_TRUE(harness_) << "no harness " << GetParam();
@@ -44,9 +59,12 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     }
   }
   // The allocator under test, made on first use with config (plus
-  // expandable_segments:True in the suite's expandable mode).
+  // expandable_segments:True in the suite's expandable mode, backend:cudaMallocAsync in
+  // its async mode).
   Allocator& make(const std::string& config = "") {
-    std::string full = expandable_ ? "expandable_segments:True," + config : config;
+    std::string full = expandable_ ? "expandable_segments:True," + config
+                       : async_    ? "backend:cudaMallocAsync," + config
+                                   : config;
     alloc_ = std::make_unique<Allocator>(backend_, Config::parse(full));
     return *alloc_;
   }
@@ -54,6 +72,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   // inactive-split statistics) do not apply to expandable segments, whose own layout
   // tests are in expandable_test.cpp.
   bool expandable() const { return expandable_; }
+  bool async() const { return async_; }
   Allocator& a() {
     if (!alloc_) make();
     return *alloc_;
@@ -75,6 +94,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
 
   std::string backend_name_;
   bool expandable_ = false;
+  bool async_ = false;
   std::unique_ptr<Harness> harness_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<Allocator> alloc_;

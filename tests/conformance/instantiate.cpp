@@ -8,6 +8,7 @@ std::vector<std::string> harness_names() {
   for (auto& entry : harness_registry()) {
     names.push_back(entry.first);
     names.push_back(entry.first + "+expandable");
+    names.push_back(entry.first + "+async");  // backend:cudaMallocAsync: its subset
   }
   return names;
 }

@@ -5,6 +5,7 @@ namespace reservoir::testing {
 namespace {
 
 TEST_P(Conformance, SizesRoundTo512Bytes) {
+  NATIVE_ENGINE_ONLY();
   struct {
     std::size_t request, block;
   } rows[] = {{1, 512},     {511, 512}, {512, 512},           {513, 1024},
@@ -18,6 +19,7 @@ TEST_P(Conformance, SizesRoundTo512Bytes) {
 }
 
 TEST_P(Conformance, RoundupPower2DivisionsSingleValue) {
+  NATIVE_ENGINE_ONLY();
   make("roundup_power2_divisions:4");
   void* p = alloc(5000);  // between 4096 and 8192, steps of 1024
   EXPECT_EQ(a().block_size(p), 5120u);
@@ -29,6 +31,7 @@ TEST_P(Conformance, RoundupPower2DivisionsSingleValue) {
 }
 
 TEST_P(Conformance, RoundupPower2DivisionsPerInterval) {
+  NATIVE_ENGINE_ONLY();
   make("roundup_power2_divisions:[256:1,512:2,>:8]");
   // As PyTorch parses the list: each entry names the interval that starts at its size.
   void* small = alloc(100 * MiB + 1);  // below 256 MiB: 1 division = 512-byte rounding
@@ -173,6 +176,7 @@ TEST_P(Conformance, MaxNonSplitRoundingIsConfigurable) {
 }
 
 TEST_P(Conformance, BlocksStayOnTheirStream) {
+  NATIVE_ENGINE_ONLY();
   StreamHandle other = harness_->new_stream();
   void* p = alloc(4 * MiB);
   free(p);

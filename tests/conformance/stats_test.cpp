@@ -89,6 +89,7 @@ TEST_P(Conformance, PeakSeesConcurrentStreamsTogether) {
 }
 
 TEST_P(Conformance, ConfigurationChangesAtRunTime) {
+  NATIVE_ENGINE_ONLY();
   void* p = alloc(5000);
   EXPECT_EQ(a().block_size(p), 5120u);  // 512-byte rounding
   a().update_config("roundup_power2_divisions:2");
@@ -103,6 +104,7 @@ TEST_P(Conformance, ConfigurationChangesAtRunTime) {
 // The table's rows carry the statistics' values (current, peak, allocated, freed),
 // not only their labels.
 TEST_P(Conformance, SummaryTableShowsTheStatistics) {
+  NATIVE_ENGINE_ONLY();
   void* big = alloc(3 * MiB);  // large pool: a 20 MiB segment
   void* small = alloc(1000);   // small pool: 1024 bytes in a 2 MiB segment
   free(big);

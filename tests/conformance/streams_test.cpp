@@ -8,6 +8,7 @@ namespace reservoir::testing {
 namespace {
 
 TEST_P(Conformance, RecordStreamDefersReuseUntilTheStreamFinishes) {
+  NATIVE_ENGINE_ONLY();
   StreamHandle user = harness_->new_stream();
   void* p = alloc(8 * MiB);
   a().record_stream(p, user);
@@ -34,6 +35,7 @@ TEST_P(Conformance, RecordStreamOnTheAllocationStreamIsIgnored) {
 }
 
 TEST_P(Conformance, ASlowStreamDoesNotDelayFreesOnAnother) {
+  NATIVE_ENGINE_ONLY();
   StreamHandle slow = harness_->new_stream();
   StreamHandle quick = harness_->new_stream();
   void* p = alloc(12 * MiB);
@@ -52,6 +54,7 @@ TEST_P(Conformance, ASlowStreamDoesNotDelayFreesOnAnother) {
 }
 
 TEST_P(Conformance, EmptyCacheWaitsForPendingFreesAndReleasesThem) {
+  NATIVE_ENGINE_ONLY();
   StreamHandle user = harness_->new_stream();
   void* p = alloc(30 * MiB);
   a().record_stream(p, user);

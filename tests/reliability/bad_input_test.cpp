@@ -180,7 +180,7 @@ struct BadConfig {
 };
 
 const BadConfig kBadConfigs[] = {
-    {"backend:cudaMallocAsync", "backend", "cudaMallocAsync"},
+    {"backend:async", "backend", "async"},
     {"backend:other", "backend", "other"},
     {"max_split_size_mb:20", "max_split_size_mb", "20"},
     {"max_split_size_mb:abc", "max_split_size_mb", "abc"},

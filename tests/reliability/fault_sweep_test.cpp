@@ -211,6 +211,7 @@ struct Plan {
 constexpr DeviceStatus kError = DeviceStatus::error;
 constexpr const char* kExpandable = "expandable_segments:True";
 constexpr const char* kCompact = "policy:compact";
+constexpr const char* kAsync = "backend:cudaMallocAsync";
 const Plan kPlans[] = {
     // Growing an expandable segment: each step, and the undo failing as well.
     {"CreatePhysical", kExpandable, SimOp::create_physical, kError, SimOp::map, 0, 1},
@@ -255,6 +256,10 @@ const Plan kPlans[] = {
     {"CompactQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1},
     {"CompactStreamWait", kCompact, SimOp::stream_wait_event, kError, SimOp::map, 0, 1},
     {"CompactSynchronizeEvent", kCompact, SimOp::synchronize_event, kError, SimOp::map, 0, -1},
+    // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
+    {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
+    {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,
+     SimOp::map, 0, -1},
 };
 
 void PrintTo(const Plan& plan, std::ostream* os) {

@@ -82,7 +82,7 @@ TEST(Config, BadValuesNameTheKey) {
       {"roundup_power2_divisions:[100:2]", "roundup_power2_divisions"},
       {"roundup_power2_divisions:[256:3]", "roundup_power2_divisions"},
       {"roundup_power2_divisions:[256:1", "roundup_power2_divisions"},
-      {"backend:cudaMallocAsync", "backend"},
+      {"backend:cudamallocasync", "backend"},
       {"backend:foo", "backend"},
       {"device:gpu", "device"},
       {"sim_capacity:lots", "sim_capacity"},

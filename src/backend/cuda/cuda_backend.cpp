@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/driver_api.hpp"
+#include "backend/cuda/nvml.hpp"
 #include "reservoir/errors.hpp"
 
 namespace reservoir {
@@ -116,6 +117,9 @@ struct CudaBackend::State {
   std::vector<CUdevice> devices;  // by ordinal
   std::vector<char> vmm;          // virtual memory management supported
   std::vector<char> posix_fd;     // cuMemCreate can request POSIX fd handles
+  std::vector<char> fabric;       // ... and fabric handles
+  // cuMemCreate refused fabric handles on the device (no IMEX channel): not asked again.
+  std::unique_ptr<std::atomic<bool>[]> fabric_refused;
   std::uint32_t caps = 0;
   // Primary contexts, retained on first use. Read without the lock on every call.
   std::unique_ptr<std::atomic<CUcontext>[]> contexts;
@@ -194,11 +198,30 @@ struct CudaBackend::State {
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = devices[device];
-    // Exportable as a file descriptor so that IPC of expandable segments can follow;
-    // only where the device supports it, else cuMemCreate would refuse.
-    prop.requestedHandleTypes =
-        posix_fd[device] ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    // Exportable as a file descriptor (and a fabric handle where the system allows)
+    // so that IPC of expandable segments works; only what the device supports, else
+    // cuMemCreate would refuse.
+    unsigned types = posix_fd[device] ? unsigned{CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR} : 0u;
+    if (wants_fabric(device)) types |= CU_MEM_HANDLE_TYPE_FABRIC;
+    prop.requestedHandleTypes = static_cast<CUmemAllocationHandleType>(types);
     return prop;
+  }
+  // Read/write access descriptors for devices[0..count), checked.
+  DeviceStatus access(const char* call, const int* devices, int count,
+                      std::vector<CUmemAccessDesc>* desc) const {
+    if (count < 0 || (count > 0 && devices == nullptr))
+      return CudaBackend::fail(DeviceStatus::error, std::string(call) + ": bad device list");
+    desc->assign(static_cast<std::size_t>(count), CUmemAccessDesc{});
+    for (int i = 0; i < count; ++i) {
+      if (DeviceStatus st = check_device(devices[i], call); st != DeviceStatus::ok) return st;
+      (*desc)[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      (*desc)[i].location.id = this->devices[devices[i]];
+      (*desc)[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    return DeviceStatus::ok;
+  }
+  bool wants_fabric(int device) const {
+    return fabric[device] && !fabric_refused[device].load(std::memory_order_relaxed);
   }
 };
 
@@ -225,8 +248,11 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
   s.devices.resize(s.count);
   s.vmm.resize(s.count);
   s.posix_fd.resize(s.count);
+  s.fabric.resize(s.count);
+  s.fabric_refused = std::make_unique<std::atomic<bool>[]>(s.count > 0 ? s.count : 1);
   s.contexts = std::make_unique<std::atomic<CUcontext>[]>(s.count > 0 ? s.count : 1);
-  bool all_vmm = s.count > 0;
+  bool all_vmm = s.count > 0, all_fd = s.count > 0, all_fabric = s.count > 0,
+       all_pools = s.count > 0;
   for (int i = 0; i < s.count; ++i) {
     CUresult r = api.DeviceGet(&s.devices[i], i);
     if (r != CUDA_SUCCESS)
@@ -242,9 +268,20 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
                         &value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
                         s.devices[i]) == CUDA_SUCCESS &&
                     value != 0;
+    auto attribute = [&](CUdevice_attribute a) {
+      int v = 0;
+      return api.DeviceGetAttribute(&v, a, s.devices[i]) == CUDA_SUCCESS && v != 0;
+    };
+    s.fabric[i] = attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
+    s.fabric_refused[i].store(false);
     all_vmm = all_vmm && s.vmm[i];
+    all_fd = all_fd && s.posix_fd[i];
+    all_fabric = all_fabric && s.fabric[i];
+    all_pools = all_pools && attribute(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED);
   }
-  s.caps = kIpc | kPeerAccess | (all_vmm ? kVirtualMemory : 0u);
+  s.caps = kIpc | kPeerAccess | kProcessMemory | (all_vmm ? kVirtualMemory : 0u) |
+           (all_vmm && all_fd ? kShareablePosixFd : 0u) |
+           (all_vmm && all_fabric ? kShareableFabric : 0u) | (all_pools ? kStreamOrderedPool : 0u);
 }
 
 CudaBackend::~CudaBackend() {
@@ -454,7 +491,16 @@ DeviceStatus CudaBackend::create_physical(int device, std::size_t size, Physical
       device, "cuMemCreate", true,
       [&] {
         CUmemAllocationProp prop = s.physical_properties(device);
-        return s.api->MemCreate(&h, size, &prop, 0);
+        CUresult r = s.api->MemCreate(&h, size, &prop, 0);
+        if ((r == CUDA_ERROR_NOT_PERMITTED || r == CUDA_ERROR_NOT_SUPPORTED) &&
+            s.wants_fabric(device)) {
+          // Fabric handles need an IMEX channel the system may not give: descriptors
+          // only from now on.
+          s.fabric_refused[device].store(true, std::memory_order_relaxed);
+          prop = s.physical_properties(device);
+          r = s.api->MemCreate(&h, size, &prop, 0);
+        }
+        return r;
       },
       [&] { return "cuMemCreate(" + std::to_string(size) + " bytes)"; }, CUDA_ERROR_OUT_OF_MEMORY,
       DeviceStatus::out_of_memory);
@@ -488,15 +534,8 @@ DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, co
                                      int count) {
   State& s = *state_;
   const char* call = "cuMemSetAccess";
-  if (count < 0 || (count > 0 && devices == nullptr))
-    return fail(DeviceStatus::error, "cuMemSetAccess: bad device list");
-  std::vector<CUmemAccessDesc> desc(static_cast<std::size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    if (DeviceStatus st = s.check_device(devices[i], call); st != DeviceStatus::ok) return st;
-    desc[i].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    desc[i].location.id = s.devices[devices[i]];
-    desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  }
+  std::vector<CUmemAccessDesc> desc;
+  if (DeviceStatus st = s.access(call, devices, count, &desc); st != DeviceStatus::ok) return st;
   return s.drive(
       device, call, true,
       [&] {
@@ -537,6 +576,183 @@ DeviceStatus CudaBackend::close_ipc(int device, void* ptr) {
       device, "cuIpcCloseMemHandle", false,
       [&] { return state_->api->IpcCloseMemHandle(to_dptr(ptr)); },
       [&] { return "cuIpcCloseMemHandle(" + hex(ptr) + ")"; });
+}
+
+// ---- Shareable physical memory ----------------------------------------------------
+
+DeviceStatus CudaBackend::export_shareable(int device, PhysicalHandle handle,
+                                           ShareableHandle::Kind kind, ShareableHandle* out) {
+  State& s = *state_;
+  ShareableHandle result;
+  result.kind = kind;
+  const bool fd = kind == ShareableHandle::posix_fd;
+  CUmemFabricHandle fabric{};
+  DeviceStatus st = s.drive(
+      device, "cuMemExportToShareableHandle", true,
+      [&] {
+        return s.api->MemExportToShareableHandle(
+            fd ? static_cast<void*>(&result.fd) : static_cast<void*>(&fabric),
+            static_cast<CUmemGenericAllocationHandle>(handle),
+            fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_FABRIC, 0);
+      },
+      [&] {
+        return std::string("cuMemExportToShareableHandle(") +
+               (fd ? "POSIX file descriptor" : "fabric handle") + ")";
+      });
+  if (st != DeviceStatus::ok) return st;
+  static_assert(sizeof fabric == sizeof result.fabric_bytes, "fabric handle size");
+  if (!fd) std::memcpy(result.fabric_bytes, &fabric, sizeof fabric);
+  *out = result;
+  return DeviceStatus::ok;
+}
+
+DeviceStatus CudaBackend::import_shareable(int device, const ShareableHandle& shared,
+                                           PhysicalHandle* handle) {
+  State& s = *state_;
+  CUmemGenericAllocationHandle h = 0;
+  const bool fd = shared.kind == ShareableHandle::posix_fd;
+  CUmemFabricHandle fabric{};
+  std::memcpy(&fabric, shared.fabric_bytes, sizeof fabric);
+  DeviceStatus st = s.drive(
+      device, "cuMemImportFromShareableHandle", true,
+      [&] {
+        void* os_handle = fd ? reinterpret_cast<void*>(static_cast<std::intptr_t>(shared.fd))
+                             : static_cast<void*>(&fabric);
+        return s.api->MemImportFromShareableHandle(
+            &h, os_handle,
+            fd ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_FABRIC);
+      },
+      [&] {
+        return std::string("cuMemImportFromShareableHandle(") +
+               (fd ? "descriptor " + std::to_string(shared.fd) : std::string("fabric handle")) +
+               ")";
+      });
+  if (st == DeviceStatus::ok) *handle = static_cast<PhysicalHandle>(h);
+  return st;
+}
+
+// ---- Stream-ordered pools ------------------------------------------------------------
+
+namespace {
+CUmemoryPool to_pool(PoolHandle p) {
+  return reinterpret_cast<CUmemoryPool>(p);
+}
+}  // namespace
+
+DeviceStatus CudaBackend::create_pool(int device, PoolHandle* pool) {
+  State& s = *state_;
+  CUmemoryPool created = nullptr;
+  DeviceStatus st = s.drive(device, "cuMemPoolCreate", false, [&] {
+    CUmemPoolProps props;
+    std::memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = s.devices[device];
+    return s.api->MemPoolCreate(&created, &props);
+  });
+  if (st == DeviceStatus::ok) *pool = reinterpret_cast<PoolHandle>(created);
+  return st;
+}
+
+DeviceStatus CudaBackend::destroy_pool(int device, PoolHandle pool) {
+  return state_->drive(device, "cuMemPoolDestroy", false,
+                       [&] { return state_->api->MemPoolDestroy(to_pool(pool)); });
+}
+
+DeviceStatus CudaBackend::allocate_from_pool(int device, PoolHandle pool, std::size_t size,
+                                             StreamHandle stream, void** ptr) {
+  State& s = *state_;
+  CUdeviceptr d = 0;
+  DeviceStatus st = s.drive(
+      device, "cuMemAllocFromPoolAsync", false,
+      [&] { return s.api->MemAllocFromPoolAsync(&d, size, to_pool(pool), to_stream(stream)); },
+      [&] {
+        return "cuMemAllocFromPoolAsync(" + std::to_string(size) + " bytes, stream " +
+               hex(to_stream(stream)) + ")";
+      },
+      CUDA_ERROR_OUT_OF_MEMORY, DeviceStatus::out_of_memory);
+  if (st == DeviceStatus::ok) *ptr = to_ptr(d);
+  return st;
+}
+
+DeviceStatus CudaBackend::free_async(int device, void* ptr, StreamHandle stream) {
+  return state_->drive(
+      device, "cuMemFreeAsync", false,
+      [&] { return state_->api->MemFreeAsync(to_dptr(ptr), to_stream(stream)); },
+      [&] { return "cuMemFreeAsync(" + hex(ptr) + ", stream " + hex(to_stream(stream)) + ")"; });
+}
+
+DeviceStatus CudaBackend::set_pool_release_threshold(int device, PoolHandle pool,
+                                                     std::uint64_t bytes) {
+  return state_->drive(device, "cuMemPoolSetAttribute(RELEASE_THRESHOLD)", false, [&] {
+    cuuint64_t value = bytes;
+    return state_->api->MemPoolSetAttribute(to_pool(pool), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                            &value);
+  });
+}
+
+DeviceStatus CudaBackend::trim_pool(int device, PoolHandle pool, std::size_t keep) {
+  return state_->drive(device, "cuMemPoolTrimTo", false,
+                       [&] { return state_->api->MemPoolTrimTo(to_pool(pool), keep); });
+}
+
+DeviceStatus CudaBackend::pool_usage(int device, PoolHandle pool, PoolUsage* out) {
+  State& s = *state_;
+  PoolUsage u;
+  auto read = [&](CUmemPool_attribute a, std::uint64_t* v) {
+    cuuint64_t value = 0;
+    CUresult r = s.api->MemPoolGetAttribute(to_pool(pool), a, &value);
+    *v = value;
+    return r;
+  };
+  DeviceStatus st = s.drive(device, "cuMemPoolGetAttribute", false, [&] {
+    CUresult r = read(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &u.reserved);
+    if (r == CUDA_SUCCESS) r = read(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &u.reserved_high);
+    if (r == CUDA_SUCCESS) r = read(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used);
+    if (r == CUDA_SUCCESS) r = read(CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high);
+    return r;
+  });
+  if (st == DeviceStatus::ok) *out = u;
+  return st;
+}
+
+DeviceStatus CudaBackend::reset_pool_peaks(int device, PoolHandle pool) {
+  State& s = *state_;
+  return s.drive(device, "cuMemPoolSetAttribute(*_MEM_HIGH)", false, [&] {
+    cuuint64_t zero = 0;  // the only value allowed: resets the high mark to current
+    CUresult r =
+        s.api->MemPoolSetAttribute(to_pool(pool), CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero);
+    return r != CUDA_SUCCESS
+               ? r
+               : s.api->MemPoolSetAttribute(to_pool(pool), CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero);
+  });
+}
+
+DeviceStatus CudaBackend::set_pool_access(int device, PoolHandle pool, const int* devices,
+                                          int count) {
+  State& s = *state_;
+  const char* call = "cuMemPoolSetAccess";
+  std::vector<CUmemAccessDesc> desc;
+  if (DeviceStatus st = s.access(call, devices, count, &desc); st != DeviceStatus::ok) return st;
+  return s.drive(device, call, false, [&] {
+    return count == 0 ? CUDA_SUCCESS
+                      : s.api->MemPoolSetAccess(to_pool(pool), desc.data(), desc.size());
+  });
+}
+
+// ---- Processes ---------------------------------------------------------------------
+
+DeviceStatus CudaBackend::process_memory(int device, std::vector<ProcessMemory>* out) {
+  State& s = *state_;
+  const char* call = "process_memory";
+  if (DeviceStatus st = s.check_device(device, call); st != DeviceStatus::ok) return st;
+  char pci[32] = {};
+  CUresult r = s.api->DeviceGetPCIBusId(pci, static_cast<int>(sizeof pci), s.devices[device]);
+  if (r != CUDA_SUCCESS) return s.error(r, "cuDeviceGetPCIBusId", device);
+  std::string why;
+  if (!detail::cuda::nvml_processes(pci, out, &why)) return fail(DeviceStatus::unsupported, why);
+  return DeviceStatus::ok;
 }
 
 // ---- Peer access ----------------------------------------------------------------

@@ -18,46 +18,57 @@ namespace reservoir::detail::cuda {
 // the field has. The name passed to cuGetProcAddress is "cu" #field; the versioned
 // symbol (cuMemAlloc_v2, ...) is the one cuGetProcAddress returns for CUDA 11.3-12.x
 // requests, so the declared type matches what is called.
-#define RESERVOIR_CUDA_DRIVER_API(X)                            \
-  X(Init, cuInit)                                               \
-  X(DriverGetVersion, cuDriverGetVersion)                       \
-  X(GetErrorName, cuGetErrorName)                               \
-  X(GetErrorString, cuGetErrorString)                           \
-  X(DeviceGetCount, cuDeviceGetCount)                           \
-  X(DeviceGet, cuDeviceGet)                                     \
-  X(DeviceGetAttribute, cuDeviceGetAttribute)                   \
-  X(DeviceGetName, cuDeviceGetName)                             \
-  X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)           \
-  X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)      \
-  X(CtxGetCurrent, cuCtxGetCurrent)                             \
-  X(CtxSetCurrent, cuCtxSetCurrent)                             \
-  X(CtxGetDevice, cuCtxGetDevice)                               \
-  X(CtxSynchronize, cuCtxSynchronize)                           \
-  X(CtxEnablePeerAccess, cuCtxEnablePeerAccess)                 \
-  X(DeviceCanAccessPeer, cuDeviceCanAccessPeer)                 \
-  X(MemGetInfo, cuMemGetInfo_v2)                                \
-  X(MemAlloc, cuMemAlloc_v2)                                    \
-  X(MemFree, cuMemFree_v2)                                      \
-  X(EventCreate, cuEventCreate)                                 \
-  X(EventDestroy, cuEventDestroy_v2)                            \
-  X(EventRecord, cuEventRecord)                                 \
-  X(EventQuery, cuEventQuery)                                   \
-  X(EventSynchronize, cuEventSynchronize)                       \
-  X(StreamWaitEvent, cuStreamWaitEvent)                         \
-  X(StreamSynchronize, cuStreamSynchronize)                     \
-  X(StreamCreate, cuStreamCreate)                               \
-  X(StreamDestroy, cuStreamDestroy_v2)                          \
-  X(MemGetAllocationGranularity, cuMemGetAllocationGranularity) \
-  X(MemAddressReserve, cuMemAddressReserve)                     \
-  X(MemAddressFree, cuMemAddressFree)                           \
-  X(MemCreate, cuMemCreate)                                     \
-  X(MemRelease, cuMemRelease)                                   \
-  X(MemMap, cuMemMap)                                           \
-  X(MemUnmap, cuMemUnmap)                                       \
-  X(MemSetAccess, cuMemSetAccess)                               \
-  X(IpcGetMemHandle, cuIpcGetMemHandle)                         \
-  X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2)                    \
-  X(IpcCloseMemHandle, cuIpcCloseMemHandle)
+#define RESERVOIR_CUDA_DRIVER_API(X)                              \
+  X(Init, cuInit)                                                 \
+  X(DriverGetVersion, cuDriverGetVersion)                         \
+  X(GetErrorName, cuGetErrorName)                                 \
+  X(GetErrorString, cuGetErrorString)                             \
+  X(DeviceGetCount, cuDeviceGetCount)                             \
+  X(DeviceGet, cuDeviceGet)                                       \
+  X(DeviceGetAttribute, cuDeviceGetAttribute)                     \
+  X(DeviceGetName, cuDeviceGetName)                               \
+  X(DevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)             \
+  X(DevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2)        \
+  X(CtxGetCurrent, cuCtxGetCurrent)                               \
+  X(CtxSetCurrent, cuCtxSetCurrent)                               \
+  X(CtxGetDevice, cuCtxGetDevice)                                 \
+  X(CtxSynchronize, cuCtxSynchronize)                             \
+  X(CtxEnablePeerAccess, cuCtxEnablePeerAccess)                   \
+  X(DeviceCanAccessPeer, cuDeviceCanAccessPeer)                   \
+  X(MemGetInfo, cuMemGetInfo_v2)                                  \
+  X(MemAlloc, cuMemAlloc_v2)                                      \
+  X(MemFree, cuMemFree_v2)                                        \
+  X(EventCreate, cuEventCreate)                                   \
+  X(EventDestroy, cuEventDestroy_v2)                              \
+  X(EventRecord, cuEventRecord)                                   \
+  X(EventQuery, cuEventQuery)                                     \
+  X(EventSynchronize, cuEventSynchronize)                         \
+  X(StreamWaitEvent, cuStreamWaitEvent)                           \
+  X(StreamSynchronize, cuStreamSynchronize)                       \
+  X(StreamCreate, cuStreamCreate)                                 \
+  X(StreamDestroy, cuStreamDestroy_v2)                            \
+  X(MemGetAllocationGranularity, cuMemGetAllocationGranularity)   \
+  X(MemAddressReserve, cuMemAddressReserve)                       \
+  X(MemAddressFree, cuMemAddressFree)                             \
+  X(MemCreate, cuMemCreate)                                       \
+  X(MemRelease, cuMemRelease)                                     \
+  X(MemMap, cuMemMap)                                             \
+  X(MemUnmap, cuMemUnmap)                                         \
+  X(MemSetAccess, cuMemSetAccess)                                 \
+  X(IpcGetMemHandle, cuIpcGetMemHandle)                           \
+  X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2)                      \
+  X(IpcCloseMemHandle, cuIpcCloseMemHandle)                       \
+  X(MemExportToShareableHandle, cuMemExportToShareableHandle)     \
+  X(MemImportFromShareableHandle, cuMemImportFromShareableHandle) \
+  X(MemPoolCreate, cuMemPoolCreate)                               \
+  X(MemPoolDestroy, cuMemPoolDestroy)                             \
+  X(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync)               \
+  X(MemFreeAsync, cuMemFreeAsync)                                 \
+  X(MemPoolSetAttribute, cuMemPoolSetAttribute)                   \
+  X(MemPoolGetAttribute, cuMemPoolGetAttribute)                   \
+  X(MemPoolTrimTo, cuMemPoolTrimTo)                               \
+  X(MemPoolSetAccess, cuMemPoolSetAccess)                         \
+  X(DeviceGetPCIBusId, cuDeviceGetPCIBusId)
 
 struct DriverApi {
 #define RESERVOIR_CUDA_DRIVER_FIELD(field, symbol) decltype(&::symbol) field = nullptr;
