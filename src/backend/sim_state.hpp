@@ -20,7 +20,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -179,13 +178,13 @@ struct SimBackend::State {
   std::optional<DeviceStatus> refused_by_capture(const char* op) {
     if (capturing.empty()) return std::nullopt;
     ++capture_violations;
-    return error(std::string("sim: ") + op + " is not permitted while stream " +
-                 std::to_string(*capturing.begin()) + " is capturing");
+    return sim::error(std::string("sim: ") + op + " is not permitted while stream " +
+                      std::to_string(*capturing.begin()) + " is capturing");
   }
   std::optional<DeviceStatus> refused_captured_event(const char* op, const Event& e) {
     if (!e.captured) return std::nullopt;
     ++capture_violations;
-    return error(std::string("sim: ") + op + ": the event was recorded during a capture");
+    return sim::error(std::string("sim: ") + op + ": the event was recorded during a capture");
   }
   void complete_all() {
     for (auto& [handle, stream] : streams) {

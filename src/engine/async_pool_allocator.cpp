@@ -85,8 +85,8 @@ void AsyncPoolAllocator::trace(int device, TraceAction action, std::uintptr_t ad
                                std::size_t size, StreamHandle stream, Context context) {
   History& h = engines_.engine(device).history();
   if (!h.active()) return;
-  h.record(
-      TraceEntry{action, device, address, size, stream, backend_.now_us(), std::move(context)});
+  h.record(TraceEntry{action, device, address, size, stream, backend_.now_us(), std::move(context),
+                      PoolId{}});  // the driver's pool is not a private pool
 }
 
 bool AsyncPoolAllocator::try_allocate(int device, std::size_t size, StreamHandle stream,

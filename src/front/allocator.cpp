@@ -307,6 +307,11 @@ detail::DeviceEngine& Allocator::Impl::pool_engine(int device) {
     throw InvalidArgumentError(
         "reservoir: private pools need the caching allocator (RESERVOIR_NO_CACHING=1 is set): "
         "CUDA graphs and memory pools cannot run uncached");
+  if (async)
+    throw InvalidArgumentError(
+        "reservoir: private pools need Reservoir's caching engine, and backend:cudaMallocAsync "
+        "is set (its memory comes from the driver's pool); use backend:native for CUDA graphs "
+        "and memory pools");
   return engine(device);
 }
 

@@ -14,6 +14,10 @@ namespace {
 
 class Pools : public Conformance {
  protected:
+  void SetUp() override {
+    Conformance::SetUp();
+    if (async()) GTEST_SKIP() << "private pools need the caching engine (backend:native)";
+  }
   // A pool with this thread's requests routed to it while the object lives.
   struct ThreadRoute {
     ThreadRoute(Allocator& a, PoolId id) : a(a), id(id) {
@@ -416,6 +420,19 @@ TEST_P(Pools, UncachedModeRefusesPools) {
   Allocator uncached(backend_, Config{});
   ::unsetenv("RESERVOIR_NO_CACHING");
   EXPECT_THROW(uncached.create_pool({}, 0), InvalidArgumentError);
+}
+
+TEST_P(Pools, TheAsyncBackendRefusesPools) {
+  Allocator async(backend_, Config::parse("backend:cudaMallocAsync"));
+  try {
+    async.create_pool({}, 0);
+    ADD_FAILURE() << "create_pool under backend:cudaMallocAsync did not throw";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("backend:native"), std::string::npos) << e.what();
+  }
+  void* p = async.allocate(MiB, 0, 0);  // the allocator itself still works
+  EXPECT_NE(p, nullptr);
+  async.deallocate(p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Pools, ::testing::ValuesIn(harness_names()),
