@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -36,6 +37,12 @@ CUstream to_stream(StreamHandle s) {
 }
 CUevent to_event(EventHandle e) {
   return reinterpret_cast<CUevent>(e);
+}
+// RESERVOIR_FABRIC_HANDLES=1: physical pages are also exportable as fabric handles
+// (multi-node NVLink; needs an IMEX channel).
+bool fabric_requested() {
+  const char* v = std::getenv("RESERVOIR_FABRIC_HANDLES");
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 std::string hex(const void* p) {
@@ -272,7 +279,10 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
       int v = 0;
       return api.DeviceGetAttribute(&v, a, s.devices[i]) == CUDA_SUCCESS && v != 0;
     };
-    s.fabric[i] = attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
+    // Fabric handles only on request (RESERVOIR_FABRIC_HANDLES=1): without an IMEX
+    // channel cuMemCreate refuses them, and a refused call is an API error that
+    // tools like compute-sanitizer report (docs/ipc.md).
+    s.fabric[i] = fabric_requested() && attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
     s.fabric_refused[i].store(false);
     all_vmm = all_vmm && s.vmm[i];
     all_fd = all_fd && s.posix_fd[i];
@@ -370,14 +380,17 @@ DeviceStatus CudaBackend::deallocate(int device, void* ptr, std::size_t size) {
   State& s = *state_;
   // cuMemFree only "may" synchronize; the contract says work using the range completes
   // first, so wait for the device explicitly (cudaFree's behaviour).
+  bool synchronized = false;
   return s.drive(
       device, "cuMemFree", false,
       [&] {
         CUresult r = s.api->CtxSynchronize();
-        return r != CUDA_SUCCESS ? r : s.api->MemFree(to_dptr(ptr));
+        synchronized = r == CUDA_SUCCESS;
+        return synchronized ? s.api->MemFree(to_dptr(ptr)) : r;
       },
       [&] {
-        return "cuCtxSynchronize + cuMemFree(" + hex(ptr) + ", " + std::to_string(size) + " bytes)";
+        return (synchronized ? "cuMemFree(" : "cuCtxSynchronize before cuMemFree(") + hex(ptr) +
+               ", " + std::to_string(size) + " bytes)";
       });
 }
 
@@ -492,8 +505,10 @@ DeviceStatus CudaBackend::create_physical(int device, std::size_t size, Physical
       [&] {
         CUmemAllocationProp prop = s.physical_properties(device);
         CUresult r = s.api->MemCreate(&h, size, &prop, 0);
+        // (The request's own handle types decide: another thread may have turned
+        // fabric off meanwhile.)
         if ((r == CUDA_ERROR_NOT_PERMITTED || r == CUDA_ERROR_NOT_SUPPORTED) &&
-            s.wants_fabric(device)) {
+            (prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_FABRIC) != 0) {
           // Fabric handles need an IMEX channel the system may not give: descriptors
           // only from now on.
           s.fabric_refused[device].store(true, std::memory_order_relaxed);
