@@ -30,18 +30,27 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 names=()
 results=()
+# GPU_RUN_SECONDS: the whole phase's budget (the device tool stops a call at 600 s;
+# the tarball at the end must be made in time): no step runs past it.
+deadline=${GPU_RUN_SECONDS:-560}
 step() {  # name, command...
-  local name=$1 t=$SECONDS rc
+  local name=$1 t=$SECONDS rc left=$((deadline - SECONDS))
   shift
   echo "=== $name ($(date -u +%H:%M:%S), ${SECONDS} s into the run)"
-  "$@"
+  if ((left < 5)); then
+    echo "--- $name: skipped (the run's ${deadline} s are spent)"
+    names+=("$name")
+    results+=("skipped")
+    return
+  fi
+  timeout "$left" "$@"
   rc=$?
   names+=("$name")
   results+=("$([ $rc = 0 ] && echo ok || echo "FAILED (rc $rc)"), $((SECONDS - t)) s")
   echo "--- $name: ${results[-1]}"
 }
 lib=build/gpu/src/libreservoir.so
-py() { RESERVOIR_LIBRARY=$PWD/$lib PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} "$@"; }
+py=(env "RESERVOIR_LIBRARY=$PWD/$lib" "PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}")
 
 fuzz_pid=
 start_fuzz() {  # a campaign on the host's last cores while the GPU steps run
@@ -61,7 +70,13 @@ start_fuzz() {  # a campaign on the host's last cores while the GPU steps run
 }
 finish_fuzz() {
   [ -n "$fuzz_pid" ] || return 0
-  step fuzz-campaign wait "$fuzz_pid"
+  # The campaign ends at FUZZ_SECONDS; past the deadline it is stopped.
+  while kill -0 "$fuzz_pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 2; done
+  kill -INT "$fuzz_pid" 2>/dev/null
+  wait "$fuzz_pid"
+  local rc=$?
+  names+=(fuzz-campaign)
+  results+=("$([ $rc = 0 ] && echo ok || echo "rc $rc")")
   grep -E "INITED|DONE|stat::|ERROR|==[0-9]+==" "$out/fuzz/fuzz.log" | tail -n 20
   echo "fuzz: corpus $(ls "$out/fuzz/corpus" | wc -l) files, artifacts $(ls "$out/fuzz/artifacts" | wc -l)"
   rm -rf "$out/fuzz/corpus"  # only findings and the log come back
@@ -89,15 +104,15 @@ case $phase in
     step recheck-threads $g/gpu_conformance --gtest_filter='*ThreadsOnTheirOwnStreams*'
     step memcheck-allocator $cs $g/gpu_cuda_allocator_test --gtest_filter='-*Oom*:*Errors*'
     step memcheck-compact $cs $g/gpu_compact_test
-    step torch-memory-api py timeout 200 python3 -m unittest discover -s tests/python/gpu \
+    step torch-memory-api "${py[@]}" python3 -m unittest discover -s tests/python/gpu \
       -p 'test_torch_memory_api.py' -v
-    step torch-graphs timeout 200 scripts/gpu-torch-graphs.sh "$lib"
-    step ipc-async timeout 200 scripts/gpu-ipc-async.sh "$out/ipc-async"
-    step train-bench py timeout 240 python3 bench/python/train_bench.py \
+    step torch-graphs scripts/gpu-torch-graphs.sh "$lib"
+    step ipc-async scripts/gpu-ipc-async.sh "$out/ipc-async"
+    step train-bench "${py[@]}" python3 bench/python/train_bench.py \
       --models gpt2,resnet50,multistream \
       --variants pytorch,pytorch:expandable_segments:True,reservoir,reservoir:policy:compact \
       --deterministic --json "$out/train_bench.json"
-    step cudnn-bench py timeout 200 python3 bench/python/cudnn_bench.py --rounds 2 \
+    step cudnn-bench "${py[@]}" python3 bench/python/cudnn_bench.py --rounds 2 \
       --json "$out/cudnn.json"
     finish_fuzz
     ;;
