@@ -219,6 +219,7 @@ void CompactPool::unmap_page(Arena& a, std::size_t index) {
     throw DeviceError("reservoir: unmapping a page on device " + std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
   p.mapped = false;
+  p.accessible = false;
   p.fence.clear();
   a.segment->mapped_bytes -= page_;
   DeviceCounters::bump(services_.counters.device_unmaps);
@@ -308,9 +309,12 @@ bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
 bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
   std::vector<std::size_t>& missing = missing_;
   missing.clear();
-  for (std::size_t i = first; i < end; ++i)
+  bool inaccessible = false;  // a mapped page of the span that has no access yet
+  for (std::size_t i = first; i < end; ++i) {
     if (!a.pages[i].mapped) missing.push_back(i);
-  if (missing.empty()) return true;
+    inaccessible |= a.pages[i].mapped && !a.pages[i].accessible;
+  }
+  if (missing.empty() && !inaccessible) return true;
   // Free pages of this span are about to hold the block: off the reclaimable list (so
   // the search for memory does not walk them), back on it if the request fails.
   std::vector<std::size_t>& unlisted = unlisted_;
@@ -356,6 +360,7 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
         Page& p = a.pages[missing[k]];
         p.handle = got[k];
         p.mapped = true;
+        p.accessible = false;
         p.fence.clear();
         a.segment->mapped_bytes += page_;
         list_push(PageRef{&a, missing[k]});
@@ -372,19 +377,28 @@ bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
                               reinterpret_cast<void*>(base + missing[mapped] * page_), page_,
                               got[mapped]) != DeviceStatus::ok)
       undo("mapping a page for policy:compact");
-  // Access for each run of newly mapped pages, one call per run.
+  // Access for each run of newly mapped pages (and mapped pages still without
+  // access), one call per run.
+  std::vector<std::size_t>& grant = grant_;
+  grant.clear();
+  for (std::size_t i = first, k = 0; i < end; ++i) {
+    const bool fresh = k < missing.size() && missing[k] == i;
+    if (fresh) ++k;
+    if (fresh || !a.pages[i].accessible) grant.push_back(i);
+  }
   const std::vector<int> peers = services_.peers.list();
   std::vector<int> devices{services_.device};
   devices.insert(devices.end(), peers.begin(), peers.end());
-  for (std::size_t k = 0; k < missing.size();) {
+  for (std::size_t k = 0; k < grant.size();) {
     std::size_t run = k + 1;
-    while (run < missing.size() && missing[run] == missing[run - 1] + 1) ++run;
+    while (run < grant.size() && grant[run] == grant[run - 1] + 1) ++run;
     if (services_.backend.set_access(
-            services_.device, reinterpret_cast<void*>(base + missing[k] * page_), (run - k) * page_,
+            services_.device, reinterpret_cast<void*>(base + grant[k] * page_), (run - k) * page_,
             devices.data(), static_cast<int>(devices.size())) != DeviceStatus::ok)
       undo("granting access to pages for policy:compact");
     k = run;
   }
+  for (std::size_t i : grant) a.pages[i].accessible = true;
   for (std::size_t k = 0; k < missing.size(); ++k) {
     Page& p = a.pages[missing[k]];
     p.handle = got[k];

@@ -90,6 +90,9 @@ class alignas(64) CompactPool final : public BlockOwner {
   struct Page {
     PhysicalHandle handle = 0;
     bool mapped = false;
+    // accessible => mapped. A page a failed request could not unmap stays mapped
+    // without access: the next request that covers it grants access first.
+    bool accessible = false;
     bool listed = false;     // on the reclaimable list
     std::uint64_t live = 0;  // bytes of allocated blocks on this page
     Fence fence;             // marks of the frees and uses of memory on this page
@@ -151,6 +154,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::vector<std::size_t> missing_;
   std::vector<PhysicalHandle> got_;
   std::vector<std::size_t> unlisted_;
+  std::vector<std::size_t> grant_;  // back_pages: the pages it grants access to
   std::vector<PhysicalHandle> spare_;
   std::size_t page_ = 0;  // mapping granularity
 };

@@ -185,6 +185,11 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       RESERVOIR_CHECK(p.live == 0 || p.mapped, "page " + std::to_string(i) + " of arena " +
                                                    at(seg->base) +
                                                    " holds a block but is unmapped");
+      RESERVOIR_CHECK(p.live == 0 || p.accessible,
+                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
+                          " holds a block but its access was never granted");
+      RESERVOIR_CHECK(!p.accessible || p.mapped, "page " + std::to_string(i) + " of arena " +
+                                                     at(seg->base) + " is accessible but unmapped");
       if (p.mapped) ++mapped_here;
       RESERVOIR_CHECK(p.listed == (p.mapped && p.live == 0),
                       "page " + std::to_string(i) + " of arena " + at(seg->base) +
