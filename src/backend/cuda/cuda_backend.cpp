@@ -38,6 +38,27 @@ CUstream to_stream(StreamHandle s) {
 CUevent to_event(EventHandle e) {
   return reinterpret_cast<CUevent>(e);
 }
+// The calls that allocate or map memory are refused on a thread whose stream-capture
+// mode is global or thread-local while a CUDA graph capture is under way; PyTorch's
+// allocator makes them in relaxed mode (what is allocated during a capture belongs to
+// the graph's pool), and so does this guard, restoring the thread's mode after.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const DriverApi* api) : api_(api) {
+    exchanged_ = api_->ThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (exchanged_) (void)api_->ThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const DriverApi* api_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
+};
+
 // RESERVOIR_FABRIC_HANDLES=1: physical pages are also exportable as fabric handles
 // (multi-node NVLink; needs an IMEX channel).
 bool fabric_requested() {
@@ -360,7 +381,11 @@ DeviceStatus CudaBackend::allocate(int device, std::size_t size, void** ptr) {
   // The driver API keeps no sticky "last error" (unlike cudaGetLastError), so an
   // out-of-memory answer leaves nothing behind to clear.
   DeviceStatus st = s.drive(
-      device, "cuMemAlloc", false, [&] { return s.api->MemAlloc(&d, size); },
+      device, "cuMemAlloc", false,
+      [&] {
+        RelaxedCapture relaxed(s.api);
+        return s.api->MemAlloc(&d, size);
+      },
       [&] { return "cuMemAlloc(" + std::to_string(size) + " bytes)"; }, CUDA_ERROR_OUT_OF_MEMORY,
       DeviceStatus::out_of_memory);
   if (st != DeviceStatus::ok) return st;
@@ -481,7 +506,10 @@ DeviceStatus CudaBackend::reserve_address_range(int device, std::size_t size, st
   CUdeviceptr d = 0;
   DeviceStatus st = state_->drive(
       device, "cuMemAddressReserve", true,
-      [&] { return state_->api->MemAddressReserve(&d, size, alignment, 0, 0); },
+      [&] {
+        RelaxedCapture relaxed(state_->api);
+        return state_->api->MemAddressReserve(&d, size, alignment, 0, 0);
+      },
       [&] {
         return "cuMemAddressReserve(" + std::to_string(size) + " bytes, alignment " +
                std::to_string(alignment) + ")";
@@ -503,6 +531,7 @@ DeviceStatus CudaBackend::create_physical(int device, std::size_t size, Physical
   DeviceStatus st = s.drive(
       device, "cuMemCreate", true,
       [&] {
+        RelaxedCapture relaxed(s.api);
         CUmemAllocationProp prop = s.physical_properties(device);
         CUresult r = s.api->MemCreate(&h, size, &prop, 0);
         // (The request's own handle types decide: another thread may have turned
@@ -533,6 +562,7 @@ DeviceStatus CudaBackend::map(int device, void* ptr, std::size_t size, PhysicalH
   return state_->drive(
       device, "cuMemMap", true,
       [&] {
+        RelaxedCapture relaxed(state_->api);
         return state_->api->MemMap(to_dptr(ptr), size, 0,
                                    static_cast<CUmemGenericAllocationHandle>(handle), 0);
       },
@@ -554,6 +584,7 @@ DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, co
   return s.drive(
       device, call, true,
       [&] {
+        RelaxedCapture relaxed(s.api);
         return count == 0 ? CUDA_SUCCESS
                           : s.api->MemSetAccess(to_dptr(ptr), size, desc.data(), desc.size());
       },

@@ -68,7 +68,8 @@ class MemoryApiTest(unittest.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 assert torch.cuda.memory_cached() == ours["reserved_bytes.all.current"]
-            assert "allocated_bytes" in torch.cuda.memory_summary()
+            summary = torch.cuda.memory_summary()
+            assert "Reservoir memory summary" in summary and "Allocated memory" in summary, summary
             del y
             torch.cuda.reset_peak_memory_stats()
             after = reservoir.memory_stats(dev)
@@ -167,7 +168,8 @@ class MemoryApiTest(unittest.TestCase):
                 print("caught", type(e).__name__)
                 assert text.startswith("CUDA out of memory. Tried to allocate "), text[:300]
                 assert " has a total capacity of " in text and " is free. " in text, text[:300]
-                assert "Reservoir: out of memory on device" in text, text[:600]
+                assert "Reservoir (cuda device 0): the request of " in text, text[:600]
+                assert "Including non-PyTorch memory, this process has " in text, text[:600]
             else:
                 raise SystemExit("no error")
             try:
