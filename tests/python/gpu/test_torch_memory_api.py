@@ -68,8 +68,9 @@ class MemoryApiTest(unittest.TestCase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 assert torch.cuda.memory_cached() == ours["reserved_bytes.all.current"]
+            # PyTorch formats the summary from memory_stats(), which answers Reservoir's.
             summary = torch.cuda.memory_summary()
-            assert "Reservoir memory summary" in summary and "Allocated memory" in summary, summary
+            assert "Allocated memory" in summary, summary
             del y
             torch.cuda.reset_peak_memory_stats()
             after = reservoir.memory_stats(dev)
