@@ -39,6 +39,12 @@ TEST_P(CompactOnRealTraces, ReservesWithin5PercentAndFitsWithin2Percent) {
   const std::string path = std::string(dir) + "/" + GetParam().trace + ".trace.gz";
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const Trace t = read_trace(path);
+#if defined(RESERVOIR_TEST_SLOW_BUILD)
+  // The figures are the optimized flavour's to pin; here the validator walks the
+  // replays of the traces small enough for CI time.
+  if (t.events.size() > 100000)
+    GTEST_SKIP() << t.events.size() << " events: replayed by the optimized flavour only";
+#endif
   const ReplayResult r = replay_trace(t, "policy:compact");
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.peak_requested, t.peak_live_bytes);
