@@ -28,6 +28,8 @@ phase=${1:?usage: scripts/gpu-run-b.sh check|torch OUT}
 out=${2:?usage: scripts/gpu-run-b.sh check|torch OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# The whole log travels in the tarball too (the device tool returns only a tail).
+exec > >(tee "$out/run.log") 2>&1
 names=()
 results=()
 # GPU_RUN_SECONDS: the whole phase's budget (the device tool stops a call at 600 s;
