@@ -124,7 +124,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   const std::size_t reach = seg->vm->reach();
   std::size_t mapped = 0;
   try {
-    mapped = seg->vm->map(b->address, want);
+    mapped = seg->vm->map(b->address, want, !services_.capture.underway());
   } catch (...) {
     count_held(seg, held, want);  // nothing was mapped
     throw;

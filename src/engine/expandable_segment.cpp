@@ -89,11 +89,13 @@ bool ExpandableSegment::grant(std::size_t first_page, std::size_t end_page,
                              devices.data(), static_cast<int>(devices.size())) == DeviceStatus::ok;
 }
 
-std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes) {
+std::size_t ExpandableSegment::map(std::uintptr_t address, std::size_t bytes,
+                                   bool may_release_held) {
   const std::size_t first = (address - base_) / page_;
   const std::size_t end = (address - base_ + bytes + page_ - 1) / page_;
   if (!held_.empty()) {
-    const std::string why = release_held();
+    const std::string why =
+        may_release_held ? release_held() : std::string("a capture is under way");
     for (const Held& h : held_)
       if (h.mapped && h.page >= first && h.page < end)
         fail("mapping a page of an expandable segment",

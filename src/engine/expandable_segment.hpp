@@ -60,7 +60,9 @@ class ExpandableSegment {
   // device is out of memory (nothing mapped then). Throws DeviceError otherwise,
   // with nothing mapped either. Retries the held pages first; a page of the range
   // that stays held makes it throw. Either way held_bytes() may change.
-  std::size_t map(std::uintptr_t address, std::size_t bytes);
+  // may_release_held: false during a CUDA graph capture, when no memory may go back to
+  // the device (held pages are then left for a later map).
+  std::size_t map(std::uintptr_t address, std::size_t bytes, bool may_release_held = true);
   // The whole pages inside [address, address + bytes): {first byte, length}.
   std::pair<std::uintptr_t, std::size_t> inner_pages(std::uintptr_t address,
                                                      std::size_t bytes) const;
