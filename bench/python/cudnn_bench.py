@@ -13,9 +13,11 @@ PyTorch in both settings.
 
 Why benchmark=True matters: cuDNN's benchmark sizes its workspace by asking the
 allocator for its largest cached block (CUDACachingAllocator::cacheInfo), which
-PyTorch's pluggable interface does not forward: it raises "CUDAPluggableAllocator
-does not yet support cacheInfo". A cell that fails prints the first line of its
-error; the Markdown table at the end is the one docs/benchmarks.md keeps.
+PyTorch's pluggable interface does not forward ("CUDAPluggableAllocator does not
+yet support cacheInfo"); reservoir.torch's native part (reservoir._torch_native)
+answers it, and the note column says whether it was in use. A cell that fails
+prints the first line of its error; the Markdown table at the end is the one
+docs/benchmarks.md keeps.
 """
 
 import argparse
@@ -72,7 +74,8 @@ def main(argv=None):
                 times[cell].extend(result["step_times"][args.warmup:])
                 extra[cell] = {"peak_reserved": result["peak_reserved"],
                                "device": result["device"], "torch": result["torch"],
-                               "memory_api": result.get("memory_api")}
+                               "memory_api": result.get("memory_api"),
+                               "native": result.get("native")}
 
     rows = []
     for mode in MODES:
@@ -85,8 +88,12 @@ def main(argv=None):
             median = statistics.median(times[cell])
             ratio = "%.3fx" % (median / statistics.median(base)) if base else ""
             peak = extra[cell]["peak_reserved"] / (1 << 20)
-            rows.append((mode, allocator, "%.2f ms" % (median * 1e3), ratio,
-                         "peak reserved %.0f MiB" % peak))
+            note = "peak reserved %.0f MiB" % peak
+            native = extra[cell].get("native")
+            if native is not None:
+                note += "; native cacheInfo %s" % ("on" if native.get("active") else
+                                                   "off (%s)" % native.get("reason"))
+            rows.append((mode, allocator, "%.2f ms" % (median * 1e3), ratio, note))
     print()
     print("| cudnn.benchmark | allocator | median step | vs PyTorch | note |")
     print("|---|---|---:|---:|---|")

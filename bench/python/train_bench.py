@@ -198,8 +198,8 @@ def run_worker(args):
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
     # cuDNN's benchmark asks the allocator for cacheInfo, which PyTorch's pluggable
-    # interface does not forward (docs/python.md); bench/python/cudnn_bench.py
-    # measures both settings.
+    # interface does not forward; reservoir.torch's native part answers it
+    # (docs/python.md); bench/python/cudnn_bench.py measures both settings.
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
     torch.manual_seed(args.seed)
     device = torch.device("cuda")
@@ -286,6 +286,7 @@ def run_worker(args):
 
         result["installed_hooks"] = rt.installed_hooks()
         result["memory_api"] = rt.memory_api_patched()
+        result["native"] = rt.native_status()
         import reservoir
 
         result["summary"] = reservoir.memory_summary(torch.cuda.current_device())

@@ -68,7 +68,7 @@ class RESERVOIR_API Allocator {
   // Caps reserved memory at fraction * device total. fraction in [0, 1].
   void set_memory_fraction(double fraction, int device = -1);
   double memory_fraction(int device = -1);
-  // Size of the largest cached (free) block.
+  // Size of the largest cached (free) block, private pools included.
   std::size_t largest_cached_block(int device = -1);
   // The segment holding ptr (an allocated pointer, or inside one).
   BaseAllocation base_allocation(void* ptr);

@@ -22,13 +22,19 @@ CUDA graphs (torch.cuda.graph, make_graphed_callables, torch.compile's
 use_mem_pool run on Reservoir's private pools: the capture hooks are wired as
 pluggable setters, and the pool paths PyTorch does not forward to a pluggable
 allocator (MemPool creation, checkpoints) are answered by reservoir._torch_pools.
+
+cuDNN's benchmark mode asks the allocator's cacheInfo, a C++ virtual the pluggable
+interface does not forward: install() compiles a small subclass against the
+installed PyTorch once and makes it the allocator (reservoir._torch_native; about
+20 s the first time, cached; RESERVOIR_TORCH_NATIVE=0 skips it).
 """
 
 import contextlib
-import os
 import ctypes
+import os
+import warnings
 
-from . import _lib, _torch_memory_api, _torch_pools, _torch_sync
+from . import _lib, _torch_memory_api, _torch_native, _torch_pools, _torch_sync
 import reservoir as _reservoir
 
 # (setter on torch's _CUDAPluggableAllocator, exported symbol). A setter missing
@@ -166,6 +172,12 @@ def install(config=None):
                 "initialized or another allocator was installed first" % error
             )
         ) from error
+    # cacheInfo (cuDNN's benchmark mode) needs a C++ override: reservoir._torch_native.
+    native, reason = _torch_native.install(torch)
+    if not native and _torch_native.enabled():
+        warnings.warn("reservoir.torch: the native part (cacheInfo) is not in use, so "
+                      "torch.backends.cudnn.benchmark = True will fail: %s" % reason,
+                      RuntimeWarning, stacklevel=2)
     _allocator = pluggable
     _wired.clear()
     _wired.update(wired)
@@ -216,6 +228,12 @@ def _use_c10_errors(torch, lib):
         return False
     _oom_type[0] = "torch.cuda.OutOfMemoryError"
     return True
+
+
+def native_status():
+    """{"active": whether PyTorch's allocator is Reservoir's native subclass (cacheInfo
+    answered, so cudnn.benchmark works), "reason": why not}; see reservoir._torch_native."""
+    return _torch_native.status()
 
 
 def memory_api_patched():

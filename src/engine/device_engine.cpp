@@ -206,7 +206,7 @@ void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
 
 std::size_t DeviceEngine::largest_cached_block() {
   std::size_t largest = 0;
-  for (StreamPool* p : pools_snapshot())
+  for (StreamPool* p : all_pools_snapshot())  // private pools too, as c10's cacheInfo
     largest =
         std::max({largest, p->largest_free_block(kSmallPool), p->largest_free_block(kLargePool)});
   if (CompactPool* c = compact_if_made()) largest = std::max(largest, c->largest_free_block());

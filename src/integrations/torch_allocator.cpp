@@ -186,6 +186,25 @@ RESERVOIR_C_API void* reservoir_torch_base_alloc(void* ptr, size_t* size) {
   return base.base;
 }
 
+// cacheInfo (CUDAAllocator::cacheInfo(device, size_t*)): not a pluggable setter;
+// reservoir.torch's native part (src/integrations/torch_native) overrides cacheInfo
+// with this. As c10 does: a zero *largest starts from the device's free memory (an
+// optimistic guess), then any cached free block larger than it, private pools
+// included. cuDNN's benchmark sizes convolution workspaces with it.
+RESERVOIR_C_API void reservoir_torch_cache_info(int device, size_t* largest) {
+  if (largest == nullptr) return;
+  Allocator& allocator = Allocator::instance();
+  if (device < 0) {
+    if (allocator.backend().current_device(&device) != reservoir::DeviceStatus::ok) device = 0;
+  }
+  if (*largest == 0) {
+    reservoir::MemoryInfo info;
+    if (allocator.backend().memory_info(device, &info) == reservoir::DeviceStatus::ok)
+      *largest = info.free;
+  }
+  *largest = std::max(*largest, allocator.largest_cached_block(device));
+}
+
 // set_record_stream_fn: void(void*, cudaStream_t). Like PyTorch's own allocator, a
 // pointer this allocator did not hand out (e.g. from torch.from_blob) is skipped.
 RESERVOIR_C_API void reservoir_torch_record_stream(void* ptr, cudaStream_t stream) {

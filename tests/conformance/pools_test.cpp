@@ -55,6 +55,24 @@ TEST_P(Pools, APoolsFreeBlocksNeverServeDefaultRequests) {
   a().release_pool(pool, 0);
 }
 
+// c10's cacheInfo counts graph pools' free blocks too; cuDNN sizes workspaces by it.
+TEST_P(Pools, LargestCachedBlockCountsPrivatePools) {
+  a().empty_cache();
+  PoolId pool = a().create_pool({}, 0);
+  void* in_pool;
+  {
+    ThreadRoute route(a(), pool);
+    in_pool = alloc(24 * MiB);
+  }
+  // Expandable segments may keep a mapped free tail beside the block.
+  EXPECT_LT(a().largest_cached_block(0), 24 * MiB);
+  free(in_pool);  // cached in the pool only
+  EXPECT_GE(a().largest_cached_block(0), 24 * MiB);
+  a().release_pool(pool, 0);
+  a().empty_cache();
+  EXPECT_EQ(a().largest_cached_block(0), 0u);
+}
+
 TEST_P(Pools, DefaultFreeBlocksNeverServePoolRequests) {
   void* outside = alloc(4 * MiB);
   free(outside);  // cached in the default pool

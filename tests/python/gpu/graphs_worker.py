@@ -83,14 +83,24 @@ def case_mlp(torch, args):
 def case_gpt2(torch, args):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=4096)
+    config = GPT2Config(n_layer=4, n_embd=256, n_head=4, n_positions=128, vocab_size=4096,
+                        bos_token_id=0, eos_token_id=0)
     config._attn_implementation = "eager"
     model = GPT2LMHeadModel(config).cuda().eval()
     g = torch.Generator(device="cuda").manual_seed(1)
-    static_ids = torch.randint(0, 4096, (2, 64), device="cuda", generator=g)
-    inputs = [torch.randint(0, 4096, (2, 64), device="cuda", generator=g) for _ in range(3)]
+    batch, length = 2, 64
+    static_ids = torch.randint(0, 4096, (batch, length), device="cuda", generator=g)
+    inputs = [torch.randint(0, 4096, (batch, length), device="cuda", generator=g)
+              for _ in range(3)]
+    # The mask and positions are made before capture: transformers builds its causal mask
+    # from a CPU scalar, a host-to-device copy that a capture refuses (on any allocator).
+    # A 4-D additive mask is used as given.
+    blocked = torch.full((length, length), torch.finfo(torch.float32).min, device="cuda")
+    mask = blocked.triu(1)[None, None].expand(batch, 1, length, length).contiguous()
+    positions = torch.arange(length, device="cuda")[None].expand(batch, length).contiguous()
     graph, outputs = capture_and_replay(
-        torch, lambda ids: model(ids, use_cache=False), static_ids, inputs)
+        torch, lambda ids: model(ids, attention_mask=mask, position_ids=positions,
+                                 use_cache=False), static_ids, inputs)
     info = pool_info(torch)
     del graph
     return outputs, info
@@ -146,14 +156,17 @@ def case_compile(torch, args):
         torch.compiler.cudagraph_mark_step_begin()
         out = compiled(x)
         loss = out.square().mean()
-        optimizer.zero_grad(set_to_none=False)
+        # Gradients are graph outputs: dropped each step (set_to_none), as cudagraph trees
+        # require, since the next replay overwrites them.
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         outputs.append(loss.detach().float().cpu().reshape(1))
-        if step % 5 == 4:  # an inference graph between training steps
-            with torch.no_grad():
-                torch.compiler.cudagraph_mark_step_begin()
-                outputs.append(compiled(x).detach().float().cpu().clone())
+    with torch.no_grad():  # an inference graph recorded after training, in the same pool
+        for _ in range(3):
+            x = torch.randn(8, 32, 128, device="cuda", generator=g)
+            torch.compiler.cudagraph_mark_step_begin()
+            outputs.append(compiled(x).detach().float().cpu().clone())
     torch.cuda.synchronize()
     outputs.extend(p.detach().float().cpu().clone() for p in params)
     info = pool_info(torch)

@@ -190,6 +190,34 @@ class MemoryApiTest(unittest.TestCase):
 
 
 @needs_torch_cuda
+class CudnnBenchmarkTest(unittest.TestCase):
+    def test_cache_info_lets_cudnn_benchmark_run(self):
+        proc = run(
+            """
+            import reservoir, reservoir.torch as rt
+            rt.install()
+            import torch
+            status = rt.native_status()
+            assert status["active"], status
+            torch.backends.cudnn.benchmark = True
+            conv = torch.nn.Conv2d(64, 128, 3, padding=1).cuda()
+            x = torch.randn(16, 64, 56, 56, device="cuda", requires_grad=True)
+            conv(x).sum().backward()  # the benchmark searches forward and backward
+            torch.cuda.synchronize()
+            del x
+            torch.cuda.empty_cache()
+            kept = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+            del kept  # a 64 MiB block cached
+            largest = reservoir.largest_cached_block(torch.cuda.current_device())
+            assert largest >= 64 << 20, largest
+            print("cudnn benchmark ok; largest cached", largest)
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("cudnn benchmark ok", proc.stdout)
+
+
+@needs_torch_cuda
 class CaptureTest(unittest.TestCase):
     SCRIPT = textwrap.dedent(
         """
