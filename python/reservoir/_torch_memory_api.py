@@ -23,6 +23,11 @@ reaches those through a function of torch._C looked up at call time:
                                           memory_allocated/... built on it
     _accelerator_resetPeakStats           torch.accelerator.reset_peak_memory_stats
     _accelerator_resetAccumulatedStats    torch.accelerator.reset_accumulated_memory_stats
+    _accelerator_isAllocatorInitialized   torch.accelerator.memory_stats and empty_cache
+                                          (they return {} / do nothing when it is False:
+                                          it asks c10's own allocator, never initialized
+                                          under a pluggable one)
+    _accelerator_emptyCache               torch.accelerator.empty_cache
 
 so patch(torch) replaces those entry points, not the Python functions: it also
 reaches code that imported a function before install() (``from torch.cuda import
@@ -122,8 +127,16 @@ def _record_memory_history_legacy(enabled, *args, **kwargs):
     _history[0] = bool(enabled)
 
 
+def _cuda_initialized():
+    import torch
+
+    return torch.cuda.is_initialized()
+
+
 def _replacements():
     return {
+        "_accelerator_isAllocatorInitialized": _cuda_initialized,
+        "_accelerator_emptyCache": _reservoir.empty_cache,
         "_cuda_memoryStats": nested_stats,
         "_cuda_resetPeakMemoryStats": _reservoir.reset_peak_memory_stats,
         "_cuda_resetAccumulatedMemoryStats": _reservoir.reset_accumulated_memory_stats,

@@ -27,12 +27,17 @@ torch.cuda.empty_cache(); until then the block stays allocated in the graph pool
 never handed to anyone else.
 """
 
+import atexit
+
 import reservoir as _reservoir
 
 _MARK = "_reservoir_replacement"
 
 # Blocks a restore allocated for live storages: (weak reference, address, device).
 _adopted = []
+# Dropped before interpreter shutdown: a StorageWeakRef destroyed after torch's
+# modules are torn down prints an ignored AttributeError per reference.
+atexit.register(_adopted.clear)
 
 
 def _storage_weak_ref(torch, cdata):
@@ -127,22 +132,19 @@ def make_free_and_remove_deleter(torch):
         # cudagraph trees free a path's live outputs this way; a storage a restore
         # adopted has no deleter to call, so Reservoir frees its block here, as
         # PyTorch's deleter would have.
+        # PyTorch's own function would refuse such a storage ("Expected standard
+        # deleter"): it has none to swap out.
         storage = torch.UntypedStorage._new_with_weak_ptr(cdata)
         address = storage.data_ptr() if storage is not None else None
         del storage
-        result = original(cdata)
-        if address is not None:
-            keep = []
-            for entry in _adopted:
-                if entry[1] == address:
-                    try:
-                        _reservoir.raw_free(address)
-                    except _reservoir.ReservoirInvalidPointerError:
-                        pass
-                else:
-                    keep.append(entry)
-            _adopted[:] = keep
-        return result
+        if address is None or not any(entry[1] == address for entry in _adopted):
+            return original(cdata)
+        _adopted[:] = [entry for entry in _adopted if entry[1] != address]
+        try:
+            _reservoir.raw_free(address)
+        except _reservoir.ReservoirInvalidPointerError:
+            pass  # freed by a later restore already
+        return None
 
     return free_and_remove_deleter
 

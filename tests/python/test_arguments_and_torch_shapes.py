@@ -130,6 +130,24 @@ class TorchShapesTest(unittest.TestCase):
         self.assertEqual(flattened, flat)
         self.assertGreaterEqual(nested["requested_bytes"]["all"]["current"], 3 * MiB)
 
+    def test_patch_replaces_the_accelerator_entry_points(self):
+        import types
+
+        names = ("_cuda_memoryStats", "_accelerator_getDeviceStats",
+                 "_accelerator_isAllocatorInitialized", "_accelerator_emptyCache")
+        fake = types.SimpleNamespace(_C=types.SimpleNamespace(
+            **{name: (lambda *a: "pytorch's") for name in names}))
+        replaced = _torch_memory_api.patch(fake)
+        self.assertEqual(sorted(replaced), sorted(names))
+        self.assertEqual(_torch_memory_api.patch(fake), [], "patch is idempotent")
+        # torch.accelerator.empty_cache reaches Reservoir's empty_cache.
+        reservoir.raw_free(reservoir.raw_alloc(3 * MiB))
+        self.assertGreater(reservoir.memory_reserved(0), 0)
+        fake._C._accelerator_emptyCache()
+        self.assertEqual(reservoir.memory_reserved(0), 0)
+        self.assertEqual(fake._C._accelerator_getDeviceStats(0),
+                         _torch_memory_api.nested_stats(0))
+
     def test_snapshot_is_the_dict_torchs_snapshot_returns(self):
         reservoir.record_history(True, 1000)
         ptr = reservoir.raw_alloc(3 * MiB)

@@ -98,5 +98,49 @@ class MemPoolTest(unittest.TestCase):
         adopted.release()
 
 
+
+class FreeAndRemoveDeleterTest(unittest.TestCase):
+    """cudagraph trees free a path's live outputs with torch._C._free_And_Remove_DeleterFn;
+    for a storage a restore adopted (no deleter: a pluggable allocator cannot give it
+    one) PyTorch's function would fail with "Expected standard deleter", so Reservoir
+    frees the block itself (reservoir._torch_pools)."""
+
+    def fake_torch(self, addresses, calls):
+        import types
+
+        class Storage:
+            def __init__(self, address):
+                self.address = address
+
+            def data_ptr(self):
+                return self.address
+
+        def original(cdata):
+            calls.append(cdata)
+            raise RuntimeError("Expected standard deleter")
+
+        untyped = types.SimpleNamespace(
+            _new_with_weak_ptr=lambda cdata: Storage(addresses[cdata]))
+        return types.SimpleNamespace(UntypedStorage=untyped,
+                                     _C=types.SimpleNamespace(_free_And_Remove_DeleterFn=original))
+
+    def test_an_adopted_storage_is_freed_by_reservoir(self):
+        from reservoir import _torch_pools
+
+        address = reservoir.raw_alloc(2 * MiB)
+        calls = []
+        torch = self.fake_torch({7: address, 8: 12345}, calls)
+        _torch_pools._adopted.append((None, address, 0))
+        free = _torch_pools.make_free_and_remove_deleter(torch)
+        before = reservoir.memory_allocated(0)
+        self.assertIsNone(free(7))
+        self.assertEqual(calls, [], "PyTorch's function was called for an adopted storage")
+        self.assertEqual(reservoir.memory_allocated(0), before - 2 * MiB)
+        self.assertFalse(any(entry[1] == address for entry in _torch_pools._adopted))
+        # Any other storage goes to PyTorch's own function.
+        with self.assertRaises(RuntimeError):
+            free(8)
+        self.assertEqual(calls, [8])
+
 if __name__ == "__main__":
     unittest.main()

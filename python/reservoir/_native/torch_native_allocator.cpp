@@ -16,6 +16,7 @@
 // Not part of libreservoir.so (which needs no PyTorch): its own small library,
 // linked against PyTorch's and libreservoir.so, loaded with ctypes.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <cstddef>
@@ -39,6 +40,16 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
   void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
     reservoir_torch_cache_info(static_cast<int>(device), largest);
   }
+
+  // Not initialized until the swap is done: see reservoir_torch_native_install.
+  bool initialized() override { return swapped_ && CUDAPluggableAllocator::initialized(); }
+  void finish_swap() {
+    if (!CUDAPluggableAllocator::initialized()) init(c10::cuda::device_count());
+    swapped_ = true;
+  }
+
+ private:
+  bool swapped_ = false;
 };
 
 void write_message(char* message, std::size_t capacity, const std::string& text) {
@@ -62,7 +73,21 @@ extern "C" __attribute__((visibility("default"))) int reservoir_torch_native_ins
     // name() is the pluggable class's: only it (or a subclass) answers "pluggable".
     auto& wired = static_cast<CUDAPluggableAllocator&>(*current);
     auto native = std::make_shared<ReservoirTorchAllocator>(wired);
-    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(native);
+    // changeCurrentAllocator refuses to replace an initialized allocator, and the
+    // pluggable one was initialized when made (createCustomAllocator calls init). So
+    // c10 is pointed at the new one (not initialized yet) first, then PyTorch's own
+    // swap runs, keeping its record of the current allocator (what
+    // torch.cuda.memory._get_current_allocator() returns) right. CUDA is not
+    // initialized yet (install() checked), so nothing allocates meanwhile.
+    auto& slot = c10::cuda::CUDACachingAllocator::allocator;
+    slot.store(native.get());
+    try {
+      torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(native);
+    } catch (...) {
+      slot.store(current.get());
+      throw;
+    }
+    native->finish_swap();
     return 0;
   } catch (const std::exception& e) {
     write_message(message, capacity, e.what());

@@ -26,6 +26,24 @@ needs_torch_cuda = unittest.skipUnless(HAVE_CUDA, "needs PyTorch and a CUDA devi
 WORKER = os.path.join(HERE, "graphs_worker.py")
 
 
+def first_traceback(stderr, limit=8000):
+    """The error that ended the worker: stderr from its first "Traceback", with the
+    "Exception ignored in" reports of interpreter shutdown left out."""
+    lines, skipping = [], False
+    for line in stderr.splitlines():
+        if line.startswith("Exception ignored in"):
+            skipping = True
+            continue
+        if skipping and (line.startswith(" ") or line.startswith("Traceback")
+                         or line.startswith("AttributeError")):
+            continue
+        skipping = False
+        lines.append(line)
+    text = "\n".join(lines)
+    start = text.find("Traceback (most recent call last)")
+    return text[start:start + limit] if start >= 0 else text[-limit:]
+
+
 def run_case(case, allocator, snapshot=None, timeout=900):
     """Runs one case in a fresh interpreter; returns (saved dict, stdout)."""
     import torch
@@ -37,9 +55,15 @@ def run_case(case, allocator, snapshot=None, timeout=900):
             command += ["--snapshot", snapshot]
         proc = subprocess.run(command, env=train_bench.child_environment(), capture_output=True,
                               text=True, timeout=timeout)
+        log_dir = os.environ.get("RESERVOIR_TEST_LOG_DIR")
+        if log_dir:  # the whole output, for a run whose console keeps only a tail
+            os.makedirs(log_dir, exist_ok=True)
+            with open(os.path.join(log_dir, "graphs-%s-%s.log" % (case, allocator)), "w") as f:
+                f.write(proc.stdout + "\n--- stderr\n" + proc.stderr)
         if proc.returncode != 0:
             raise AssertionError("%s on %s failed (exit %d):\n%s\n%s" % (
-                case, allocator, proc.returncode, proc.stdout[-4000:], proc.stderr[-8000:]))
+                case, allocator, proc.returncode, proc.stdout[-4000:],
+                first_traceback(proc.stderr)))
         return torch.load(out), proc.stdout
 
 
