@@ -18,7 +18,8 @@
 #       - scripts/gpu-ipc-async.sh (IPC between processes, backend:cudaMallocAsync)
 #   scripts/gpu-run-b.sh pytorch OUT the PyTorch drop-in only: reservoir._torch_native's
 #                                    build, the memory API test, CUDA graphs and
-#                                    torch.compile, cudnn_bench (no fuzz campaign)
+#                                    torch.compile, cudnn_bench, the GPU conformance
+#                                    suite and its memcheck (no fuzz campaign)
 # Both phases run a fuzz campaign on the host's last cores meanwhile: FUZZER (a reservoir_fuzz built with clang elsewhere; the
 # GPU host has no clang), FUZZ_WORKERS workers in libFuzzer's fork mode for
 # FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
@@ -125,16 +126,24 @@ case $phase in
     # The PyTorch drop-in alone (issues 13 and 14): the native cacheInfo part, the
     # memory API, CUDA graphs and torch.compile, cuDNN's benchmark mode.
     { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release && cmake --build build/gpu -j16 --target \
-        reservoir reservoir-replay; } >"$out/build.txt" 2>&1 || echo "build of $lib FAILED"
+        reservoir reservoir-replay gpu_conformance; } >"$out/build.txt" 2>&1 ||
+      echo "build of $lib FAILED"
     step torch-native "${py[@]}" RESERVOIR_CACHE_DIR="$out/native-cache" python3 -m \
       reservoir._torch_native -v
     export RESERVOIR_CACHE_DIR="$out/native-cache" RESERVOIR_TEST_LOG_DIR="$out/logs"
     step torch-memory-api "${py[@]}" python3 -m unittest discover -s tests/python/gpu \
       -p 'test_torch_memory_api.py' -v
     step torch-graphs scripts/gpu-torch-graphs.sh "$lib"
-    step cudnn-bench "${py[@]}" python3 bench/python/cudnn_bench.py --rounds 2 --steps 30 \
+    step cudnn-bench "${py[@]}" python3 bench/python/cudnn_bench.py --rounds 3 --steps 30 \
       --json "$out/cudnn.json"
     rm -rf "$out/native-cache"
+    # The conformance suite on CudaBackend (default, expandable; pools included),
+    # then under memcheck.
+    g=build/gpu/tests/gpu
+    step gpu-conformance $g/gpu_conformance
+    step memcheck-conformance compute-sanitizer --tool memcheck --leak-check full \
+      --error-exitcode 3 --report-api-errors no $g/gpu_conformance --gtest_filter='*/cuda*'
+
     ;;
   *)
     echo "gpu-run-b: unknown phase $phase (check|torch|pytorch)"

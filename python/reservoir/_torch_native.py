@@ -1,20 +1,22 @@
-"""reservoir.torch's native part: the cacheInfo query PyTorch's pluggable allocator
-leaves out (cuDNN's benchmark mode needs it), built against the installed PyTorch.
+"""reservoir.torch's native part: PyTorch's pluggable allocator completed, built
+against the installed PyTorch.
 
     python3 -m reservoir._torch_native          # build now (else install() builds it)
 
 What and why: _native/torch_native_allocator.cpp subclasses PyTorch's
-CUDAPluggableAllocator with a cacheInfo that answers with Reservoir's, so
-torch.backends.cudnn.benchmark = True works (without it, every convolution fails
-with "CUDAPluggableAllocator does not yet support cacheInfo"). A C++ virtual can
-only be overridden by C++ compiled against the same PyTorch, so install()
-compiles it on first use with the system's C++ compiler (CXX, else c++ / g++),
-PyTorch's bundled headers and CUDA's runtime headers, and caches the library in
-RESERVOIR_CACHE_DIR (default ~/.cache/reservoir), keyed by the source, PyTorch's
-version and library folder, and libreservoir.so's path: about 20 s once, then a
-load. RESERVOIR_TORCH_NATIVE=0 skips it. Where it cannot be built (no compiler,
-no CUDA headers), install() goes on with the plain pluggable allocator and warns
-that cuDNN's benchmark mode will fail.
+CUDAPluggableAllocator with what its interface does not forward: cacheInfo (so
+torch.backends.cudnn.benchmark = True works; without it every convolution fails
+with "CUDAPluggableAllocator does not yet support cacheInfo"), the checkpoint
+calls of torch.compile's cudagraph trees (answered in C++, so PyTorch's own
+restore gives live storages their deleter), and allocation without the
+pluggable's map of live pointers. A C++ virtual can only be overridden by C++
+compiled against the same PyTorch, so install() compiles it on first use with
+the system's C++ compiler (CXX, else c++ / g++), PyTorch's bundled headers and
+CUDA's runtime headers, and caches the library in RESERVOIR_CACHE_DIR (default
+~/.cache/reservoir), keyed by the source, PyTorch's version and library folder,
+and libreservoir.so's path: about 8 s once on an H200 host, then a load.
+RESERVOIR_TORCH_NATIVE=0 skips it. Where it cannot be built (no compiler, no
+CUDA headers), install() goes on with the plain pluggable allocator and warns.
 """
 
 import ctypes

@@ -17,6 +17,12 @@ What PyTorch calls, and how each reaches Reservoir under install():
     cudagraph trees after a restore          _cuda_cudaCachingAllocator_ replaced: frees blocks the
                                              raw_delete                  pluggable never handed out
 
+With reservoir._torch_native in use (the default where it builds), the native
+allocator answers getCheckpointState, setCheckpointPoolState and
+checkPoolLiveAllocations in C++ and PyTorch's own bindings run unchanged: only
+MemPool is replaced here. Without it (RESERVOIR_TORCH_NATIVE=0, or no compiler),
+the replacements below stand in, with one limit:
+
 The one thing PyTorch's own restore does that a pluggable allocator cannot: give
 the storages that are live at a restore a deleter (it writes into c10::StorageImpl
 from C++). Reservoir instead keeps a weak reference to each such storage and frees
@@ -24,7 +30,9 @@ its block when cudagraph trees free the storage (_free_And_Remove_DeleterFn, als
 replaced) or once the storage is gone, checked whenever they next call into the
 allocator's pool paths (a checkpoint, a restore, routing to the pool) and at
 torch.cuda.empty_cache(); until then the block stays allocated in the graph pool,
-never handed to anyone else.
+never handed to anyone else. cudagraph trees' slow-path asserts (on by default:
+torch._inductor.config.triton.slow_path_cudagraph_asserts) check those deleters and
+fail without the native part.
 """
 
 import atexit
@@ -188,9 +196,12 @@ def make_mem_pool(torch):
     return MemPool
 
 
-def patch(torch):
-    """Replaces the entry points above (idempotent); returns the names replaced."""
-    replacements = {
+def patch(torch, native=False):
+    """Replaces the entry points above (idempotent); returns the names replaced.
+    native: PyTorch's allocator is reservoir._torch_native's, which answers the
+    checkpoint calls itself (and its restores give live storages their deleter, as
+    PyTorch's own allocator does), so only MemPool is replaced."""
+    replacements = {} if native else {
         "_cuda_getCheckpointState": lambda original: get_checkpoint_state,
         "_cuda_setCheckpointPoolState": lambda original: make_set_checkpoint_pool_state(torch),
         "_cuda_checkPoolLiveAllocations": lambda original: check_pool_live_allocations,

@@ -23,10 +23,11 @@ use_mem_pool run on Reservoir's private pools: the capture hooks are wired as
 pluggable setters, and the pool paths PyTorch does not forward to a pluggable
 allocator (MemPool creation, checkpoints) are answered by reservoir._torch_pools.
 
-cuDNN's benchmark mode asks the allocator's cacheInfo, a C++ virtual the pluggable
-interface does not forward: install() compiles a small subclass against the
-installed PyTorch once and makes it the allocator (reservoir._torch_native; about
-20 s the first time, cached; RESERVOIR_TORCH_NATIVE=0 skips it).
+cuDNN's benchmark mode asks the allocator's cacheInfo, and cudagraph trees its
+checkpoints, C++ virtuals the pluggable interface does not forward: install()
+compiles a small subclass against the installed PyTorch once and makes it the
+allocator (reservoir._torch_native; seconds the first time, then cached;
+RESERVOIR_TORCH_NATIVE=0 skips it).
 """
 
 import contextlib
@@ -175,14 +176,15 @@ def install(config=None):
     # cacheInfo (cuDNN's benchmark mode) needs a C++ override: reservoir._torch_native.
     native, reason = _torch_native.install(torch)
     if not native and _torch_native.enabled():
-        warnings.warn("reservoir.torch: the native part (cacheInfo) is not in use, so "
-                      "torch.backends.cudnn.benchmark = True will fail: %s" % reason,
+        warnings.warn("reservoir.torch: the native part is not in use, so "
+                      "torch.backends.cudnn.benchmark = True fails and torch.compile's "
+                      "cudagraph trees need their slow-path asserts off: %s" % reason,
                       RuntimeWarning, stacklevel=2)
     _allocator = pluggable
     _wired.clear()
     _wired.update(wired)
     _patched.extend(_torch_memory_api.patch(torch))
-    _patched.extend(_torch_pools.patch(torch))
+    _patched.extend(_torch_pools.patch(torch, native=native))
     _use_c10_errors(torch, lib)
     return pluggable
 

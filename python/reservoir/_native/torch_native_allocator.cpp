@@ -1,44 +1,176 @@
-// reservoir.torch's native part: PyTorch's pluggable allocator with the one query
-// its interface leaves out and cuDNN needs, cacheInfo.
+// reservoir.torch's native part: PyTorch's pluggable allocator completed with what
+// its interface leaves out.
 //
 // torch.cuda.memory.CUDAPluggableAllocator forwards allocation, free and the hooks
-// with setters (src/integrations/torch_allocator.cpp), but its cacheInfo fails
-// ("CUDAPluggableAllocator does not yet support cacheInfo"), and cuDNN's
-// benchmark mode (torch.backends.cudnn.benchmark = True) asks cacheInfo for the
-// workspace it may use, so every convolution under it fails. Python cannot
-// override a C++ virtual, so this file is compiled against the installed PyTorch's
-// own headers (python/reservoir/_torch_native.py does it on the first install()
-// and caches the result): a subclass of CUDAPluggableAllocator, copied from the
-// pluggable install() has just made and wired, whose cacheInfo answers with
-// Reservoir's (reservoir_torch_cache_info), made PyTorch's current allocator
-// before CUDA is initialized, as change_current_allocator does.
+// with setters (src/integrations/torch_allocator.cpp), but not:
+//   - cacheInfo ("does not yet support cacheInfo"), which cuDNN's benchmark mode
+//     (torch.backends.cudnn.benchmark = True) asks for the workspace it may use;
+//   - getCheckpointState / setCheckpointPoolState / checkPoolLiveAllocations, which
+//     inductor's cudagraph trees (torch.compile mode="reduce-overhead") use, and
+//     whose restore must give the storages live at a restore a deleter (PyTorch's
+//     binding does that from the CheckpointDelta the allocator returns).
+// And its allocation path keeps a map of every live pointer under a mutex, which
+// Reservoir does not need (it knows each block's size, device and stream).
+//
+// Python cannot override a C++ virtual, so this file is compiled against the
+// installed PyTorch's own headers (python/reservoir/_torch_native.py does it on the
+// first install() and caches the result): a subclass of CUDAPluggableAllocator,
+// copied from the pluggable install() has just made and wired (so the hooks stay
+// as wired), made PyTorch's current allocator before CUDA is initialized.
 //
 // Not part of libreservoir.so (which needs no PyTorch): its own small library,
 // linked against PyTorch's and libreservoir.so, loaded with ctypes.
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <memory>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
-extern "C" void reservoir_torch_cache_info(int device, size_t* largest);
+// libreservoir.so's C API (include/reservoir/reservoir.h), declared here so the
+// package needs no header of its own.
+extern "C" {
+struct reservoir_pool_id {
+  std::uint64_t first;
+  std::uint64_t second;
+};
+struct reservoir_pool_checkpoint;
+struct reservoir_pool_restore;
+const char* reservoir_last_error(void);
+int reservoir_pool_checkpoint_take(int device, reservoir_pool_id id,
+                                   reservoir_pool_checkpoint** out);
+int reservoir_pool_checkpoint_restore(const reservoir_pool_checkpoint* checkpoint,
+                                      reservoir_pool_restore** out);
+void reservoir_pool_checkpoint_free(reservoir_pool_checkpoint* checkpoint);
+std::size_t reservoir_pool_restore_count(const reservoir_pool_restore* result, int which);
+void* reservoir_pool_restore_pointer(const reservoir_pool_restore* result, int which,
+                                     std::size_t index);
+void reservoir_pool_restore_free(reservoir_pool_restore* result);
+int reservoir_pool_live_allocations_are(int device, reservoir_pool_id id, void* const* ptrs,
+                                        std::size_t count, int* result);
+// src/integrations/torch_allocator.cpp
+void* reservoir_torch_malloc(std::size_t size, int device, cudaStream_t stream);
+void reservoir_torch_free(void* ptr, std::size_t size, int device, cudaStream_t stream) noexcept;
+void reservoir_torch_cache_info(int device, std::size_t* largest);
+}
 
 namespace {
 
+using c10::cuda::MempoolId_t;
+using c10::cuda::CUDACachingAllocator::AllocatorState;
+using c10::cuda::CUDACachingAllocator::CheckpointDelta;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
+
+// The deleter of every DataPtr this allocator makes (PyTorch compares deleters:
+// _free_And_Remove_DeleterFn, _has_Standard_Deleter).
+void delete_block(void* ptr) {
+  reservoir_torch_free(ptr, 0, 0, nullptr);
+}
+
+reservoir_pool_id pool_of(MempoolId_t id) {
+  return reservoir_pool_id{id.first, id.second};
+}
+
+void check(int status, const char* what) {
+  if (status == 0) return;
+  const char* message = reservoir_last_error();
+  TORCH_CHECK(false, "Reservoir: ", what, " failed: ", message ? message : "(no message)");
+}
+
+// A private pool's state as Reservoir took it.
+struct ReservoirPoolState final : AllocatorState {
+  explicit ReservoirPoolState(reservoir_pool_checkpoint* taken) : checkpoint(taken) {}
+  ~ReservoirPoolState() override { reservoir_pool_checkpoint_free(checkpoint); }
+  ReservoirPoolState(const ReservoirPoolState&) = delete;
+  ReservoirPoolState& operator=(const ReservoirPoolState&) = delete;
+  reservoir_pool_checkpoint* checkpoint;
+};
 
 class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
  public:
-  // The copy keeps every function install() wired (allocation, free, hooks).
+  // The copy keeps every function install() wired (the hooks with setters).
   explicit ReservoirTorchAllocator(CUDAPluggableAllocator& wired)
       : CUDAPluggableAllocator(wired) {}
 
+  // ---- allocation without the pluggable's pointer map
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
+    void* ptr = reservoir_torch_malloc(size, device, stream);
+    return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  void* raw_alloc(size_t size) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return reservoir_torch_malloc(size, device, c10::cuda::getCurrentCUDAStream(device));
+  }
+  void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    c10::DeviceIndex device = -1;
+    C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    return reservoir_torch_malloc(size, device, stream);
+  }
+  void raw_delete(void* ptr) override { delete_block(ptr); }
+
+  // ---- cuDNN's benchmark mode
   void cacheInfo(c10::DeviceIndex device, size_t* largest) override {
     reservoir_torch_cache_info(static_cast<int>(device), largest);
+  }
+
+  // ---- cudagraph trees' checkpoints
+  std::shared_ptr<AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                     MempoolId_t id) override {
+    reservoir_pool_checkpoint* taken = nullptr;
+    check(reservoir_pool_checkpoint_take(device, pool_of(id), &taken), "getCheckpointState");
+    return std::make_shared<ReservoirPoolState>(taken);
+  }
+  // Every block allocated in the pool is freed and those the checkpoint records are
+  // allocated again; PyTorch's binding gives the live storages the DataPtrs made here
+  // (so their deleter is this allocator's, as cudagraph trees assert).
+  CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                         std::shared_ptr<AllocatorState> state) override {
+    auto* ours = dynamic_cast<ReservoirPoolState*>(state.get());
+    TORCH_CHECK(ours != nullptr, "Reservoir: setCheckpointPoolState got a state that "
+                                 "Reservoir's getCheckpointState did not make");
+    reservoir_pool_restore* restored = nullptr;
+    check(reservoir_pool_checkpoint_restore(ours->checkpoint, &restored),
+          "setCheckpointPoolState");
+    CheckpointDelta delta;
+    try {
+      const std::size_t freed = reservoir_pool_restore_count(restored, 0);
+      const std::size_t allocated = reservoir_pool_restore_count(restored, 1);
+      delta.ptrs_freed.reserve(freed);
+      delta.dataptrs_allocd.reserve(allocated);
+      for (std::size_t i = 0; i < freed; ++i)
+        delta.ptrs_freed.push_back(reservoir_pool_restore_pointer(restored, 0, i));
+      for (std::size_t i = 0; i < allocated; ++i) {
+        void* ptr = reservoir_pool_restore_pointer(restored, 1, i);
+        delta.dataptrs_allocd.emplace_back(ptr, ptr, &delete_block,
+                                           c10::Device(c10::DeviceType::CUDA, device));
+      }
+    } catch (...) {
+      reservoir_pool_restore_free(restored);
+      throw;
+    }
+    reservoir_pool_restore_free(restored);
+    return delta;
+  }
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t id,
+                                const std::unordered_set<void*>& expected) override {
+    const std::vector<void*> ptrs(expected.begin(), expected.end());
+    int same = 0;
+    check(reservoir_pool_live_allocations_are(device, pool_of(id), ptrs.data(), ptrs.size(),
+                                              &same),
+          "checkPoolLiveAllocations");
+    return same != 0;
   }
 
   // Not initialized until the swap is done: see reservoir_torch_native_install.
