@@ -21,6 +21,7 @@
 // Not part of libreservoir.so (which needs no PyTorch): its own small library,
 // linked against PyTorch's and libreservoir.so, loaded with ctypes.
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
@@ -105,7 +106,7 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
     void* ptr = reservoir_torch_malloc(size, device, stream);
-    return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+    return c10::DataPtr(ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
   void* raw_alloc(size_t size) override {
