@@ -63,28 +63,7 @@ memcheck "gpu_conformance (cuda)" $cs --report-api-errors no $g/gpu_conformance 
 step "benchmark"
 timeout 900 $b/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md" || status=1
 step "replay on the GPU"
-# Every bundled trace, measured on the GPU and then on the simulated device (the two
-# must agree on peak reserved; policy:compact's host ns/event is compared with
-# cudaMallocAsync's in docs/memory.md).
-for f in traces/*.trace.gz; do
-  t=$(basename "$f" .trace.gz)
-  for dev in cuda sim; do
-    $b/tools/replay/reservoir-replay "$f" --device $dev --json --config "" \
-      --config expandable_segments:True --config policy:compact >"$out/replay-$t-$dev.json" ||
-      status=1
-  done
-  python3 - "$out/replay-$t-cuda.json" "$out/replay-$t-sim.json" "$t" <<'PY' || status=1
-import json, sys
-gpu, sim = (json.load(open(p)) for p in sys.argv[1:3])
-ok = True
-for g, s in zip(gpu, sim):
-    same = g["peak_reserved"] == s["peak_reserved"]
-    ok &= same
-    print("%-26s %-26s gpu %15d sim %15d %s  gpu ns/event %8.1f" % (sys.argv[3], g["config"] or "default",
-          g["peak_reserved"], s["peak_reserved"], "equal" if same else "DIFFER", g["ns_per_event"]))
-sys.exit(0 if ok else 1)
-PY
-done
+scripts/gpu-replays.sh "$b/tools/replay/reservoir-replay" "$out" || status=1
 step "snapshot in PyTorch's memory viewer"
 $b/tests/observability/reservoir_snapshot_demo traces/resnet50_train.trace.gz "$out/snap.pickle" &&
   python3 -m torch.cuda._memory_viz trace_plot "$out/snap.pickle" -o "$out/trace.html" &&

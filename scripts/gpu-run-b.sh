@@ -20,6 +20,9 @@
 #                                    build, the memory API test, CUDA graphs and
 #                                    torch.compile, cudnn_bench, the GPU conformance
 #                                    suite and its memcheck (no fuzz campaign)
+#   scripts/gpu-run-b.sh final OUT   the conformance suite and its memcheck, every trace
+#                                    replayed on GPU and sim (scripts/gpu-replays.sh), the
+#                                    side-by-side benchmark (no fuzz campaign)
 # Both phases run a fuzz campaign on the host's last cores meanwhile: FUZZER (a reservoir_fuzz built with clang elsewhere; the
 # GPU host has no clang), FUZZ_WORKERS workers in libFuzzer's fork mode for
 # FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
@@ -28,7 +31,7 @@
 # (default 7), FUZZ_SECONDS (default 450).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch OUT}
+phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final OUT}
 out=${2:?usage: scripts/gpu-run-b.sh check|torch OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -145,8 +148,23 @@ case $phase in
       --error-exitcode 3 --report-api-errors no $g/gpu_conformance --gtest_filter='*/cuda*'
 
     ;;
+  final)
+    # The engine's figures after a change (issues 11 and 12): the conformance suite and
+    # its memcheck, the side-by-side benchmark, every trace replayed on GPU and sim.
+    torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
+    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
+        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
+      cmake --build build/gpu -j16 --target reservoir reservoir-replay gpu_conformance \
+        reservoir_gpu_bench; } >"$out/build.txt" 2>&1 || echo "build FAILED"
+    g=build/gpu/tests/gpu
+    step gpu-conformance $g/gpu_conformance
+    step memcheck-conformance compute-sanitizer --tool memcheck --leak-check full \
+      --error-exitcode 3 --report-api-errors no $g/gpu_conformance --gtest_filter='*/cuda*'
+    step replays scripts/gpu-replays.sh build/gpu/tools/replay/reservoir-replay "$out/replays"
+    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
+    ;;
   *)
-    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch)"
+    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final)"
     exit 2
     ;;
 esac

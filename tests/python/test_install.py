@@ -52,6 +52,9 @@ class PipInstallTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
             bundled = os.path.join(target, "reservoir", "libreservoir.so")
             self.assertTrue(os.path.exists(bundled))
+            # The native part's source travels with the package (compiled at install()).
+            self.assertTrue(os.path.exists(os.path.join(
+                target, "reservoir", "_native", "torch_native_allocator.cpp")))
             env = {k: v for k, v in os.environ.items()
                    if k not in ("RESERVOIR_LIBRARY", "PYTHONPATH")}
             env.update(PYTHONPATH=target, RESERVOIR_ALLOC_CONF="device:sim")
