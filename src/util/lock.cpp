@@ -5,12 +5,15 @@
 #include <unistd.h>
 
 #include <climits>
+#include <ctime>
 
 namespace reservoir::detail {
 
 namespace {
+// Sleeps while *word == value, at most kSleepMicros.
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t value) {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, value, nullptr,
+  timespec timeout{0, Lock::kSleepMicros * 1000};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, value, &timeout,
           nullptr, 0);
 }
 void futex_wake_one(std::atomic<std::uint32_t>* word) {
@@ -36,8 +39,16 @@ void Lock::lock_slow() noexcept {
       return;
     cpu_relax();
   }
-  // Announce a sleeper (state 2) and sleep until the holder wakes us.
-  while (state_.exchange(2, std::memory_order_acquire) != 0) futex_wait(&state_, 2);
+  // Announce a sleeper, then sleep until a holder wakes us (or the bounded sleep ends).
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
+  for (;;) {
+    std::uint32_t expected = 0;
+    if (state_.compare_exchange_strong(expected, 1, std::memory_order_acquire,
+                                       std::memory_order_relaxed))
+      break;
+    futex_wait(&state_, 1);
+  }
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Lock::wake() noexcept {

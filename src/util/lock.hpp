@@ -1,9 +1,14 @@
 // Lock: a mutex for short critical sections (the per-stream pools). The uncontended
-// path is one compare-exchange to lock and one exchange to unlock; under contention
-// it spins briefly, then sleeps on a futex, so a holder blocked in a device call
-// does not burn the waiters' CPUs.
+// path is one compare-exchange to lock and a plain store to unlock (a pair of locked
+// read-modify-writes costs about as much as the rest of a cache hit); under
+// contention it spins briefly, then sleeps on a futex, so a holder blocked in a
+// device call does not burn the waiters' CPUs.
 //
-// State: 0 = unlocked, 1 = locked, 2 = locked and a thread may be sleeping.
+// State: state_ 0 = unlocked, 1 = locked; waiters_ = threads in the sleeping part of
+// lock_slow(). unlock() stores 0, then reads waiters_ with no fence between the two,
+// so it can miss a waiter that announced itself at that very moment: every sleep is
+// therefore bounded (Lock::kSleepMicros) and rechecks the lock, and a missed wake
+// costs at most that, never a hang.
 #pragma once
 
 #include <atomic>
@@ -27,13 +32,18 @@ class Lock {
                                           std::memory_order_relaxed);
   }
   void unlock() noexcept {
-    if (__builtin_expect(state_.exchange(0, std::memory_order_release) == 2, 0)) wake();
+    state_.store(0, std::memory_order_release);
+    if (__builtin_expect(waiters_.load(std::memory_order_relaxed) != 0, 0)) wake();
   }
+
+  // The longest sleep in lock_slow() before the lock is tried again.
+  static constexpr long kSleepMicros = 200;
 
  private:
   void lock_slow() noexcept;
   void wake() noexcept;
   std::atomic<std::uint32_t> state_{0};
+  std::atomic<std::uint32_t> waiters_{0};
 };
 
 }  // namespace reservoir::detail
