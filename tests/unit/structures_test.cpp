@@ -1,6 +1,8 @@
 // The engine's data structures on their own: AddressMap, SegmentMap, StatLedger, Lock.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -106,6 +108,30 @@ TEST(Lock, ExcludesConcurrentThreads) {
     });
   for (auto& th : threads) th.join();
   EXPECT_EQ(counter, 400000);
+}
+
+// Holders that sleep inside the lock (as a device call does) push waiters past the
+// spin into the futex sleep; every waiter still gets in, and exclusion holds.
+TEST(Lock, SleepingWaitersAllGetIn) {
+  Lock lock;
+  std::atomic<int> inside{0};
+  int entries = 0;
+  bool overlapped = false;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        lock.lock();
+        overlapped |= inside.fetch_add(1) != 0;
+        ++entries;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        inside.fetch_sub(1);
+        lock.unlock();
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_FALSE(overlapped);
+  EXPECT_EQ(entries, 400);
 }
 
 }  // namespace
