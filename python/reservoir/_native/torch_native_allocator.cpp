@@ -97,8 +97,7 @@ struct ReservoirPoolState final : AllocatorState {
 class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
  public:
   // The copy keeps every function install() wired (the hooks with setters).
-  explicit ReservoirTorchAllocator(CUDAPluggableAllocator& wired)
-      : CUDAPluggableAllocator(wired) {}
+  explicit ReservoirTorchAllocator(CUDAPluggableAllocator& wired) : CUDAPluggableAllocator(wired) {}
 
   // ---- allocation without the pluggable's pointer map
   c10::DataPtr allocate(size_t size) override {
@@ -139,11 +138,11 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
   CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
                                          std::shared_ptr<AllocatorState> state) override {
     auto* ours = dynamic_cast<ReservoirPoolState*>(state.get());
-    TORCH_CHECK(ours != nullptr, "Reservoir: setCheckpointPoolState got a state that "
-                                 "Reservoir's getCheckpointState did not make");
+    TORCH_CHECK(ours != nullptr,
+                "Reservoir: setCheckpointPoolState got a state that "
+                "Reservoir's getCheckpointState did not make");
     reservoir_pool_restore* restored = nullptr;
-    check(reservoir_pool_checkpoint_restore(ours->checkpoint, &restored),
-          "setCheckpointPoolState");
+    check(reservoir_pool_checkpoint_restore(ours->checkpoint, &restored), "setCheckpointPoolState");
     CheckpointDelta delta;
     try {
       const std::size_t freed = reservoir_pool_restore_count(restored, 0);
@@ -168,8 +167,7 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
                                 const std::unordered_set<void*>& expected) override {
     const std::vector<void*> ptrs(expected.begin(), expected.end());
     int same = 0;
-    check(reservoir_pool_live_allocations_are(device, pool_of(id), ptrs.data(), ptrs.size(),
-                                              &same),
+    check(reservoir_pool_live_allocations_are(device, pool_of(id), ptrs.data(), ptrs.size(), &same),
           "checkPoolLiveAllocations");
     return same != 0;
   }
