@@ -20,6 +20,7 @@ CUDA headers), install() goes on with the plain pluggable allocator and warns.
 """
 
 import ctypes
+import fcntl
 import glob
 import hashlib
 import os
@@ -121,6 +122,15 @@ def build(torch=None, verbose=False):
     if os.path.exists(output):
         return output
     os.makedirs(target_dir, exist_ok=True)
+    # One process compiles, the others of a launch (torchrun's ranks) wait for it.
+    with open(os.path.join(target_dir, "build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(output):
+            return output
+        return _compile(torch, target_dir, output, verbose)
+
+
+def _compile(torch, target_dir, output, verbose):
     compiler = _compiler()
     # Built beside the target and renamed into place: processes starting together
     # never load a half-written library.

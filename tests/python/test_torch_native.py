@@ -49,7 +49,18 @@ class TorchNativeTest(unittest.TestCase):
         self.assertIn("compiling", str(caught.exception))
         self.assertIn("CUDACachingAllocator.h", str(caught.exception))
         cache = os.environ["RESERVOIR_CACHE_DIR"]
-        self.assertEqual(os.listdir(cache), [], "a partial library was left in the cache")
+        self.assertEqual(os.listdir(cache), ["build.lock"],
+                         "a partial library was left in the cache")
+
+    def test_a_cached_library_is_used_without_compiling(self):
+        torch = fake_torch(os.path.join(self.folder.name, "site"))
+        cache = os.environ["RESERVOIR_CACHE_DIR"]
+        os.makedirs(cache)
+        cached = os.path.join(cache, "libreservoir_torch_native-%s.so" % _torch_native._key(torch))
+        open(cached, "w").close()
+        with mock.patch.object(_torch_native, "_compile",
+                               side_effect=AssertionError("compiled again")):
+            self.assertEqual(_torch_native.build(torch), cached)
 
     def test_missing_cuda_headers_are_named(self):
         torch = fake_torch(os.path.join(self.folder.name, "site"))
