@@ -366,5 +366,31 @@ TEST(Compact, AFailedMultiPageMapLeavesNothingMapped) {
   s.a.validate();
 }
 
+// The same, and the device refuses to unmap the run already mapped: that mapping stays,
+// counted, holding no block and without access; the retry grants access and uses it.
+TEST(Compact, AMultiPageMappingTheDeviceKeepsStaysCountedAndServes) {
+  SimAllocator s("policy:compact", sim());
+  void* guard = s.a.allocate(MiB, 1, 0);
+  s.sim->fail_operation_number(SimOp::map, 2, DeviceStatus::error);
+  s.sim->fail_after_fault(SimOp::unmap, 1, DeviceStatus::error);
+  EXPECT_THROW(s.a.allocate(40 * MiB, 1, 0), DeviceError);
+  s.a.validate();
+  const std::int64_t held = s.a.stats(0).reserved_bytes.all().current;
+  EXPECT_EQ(s.sim->used(0), static_cast<std::size_t>(held));
+  EXPECT_EQ(s.sim->counters().unmaps, 0u);
+  s.sim->clear_faults();
+  const SimCounters before = s.sim->counters();
+  void* p = s.a.allocate(40 * MiB, 1, 0);
+  EXPECT_EQ(s.sim->counters().physical_creates, before.physical_creates);
+  EXPECT_EQ(s.sim->counters().maps, before.maps + 2);  // the rest: a run of 3, a page
+  EXPECT_EQ(s.sim->access(static_cast<char*>(p) + 4 * MiB), (std::vector<int>{0}));
+  s.a.validate();
+  s.a.deallocate(p);
+  s.a.deallocate(guard);
+  s.a.empty_cache();
+  EXPECT_EQ(s.sim->used(0), 0u);
+  s.a.validate();
+}
+
 }  // namespace
 }  // namespace reservoir
