@@ -179,33 +179,33 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     std::size_t mapped_here = 0;
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
       const Page& p = a->pages[i];
-      const std::string page = "page " + std::to_string(i) + " of arena " + at(seg->base);
-      RESERVOIR_CHECK(p.live == live[i], page + " counts " + std::to_string(p.live) +
+      auto page = [&] { return "page " + std::to_string(i) + " of arena " + at(seg->base); };
+      RESERVOIR_CHECK(p.live == live[i], page() + " counts " + std::to_string(p.live) +
                                              " live bytes, its blocks " + std::to_string(live[i]));
-      RESERVOIR_CHECK(p.live == 0 || p.mapping, page + " holds a block but is unmapped");
+      RESERVOIR_CHECK(p.live == 0 || p.mapping, page() + " holds a block but is unmapped");
       RESERVOIR_CHECK(p.live == 0 || p.accessible,
-                      page + " holds a block but its access was never granted");
-      RESERVOIR_CHECK(!p.accessible || p.mapping, page + " is accessible but unmapped");
+                      page() + " holds a block but its access was never granted");
+      RESERVOIR_CHECK(!p.accessible || p.mapping, page() + " is accessible but unmapped");
       if (!p.mapping) continue;
       ++mapped_here;
       const Mapping& m = *p.mapping;
       RESERVOIR_CHECK(m.arena == a.get() && m.first <= i && i < m.first + m.count,
-                      page + " refers to a mapping that does not cover it");
+                      page() + " refers to a mapping that does not cover it");
       if (i != m.first) continue;
       // The mapping, once, from its first page.
       ++mappings;
       std::size_t busy = 0;
       for (std::size_t j = m.first; j < m.first + m.count; ++j) {
         RESERVOIR_CHECK(j < a->pages.size() && a->pages[j].mapping == &m,
-                        page + ": a page of its mapping refers to another");
+                        page() + ": a page of its mapping refers to another");
         busy += a->pages[j].live > 0 ? 1 : 0;
       }
-      RESERVOIR_CHECK(m.busy == busy, page + ": its mapping counts " + std::to_string(m.busy) +
+      RESERVOIR_CHECK(m.busy == busy, page() + ": its mapping counts " + std::to_string(m.busy) +
                                           " pages holding blocks, its pages " +
                                           std::to_string(busy));
       RESERVOIR_CHECK(m.listed == (busy == 0),
-                      page + (m.listed ? ": its mapping is reclaimable but holds a block"
-                                       : ": its mapping holds no block but is not reclaimable"));
+                      page() + (m.listed ? ": its mapping is reclaimable but holds a block"
+                                         : ": its mapping holds no block but is not reclaimable"));
       owned.push_back(Extent{m.chunk, m.offset, m.count});
     }
     RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
@@ -228,38 +228,46 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       if (const Mapping* m = a->pages[i].mapping; m && i == m->first && m->busy == 0) ++idle;
   RESERVOIR_CHECK(listed == idle, "the reclaimable list holds " + std::to_string(listed) +
                                       " mappings, " + std::to_string(idle) + " hold no block");
-  // Every page of every chunk in exactly one mapping or spare extent.
-  const std::size_t under_mappings = owned.size();
+  // Every page of every chunk in exactly one mapping or spare extent: sorted by chunk
+  // and page, the extents of a chunk follow one another without gap or overlap.
+  for (Extent& e : owned) e.count |= std::size_t{1} << 63;  // marks a mapping's pages
   owned.insert(owned.end(), spare_.begin(), spare_.end());
-  std::size_t held_pages = 0, chunk_mapped = 0;
-  for (const auto& c : chunks_) {
-    chunk_mapped += c->mapped;
-    const std::string chunk = "a " + format_size(c->pages * page_) + " chunk";
-    held_pages += c->pages;
-    std::vector<bool> seen(c->pages, false);
-    std::size_t mapped = 0;
-    for (std::size_t k = 0; k < owned.size(); ++k) {
-      const Extent& e = owned[k];
-      if (e.chunk != c.get()) continue;
-      RESERVOIR_CHECK(e.count > 0 && e.first + e.count <= c->pages,
-                      "a mapping or spare extent runs past " + chunk);
-      if (k < under_mappings) mapped += e.count;
-      for (std::size_t j = e.first; j < e.first + e.count; ++j) {
-        RESERVOIR_CHECK(!seen[j],
-                        "page " + std::to_string(j) + " of " + chunk + " is mapped or spare twice");
-        seen[j] = true;
-      }
+  std::sort(owned.begin(), owned.end(), [](const Extent& x, const Extent& y) {
+    return x.chunk != y.chunk ? std::less<const Chunk*>{}(x.chunk, y.chunk) : x.first < y.first;
+  });
+  std::vector<const Chunk*> held_chunks;
+  for (const auto& c : chunks_) held_chunks.push_back(c.get());
+  std::sort(held_chunks.begin(), held_chunks.end(), std::less<const Chunk*>{});
+  std::size_t held_pages = 0, chunk_mapped = 0, chunks_seen = 0;
+  for (std::size_t k = 0; k < owned.size();) {
+    const Chunk* c = owned[k].chunk;
+    ++chunks_seen;
+    RESERVOIR_CHECK(
+        std::binary_search(held_chunks.begin(), held_chunks.end(), c, std::less<const Chunk*>{}),
+        "a mapping or spare extent refers to a chunk the pool does not hold");
+    auto chunk = [&] { return "a " + format_size(c->pages * page_) + " chunk"; };
+    std::size_t next = 0, mapped = 0;  // pages of c covered so far: [0, next)
+    for (; k < owned.size() && owned[k].chunk == c; ++k) {
+      const bool under_mapping = (owned[k].count >> 63) != 0;
+      const std::size_t count = owned[k].count & ~(std::size_t{1} << 63);
+      RESERVOIR_CHECK(owned[k].first == next && count > 0,
+                      "page " + std::to_string(std::min(owned[k].first, next)) + " of " + chunk() +
+                          " is mapped or spare twice, or neither");
+      next += count;
+      if (under_mapping) mapped += count;
     }
-    RESERVOIR_CHECK(std::find(seen.begin(), seen.end(), false) == seen.end(),
-                    "a page of " + chunk + " is neither mapped nor spare");
-    RESERVOIR_CHECK(c->mapped == mapped, chunk + " counts " + std::to_string(c->mapped) +
+    RESERVOIR_CHECK(next == c->pages, "pages of " + chunk() + " past " + std::to_string(next) +
+                                          " are neither mapped nor spare, or it runs past");
+    RESERVOIR_CHECK(c->mapped == mapped, chunk() + " counts " + std::to_string(c->mapped) +
                                              " pages mapped, its mappings " +
                                              std::to_string(mapped));
   }
-  for (const Extent& e : owned)
-    RESERVOIR_CHECK(std::any_of(chunks_.begin(), chunks_.end(),
-                                [&](const auto& c) { return c.get() == e.chunk; }),
-                    "a mapping or spare extent refers to a chunk the pool does not hold");
+  for (const auto& c : chunks_) {
+    held_pages += c->pages;
+    chunk_mapped += c->mapped;
+    RESERVOIR_CHECK(c->pages > 0, "a chunk holds no page");
+  }
+  RESERVOIR_CHECK(chunks_seen == chunks_.size(), "a chunk has pages neither mapped nor spare");
   RESERVOIR_CHECK(chunk_mapped == mapped_pages, "chunks count " + std::to_string(chunk_mapped) +
                                                     " pages mapped, the arenas " +
                                                     std::to_string(mapped_pages));
