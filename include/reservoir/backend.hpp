@@ -148,14 +148,9 @@ class RESERVOIR_API Backend {
   virtual DeviceStatus create_physical(int device, std::size_t size, PhysicalHandle* handle);
   // The memory is freed once it is also unmapped everywhere.
   virtual DeviceStatus release_physical(int device, PhysicalHandle handle);
-  // Maps bytes [offset, offset+size) of handle at ptr (inside a reservation,
-  // unmapped there; cuMemMap). pre: ptr, size and offset multiples of granularity,
-  // offset + size <= the handle's size. One handle may be mapped at several places.
-  virtual DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                           std::size_t offset = 0);
-  // Unmaps [ptr, ptr+size), which must start and end on the boundaries of mappings
-  // (one or several adjacent ones: a mapping is never unmapped in part, as with
-  // cuMemUnmap); the caller synchronizes users of the range first.
+  // Maps the whole of handle at ptr (inside a reservation, unmapped there).
+  virtual DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle);
+  // Unmaps [ptr, ptr+size); the caller synchronizes users of the range first.
   virtual DeviceStatus unmap(int device, void* ptr, std::size_t size);
   // Makes [ptr, ptr+size) readable and writable from each of devices[0..count).
   virtual DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,

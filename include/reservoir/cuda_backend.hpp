@@ -76,8 +76,7 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus release_address_range(int device, void* ptr, std::size_t size) override;
   DeviceStatus create_physical(int device, std::size_t size, PhysicalHandle* handle) override;
   DeviceStatus release_physical(int device, PhysicalHandle handle) override;
-  DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                   std::size_t offset = 0) override;
+  DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle) override;
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;

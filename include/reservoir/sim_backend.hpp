@@ -155,8 +155,7 @@ class RESERVOIR_API SimBackend final : public Backend {
   DeviceStatus release_address_range(int device, void* ptr, std::size_t size) override;
   DeviceStatus create_physical(int device, std::size_t size, PhysicalHandle* handle) override;
   DeviceStatus release_physical(int device, PhysicalHandle handle) override;
-  DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                   std::size_t offset = 0) override;
+  DeviceStatus map(int device, void* ptr, std::size_t size, PhysicalHandle handle) override;
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;
@@ -257,7 +256,7 @@ class RESERVOIR_API SimBackend final : public Backend {
   std::size_t live_segments(int device) const;
   // Address ranges reserved on device and not released yet.
   std::size_t live_reservations(int device) const;
-  // The devices set_access granted on the mapping that holds ptr (sorted; empty
+  // The devices set_access granted on the mapping that starts at ptr (sorted; empty
   // when nothing is mapped there).
   std::vector<int> access(void* ptr) const;
   // Fake clock: now_us() returns this value plus the cost model's device time.

@@ -84,7 +84,7 @@ DeviceStatus Backend::create_physical(int, std::size_t, PhysicalHandle*) {
 DeviceStatus Backend::release_physical(int, PhysicalHandle) {
   return unsupported("release_physical");
 }
-DeviceStatus Backend::map(int, void*, std::size_t, PhysicalHandle, std::size_t) {
+DeviceStatus Backend::map(int, void*, std::size_t, PhysicalHandle) {
   return unsupported("map");
 }
 DeviceStatus Backend::unmap(int, void*, std::size_t) {

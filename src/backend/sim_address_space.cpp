@@ -274,8 +274,7 @@ const VirtualSpace::Reservation* VirtualSpace::reservation_of(int device, std::u
   return &r;
 }
 
-std::string VirtualSpace::map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                              std::size_t offset) {
+std::string VirtualSpace::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   auto ph = physical_.find(handle);
   if (ph == physical_.end() || ph->second.released) {
@@ -287,15 +286,9 @@ std::string VirtualSpace::map(int device, void* ptr, std::size_t size, PhysicalH
     return "sim: map: physical handle " + std::to_string(handle) + " belongs to " +
            dev(physical.device) + ", not " + dev(device);
   }
-  if (size == 0 || size % granularity_ != 0 || offset % granularity_ != 0) {
-    return "sim: map: size " + std::to_string(size) + " and offset " + std::to_string(offset) +
-           " must be multiples of the granularity " + std::to_string(granularity_) +
-           " (size positive)";
-  }
-  if (offset > physical.size || size > physical.size - offset) {
-    return "sim: map: bytes [" + std::to_string(offset) + ", " + std::to_string(offset + size) +
-           ") run past physical handle " + std::to_string(handle) + " (" +
-           std::to_string(physical.size) + " bytes)";
+  if (size != physical.size) {
+    return "sim: map: size " + std::to_string(size) + " differs from physical handle " +
+           std::to_string(handle) + " (" + std::to_string(physical.size) + " bytes)";
   }
   if (p % granularity_ != 0) {
     return "sim: map: " + hex(p) + " is not a multiple of the granularity " +
@@ -317,14 +310,14 @@ std::string VirtualSpace::map(int device, void* ptr, std::size_t size, PhysicalH
   if (host_backed_ && physical.fd >= 0) {
     // Shared memory: the pages are the memfd's, wherever (and in whichever process)
     // it is mapped.
-    if (mmap(ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, physical.fd,
-             static_cast<off_t>(offset)) == MAP_FAILED) {
+    if (mmap(ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, physical.fd, 0) ==
+        MAP_FAILED) {
       return "sim: map: mmap of " + range(p, size) + " failed: " + std::strerror(errno);
     }
   } else if (host_backed_ && !host_protect(p, size, PROT_READ | PROT_WRITE)) {
     return "sim: map: mprotect of " + range(p, size) + " failed: " + std::strerror(errno);
   }
-  mappings_.emplace(p, Mapping{size, handle, offset, {}});
+  mappings_.emplace(p, Mapping{size, handle, {}});
   ++physical.mappings;
   return "";
 }
@@ -442,10 +435,8 @@ std::string VirtualSpace::reach(int device, std::uintptr_t p, std::size_t size) 
 }
 
 std::vector<int> VirtualSpace::access(void* ptr) const {
-  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  auto it = mappings_.upper_bound(p);
-  if (it == mappings_.begin() || std::prev(it)->first + std::prev(it)->second.size <= p) return {};
-  return std::prev(it)->second.access;
+  auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(ptr));
+  return it == mappings_.end() ? std::vector<int>{} : it->second.access;
 }
 
 }  // namespace reservoir::sim

@@ -65,8 +65,7 @@ bool host_protect(std::uintptr_t start, std::size_t size, int prot);
 //   - reservations_ never overlap one another, nor any segment (the placement model
 //     hands out disjoint ranges, or they are separate host mappings);
 //   - every mapping lies inside one reservation of the same device, mappings never
-//     overlap, and mapping.offset + mapping.size <= physical_[mapping.handle].size
-//     (a mapping shows part of a handle, from a multiple of the granularity);
+//     overlap, and mapping.size == physical_[mapping.handle].size;
 //   - physical_[h].mappings counts the mappings of h; an entry is erased once it is
 //     released and has no mapping left (its bytes are then free again, unless it was
 //     imported: then they were never this device's);
@@ -98,14 +97,13 @@ class VirtualSpace {
   std::string reach(int device, std::uintptr_t p, std::size_t size) const;
   // *freed: bytes that are free again (0 while the handle is still mapped).
   std::string release_physical(int device, PhysicalHandle handle, std::size_t* freed);
-  std::string map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                  std::size_t offset = 0);
+  std::string map(int device, void* ptr, std::size_t size, PhysicalHandle handle);
   // *freed: bytes of released handles whose last mapping this removed.
   std::string unmap(int device, void* ptr, std::size_t size, std::size_t* freed);
   std::string set_access(int device, void* ptr, std::size_t size, const int* devices, int count,
                          int device_count);
 
-  // The devices set_access granted on the mapping that holds ptr (for tests).
+  // The devices set_access granted on the mapping that starts at ptr (for tests).
   std::vector<int> access(void* ptr) const;
   std::size_t reservations() const { return reservations_.size(); }
   std::size_t reservations(int device) const;
@@ -130,7 +128,6 @@ class VirtualSpace {
   struct Mapping {
     std::size_t size = 0;
     PhysicalHandle handle = 0;
-    std::size_t offset = 0;   // where in the handle's memory the mapping starts
     std::vector<int> access;  // devices set_access granted, sorted, unique
   };
 

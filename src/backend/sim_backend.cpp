@@ -488,12 +488,11 @@ DeviceStatus SimBackend::release_physical(int device, PhysicalHandle handle) {
   });
 }
 
-DeviceStatus SimBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                             std::size_t offset) {
+DeviceStatus SimBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
   State& s = *state_;
-  if (!s.options.virtual_memory) return Backend::map(device, ptr, size, handle, offset);
+  if (!s.options.virtual_memory) return Backend::map(device, ptr, size, handle);
   return s.call(device, SimOp::map, [&](State::Device&) {
-    if (std::string problem = s.vm.map(device, ptr, size, handle, offset); !problem.empty()) {
+    if (std::string problem = s.vm.map(device, ptr, size, handle); !problem.empty()) {
       return error(std::move(problem));
     }
     ++s.counters.maps;

@@ -12,6 +12,9 @@ namespace reservoir::detail {
 
 namespace {
 constexpr std::size_t kSetNodeSize = 64;
+// Reclaimable pages examined per request before new memory is taken instead: the
+// oldest are the likeliest to have completed their fences.
+constexpr int kReclaimProbes = 8;
 // Free blocks after the best fit examined for one whose memory is all there.
 constexpr int kPlacementProbes = 32;
 // Pages booked at least when an arena starts being used (1 GiB of 2 MiB pages).
@@ -23,8 +26,7 @@ CompactPool::CompactPool(PoolServices& services)
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
       free_(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_)),
-      fences_(services.backend, services.device, services.events),
-      mapping_nodes_(sizeof(Mapping)) {
+      fences_(services.backend, services.device, services.events) {
   if (services.backend.granularity(services.device, &page_) != DeviceStatus::ok || page_ == 0)
     throw DeviceError(
         "reservoir: policy:compact needs the device's virtual memory management "
@@ -34,21 +36,15 @@ CompactPool::CompactPool(PoolServices& services)
 }
 
 CompactPool::~CompactPool() {
-  // The engine is going away: every mapping, chunk and range goes back, whatever it
-  // holds.
+  // The engine is going away: every page and range goes back, whatever it holds.
   for (auto& a : arenas_) {
-    for (std::size_t i = 0; i < a->pages.size();) {
-      Mapping* m = a->pages[i].mapping;
-      if (!m) {
-        ++i;
-        continue;
-      }
+    for (std::size_t i = 0; i < a->pages.size(); ++i) {
+      Page& p = a->pages[i];
+      if (!p.mapped) continue;
       (void)services_.backend.unmap(services_.device,
-                                    reinterpret_cast<void*>(a->segment->base + i * page_),
-                                    m->count * page_);
-      i += m->count;
-      m->~Mapping();
-      mapping_nodes_.put(m);
+                                    reinterpret_cast<void*>(a->segment->base + i * page_), page_);
+      (void)services_.backend.release_physical(services_.device, p.handle);
+      services_.budget.unreserve(page_);
     }
     for (Block* b = a->segment->head; b;) {
       Block* n = b->next;
@@ -59,9 +55,9 @@ CompactPool::~CompactPool() {
         services_.device, reinterpret_cast<void*>(a->segment->base), a->segment->size);
     services_.segments.retire_part(a->segment, a->pages.size() * page_);
   }
-  for (auto& c : chunks_) {
-    (void)services_.backend.release_physical(services_.device, c->handle);
-    services_.budget.unreserve(c->pages * page_);
+  for (PhysicalHandle h : spare_) {
+    (void)services_.backend.release_physical(services_.device, h);
+    services_.budget.unreserve(page_);
   }
 }
 
@@ -200,6 +196,222 @@ void CompactPool::grow_pages(Arena& a, std::size_t end) {
   services_.segments.publish_part(a.segment, a.segment->base + have * page_, (want - have) * page_);
 }
 
+// ---------------------------------------------------------------- physical pages
+
+void CompactPool::release_handle(PhysicalHandle handle) {
+  if (services_.backend.release_physical(services_.device, handle) != DeviceStatus::ok) {
+    // Kept as a spare rather than lost: counted, and retried by the next release.
+    spare_.push_back(handle);
+    throw DeviceError("reservoir: releasing a physical page on device " +
+                      std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  }
+  services_.budget.unreserve(page_);
+  counters_.add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(page_));
+  DeviceCounters::bump(services_.counters.device_frees);
+}
+
+void CompactPool::unmap_page(Arena& a, std::size_t index) {
+  Page& p = a.pages[index];
+  const std::uintptr_t at = a.segment->base + index * page_;
+  if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(at), page_) !=
+      DeviceStatus::ok)
+    throw DeviceError("reservoir: unmapping a page on device " + std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  p.mapped = false;
+  p.accessible = false;
+  p.fence.clear();
+  a.segment->mapped_bytes -= page_;
+  DeviceCounters::bump(services_.counters.device_unmaps);
+  if (services_.history.active())
+    services_.trace(TraceAction::segment_unmap, at, page_, 0, a.segment->context);
+}
+
+void CompactPool::list_push(PageRef r) {
+  Page& p = page(r);
+  p.listed = true;
+  p.prev = reclaim_tail_;
+  p.next = PageRef{};
+  if (reclaim_tail_)
+    page(reclaim_tail_).next = r;
+  else
+    reclaim_head_ = r;
+  reclaim_tail_ = r;
+}
+
+void CompactPool::list_remove(PageRef r) {
+  Page& p = page(r);
+  if (p.prev)
+    page(p.prev).next = p.next;
+  else
+    reclaim_head_ = p.next;
+  if (p.next)
+    page(p.next).prev = p.prev;
+  else
+    reclaim_tail_ = p.prev;
+  p.prev = p.next = PageRef{};
+  p.listed = false;
+}
+
+// The oldest free page whose last users have completed gives its memory up (not one
+// of the span being backed, which is about to hold a block).
+bool CompactPool::reclaim_one(PhysicalHandle* handle, const Span& keep) {
+  int probes = 0;
+  for (PageRef r = reclaim_head_; r && probes < kReclaimProbes;) {
+    Page& p = page(r);
+    const PageRef next = p.next;
+    if (r.arena == keep.arena && r.index >= keep.first && r.index < keep.end) {
+      r = next;
+      continue;
+    }
+    ++probes;
+    if (fences_.complete(p.fence)) {
+      unmap_page(*r.arena, r.index);  // throws with nothing changed
+      list_remove(r);
+      *handle = p.handle;
+      return true;
+    }
+    r = next;
+  }
+  return false;
+}
+
+// New memory from the device (within the memory fraction); false when refused.
+bool CompactPool::create_page(PhysicalHandle* handle) {
+  if (!services_.budget.reserve(page_)) return false;  // over the memory fraction
+  DeviceStatus st = services_.backend.create_physical(services_.device, page_, handle);
+  if (st != DeviceStatus::ok) {
+    services_.budget.unreserve(page_);
+    if (st == DeviceStatus::out_of_memory) return false;
+    throw DeviceError("reservoir: creating a " + format_size(page_) + " physical page on device " +
+                      std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  }
+  counters_.add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(page_));
+  DeviceCounters::bump(services_.counters.device_allocs);
+  return true;
+}
+
+// Memory for one page: a spare; else a free page's memory moved here (stitching),
+// before any new memory is taken from the device.
+bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
+  if (!spare_.empty()) {
+    *handle = spare_.back();
+    spare_.pop_back();
+    return true;
+  }
+  if (reclaim_one(handle, keep)) return true;
+  return create_page(handle);
+}
+
+// Maps physical memory under every unmapped page of [first, end). All or nothing: on
+// failure nothing stays mapped and the memory taken is kept as spare pages.
+bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
+  std::vector<std::size_t>& missing = missing_;
+  missing.clear();
+  bool inaccessible = false;  // a mapped page of the span that has no access yet
+  for (std::size_t i = first; i < end; ++i) {
+    if (!a.pages[i].mapped) missing.push_back(i);
+    inaccessible |= a.pages[i].mapped && !a.pages[i].accessible;
+  }
+  if (missing.empty() && !inaccessible) return true;
+  // Free pages of this span are about to hold the block: off the reclaimable list (so
+  // the search for memory does not walk them), back on it if the request fails.
+  std::vector<std::size_t>& unlisted = unlisted_;
+  unlisted.clear();
+  for (std::size_t i = first; i < end; ++i)
+    if (a.pages[i].listed) {
+      list_remove(PageRef{&a, i});
+      unlisted.push_back(i);
+    }
+  auto relist = [&] {
+    for (std::size_t i : unlisted) list_push(PageRef{&a, i});
+  };
+  const Span keep{&a, first, end};
+  std::vector<PhysicalHandle>& got = got_;
+  got.clear();
+  bool enough = true;
+  try {
+    for (std::size_t k = 0; k < missing.size() && enough; ++k) {
+      PhysicalHandle h = 0;
+      enough = take_physical(&h, keep);
+      if (enough) got.push_back(h);
+    }
+  } catch (...) {
+    spare_.insert(spare_.end(), got.begin(), got.end());
+    relist();
+    throw;
+  }
+  if (!enough) {
+    spare_.insert(spare_.end(), got.begin(), got.end());
+    relist();
+    return false;
+  }
+  const std::uintptr_t base = a.segment->base;
+  std::size_t mapped = 0;
+  // A failed request leaves nothing mapped, except a page the device refuses to unmap:
+  // that one stays a free mapped page (counted, reclaimable), never forgotten.
+  auto undo = [&](const std::string& why) {
+    const std::string reason = services_.backend.last_error();
+    for (std::size_t k = 0; k < got.size(); ++k) {
+      if (k < mapped && services_.backend.unmap(services_.device,
+                                                reinterpret_cast<void*>(base + missing[k] * page_),
+                                                page_) != DeviceStatus::ok) {
+        Page& p = a.pages[missing[k]];
+        p.handle = got[k];
+        p.mapped = true;
+        p.accessible = false;
+        p.fence.clear();
+        a.segment->mapped_bytes += page_;
+        list_push(PageRef{&a, missing[k]});
+        continue;
+      }
+      spare_.push_back(got[k]);
+    }
+    relist();
+    throw DeviceError("reservoir: " + why + " on device " + std::to_string(services_.device) +
+                      " failed: " + reason);
+  };
+  for (; mapped < missing.size(); ++mapped)
+    if (services_.backend.map(services_.device,
+                              reinterpret_cast<void*>(base + missing[mapped] * page_), page_,
+                              got[mapped]) != DeviceStatus::ok)
+      undo("mapping a page for policy:compact");
+  // Access for each run of newly mapped pages (and mapped pages still without
+  // access), one call per run.
+  std::vector<std::size_t>& grant = grant_;
+  grant.clear();
+  for (std::size_t i = first, k = 0; i < end; ++i) {
+    const bool fresh = k < missing.size() && missing[k] == i;
+    if (fresh) ++k;
+    if (fresh || !a.pages[i].accessible) grant.push_back(i);
+  }
+  const std::vector<int> peers = services_.peers.list();
+  std::vector<int> devices{services_.device};
+  devices.insert(devices.end(), peers.begin(), peers.end());
+  for (std::size_t k = 0; k < grant.size();) {
+    std::size_t run = k + 1;
+    while (run < grant.size() && grant[run] == grant[run - 1] + 1) ++run;
+    if (services_.backend.set_access(
+            services_.device, reinterpret_cast<void*>(base + grant[k] * page_), (run - k) * page_,
+            devices.data(), static_cast<int>(devices.size())) != DeviceStatus::ok)
+      undo("granting access to pages for policy:compact");
+    k = run;
+  }
+  for (std::size_t i : grant) a.pages[i].accessible = true;
+  for (std::size_t k = 0; k < missing.size(); ++k) {
+    Page& p = a.pages[missing[k]];
+    p.handle = got[k];
+    p.mapped = true;
+    p.fence.clear();
+    if (services_.history.active())
+      services_.trace(TraceAction::segment_map, base + missing[k] * page_, page_, 0, nullptr);
+  }
+  a.segment->mapped_bytes += missing.size() * page_;
+  DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(missing.size()));
+  return true;
+}
+
 // The bytes of [address, address + size) that lie on page i of a.
 std::size_t CompactPool::overlap(const Arena& a, std::size_t i, std::uintptr_t address,
                                  std::size_t size) const {
@@ -214,14 +426,13 @@ void CompactPool::add_live(Arena& a, std::uintptr_t address, std::size_t size) {
   auto [first, end] = page_span(a, address, size);
   for (std::size_t i = first; i < end; ++i) {
     Page& p = a.pages[i];
-    if (p.live == 0 && p.mapping->busy++ == 0) list_remove(p.mapping);
+    if (p.listed) list_remove(PageRef{&a, i});
     p.live += (i == first || i + 1 == end) ? overlap(a, i, address, size) : page_;
   }
 }
 
 // A block was freed: its pages learn the marks of its users (its stream, and those
-// record_stream named) and lose its bytes; a mapping none of whose pages holds a block
-// joins the reclaimable list.
+// record_stream named), lose its bytes, and join the reclaimable list when empty.
 void CompactPool::remove_live(Arena& a, const Block& b) {
   const std::uint64_t own = fences_.want_marker(b.stream);
   auto [first, end] = page_span(a, b.address, b.size);
@@ -229,7 +440,7 @@ void CompactPool::remove_live(Arena& a, const Block& b) {
     Page& p = a.pages[i];
     p.fence.add(b.stream, own);
     p.live -= (i == first || i + 1 == end) ? overlap(a, i, b.address, b.size) : page_;
-    if (p.live == 0 && --p.mapping->busy == 0) list_push(p.mapping);
+    if (p.live == 0) list_push(PageRef{&a, i});
   }
   if (b.extras)
     for (StreamHandle s : b.extras->uses) {
@@ -244,7 +455,7 @@ std::size_t CompactPool::unbacked_pages(const Block* b, std::size_t size) const 
   auto [first, end] = page_span(a, b->address, size);
   std::size_t missing = end > a.pages.size() ? end - std::max(first, a.pages.size()) : 0;
   for (std::size_t i = first; i < std::min(end, a.pages.size()); ++i)
-    if (!a.pages[i].mapping) ++missing;
+    if (!a.pages[i].mapped) ++missing;
   return missing;
 }
 
@@ -304,7 +515,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
     if (int waits = fences_.order_after(stream, before))
       DeviceCounters::bump(services_.counters.stream_waits, waits);
   }
-  if (!back_pages(a, address, taken)) return 0;
+  if (!back_pages(a, first, end)) return 0;
   Block* out;
   if (taken < b->size) {
     out = new_block(address, taken, b->segment, BlockState::allocated);
@@ -374,6 +585,60 @@ bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
 void CompactPool::host_waited(StreamHandle stream) {
   Guard guard(lock_);
   fences_.host_waited(stream);
+}
+
+std::size_t CompactPool::release_free_pages(bool give_back) {
+  Guard guard(lock_);
+  fences_.synchronize_all();
+  std::size_t released = 0;
+  for (auto& a : arenas_)
+    for (std::size_t i = 0; i < a->pages.size(); ++i) {
+      Page& p = a->pages[i];
+      if (!p.mapped || p.live != 0) continue;
+      const PhysicalHandle h = p.handle;
+      unmap_page(*a, i);  // throws with nothing changed
+      list_remove(PageRef{a.get(), i});
+      spare_.push_back(h);
+    }
+  if (give_back) {
+    while (!spare_.empty()) {
+      PhysicalHandle h = spare_.back();
+      spare_.pop_back();
+      release_handle(h);
+      released += page_;
+    }
+    // Arenas holding nothing go back too (a new one is reserved when needed). A range
+    // the device refuses to release stays, counted as a segment, and is retried by the
+    // next release.
+    std::string failure;
+    for (auto it = arenas_.begin(); it != arenas_.end();) {
+      Arena& a = **it;
+      Block* head = a.segment->head;
+      if (head->next || head->state != BlockState::free || a.segment->mapped_bytes != 0) {
+        ++it;
+        continue;
+      }
+      if (services_.backend.release_address_range(services_.device,
+                                                  reinterpret_cast<void*>(a.segment->base),
+                                                  a.segment->size) != DeviceStatus::ok) {
+        if (failure.empty()) failure = services_.backend.last_error();
+        ++it;
+        continue;
+      }
+      free_.erase(head->free_at);
+      delete_block(head);
+      counters_.add<kSegment>(kLargePool, -1);
+      services_.segments.retire_part(a.segment, a.pages.size() * page_);
+      it = arenas_.erase(it);
+    }
+    if (!failure.empty()) {
+      finish_operation();
+      throw DeviceError("reservoir: releasing policy:compact address space on device " +
+                        std::to_string(services_.device) + " failed: " + failure);
+    }
+  }
+  finish_operation();
+  return released;
 }
 
 void CompactPool::finish_operation() {

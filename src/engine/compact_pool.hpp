@@ -15,23 +15,14 @@
 //     page's memory moves to another address only once the host knows the work that
 //     used it has completed (events queried, never waited for, short of the
 //     out-of-memory ladder).
-// Physical memory comes in chunks (one create_physical of several pages, sized by
-// grow_pages_for); a page of an arena is backed by (chunk, page offset) through a
-// mapping: one map call of a run of pages at consecutive offsets of one chunk. The
-// driver unmaps a mapping only whole, so a mapping is the unit of unmapping: it moves
-// (stitching) only once none of its pages holds a block.
 // Invariants (validate()):
 //   blocks tile every arena; no two neighbouring blocks are both free;
 //   free blocks == free_ (by size, address); allocated blocks == allocated_;
 //   page.live == bytes of allocated blocks overlapping the page;
-//   page.live > 0 => page.mapping; page.accessible => page.mapping;
-//   page.mapping == m <=> m.first <= page index < m.first + m.count in m's arena;
-//   m.busy == pages of m with live > 0; m.listed <=> m.busy == 0 <=> m is on the
-//   reclaimable list (oldest first);
-//   every page of a chunk is in exactly one mapping or one spare extent:
-//   chunk.mapped == sum of its mappings' counts, chunk.pages - chunk.mapped == its
-//   spare pages; a chunk goes back to the device only when chunk.mapped == 0;
-//   reserved_bytes == sum of chunk.pages * page size == physical bytes held.
+//   page.live > 0 => page.mapped;
+//   reserved_bytes == (mapped pages + spare handles) * page size == physical bytes held;
+//   page.listed <=> page.mapped && page.live == 0 <=> the page is on the reclaimable list
+//   (oldest first).
 // Locking: one Lock for the pool (the device); never held while taking another pool's.
 #pragma once
 
@@ -67,10 +58,9 @@ class alignas(64) CompactPool final : public BlockOwner {
   // fraction has no physical memory left for it (the ladder then runs). Throws
   // DeviceError.
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream, const Context& context);
-  // The ladder's rung: waits for every fence, then unmaps every mapping that holds no
-  // block and gives back every chunk none of whose pages is mapped; returns the bytes
-  // released. With give_back false, the memory is kept as spare pages for the retry
-  // (nothing is released).
+  // The ladder's rung: waits for every fence, then gives every free page's memory back
+  // to the device; returns the bytes released. With give_back false, the memory is
+  // kept as spare pages for the retry (nothing is released).
   std::size_t release_free_pages(bool give_back);
   void host_waited(StreamHandle stream);
 
@@ -91,35 +81,22 @@ class alignas(64) CompactPool final : public BlockOwner {
  private:
   using Guard = std::unique_lock<Lock>;
   struct Arena;
-  // Physical memory of one create_physical: pages [0, pages) of handle.
-  struct Chunk {
-    PhysicalHandle handle = 0;
-    std::size_t pages = 0;
-    std::size_t mapped = 0;  // its pages under a mapping; the rest are spare
-  };
-  // Spare memory: pages [first, first + count) of chunk, mapped nowhere.
-  struct Extent {
-    Chunk* chunk = nullptr;
-    std::size_t first = 0, count = 0;
-  };
-  // One map call: pages [first, first + count) of arena show pages [offset, offset +
-  // count) of chunk. Unmapped whole, by one call (or one with its neighbours).
-  struct Mapping {
+  struct PageRef {
     Arena* arena = nullptr;
-    std::size_t first = 0, count = 0;
-    Chunk* chunk = nullptr;
-    std::size_t offset = 0;
-    std::size_t busy = 0;  // pages of it that hold a block
-    bool listed = false;   // on the reclaimable list
-    Mapping *prev = nullptr, *next = nullptr;
+    std::size_t index = 0;
+    explicit operator bool() const noexcept { return arena != nullptr; }
+    bool operator==(const PageRef&) const = default;
   };
   struct Page {
-    Mapping* mapping = nullptr;  // nullptr: unmapped
+    PhysicalHandle handle = 0;
+    bool mapped = false;
     // accessible => mapped. A page a failed request could not unmap stays mapped
     // without access: the next request that covers it grants access first.
     bool accessible = false;
+    bool listed = false;     // on the reclaimable list
     std::uint64_t live = 0;  // bytes of allocated blocks on this page
     Fence fence;             // marks of the frees and uses of memory on this page
+    PageRef prev, next;      // the reclaimable list
   };
   // pages covers [base, base + pages.size() * page) — the part of the range that may
   // hold blocks in use, registered in the segment map; beyond it the arena is one free
@@ -145,33 +122,17 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t unbacked_pages(const Block* b, std::size_t size) const;
   Block* choose(FreeSet::iterator best, std::size_t size) const;
   void grow_pages(Arena& a, std::size_t end);
-  // Physical memory for the unmapped pages under [address, address + size) of a: all
-  // or nothing.
-  bool back_pages(Arena& a, std::uintptr_t address, std::size_t size);
-  // Spare extents of count pages in all into got_: spares, then reclaimed mappings,
-  // then a new chunk (never one of keep's mappings). false (got_ back to spare) when
-  // the device or the memory fraction refuses.
-  bool gather(std::size_t count, const Span& keep);
-  void take_spare(std::size_t count);  // from spare_ into got_; pre: spare_ not empty
-  bool reclaim_one(const Span& keep);
-  bool create_chunk(std::size_t need);
-  std::size_t grow_pages_for(std::size_t need) const;
-  void add_spare(Chunk* chunk, std::size_t first, std::size_t count);
-  // Maps pages [first, first + count) of a at (chunk, offset); one call.
-  Mapping* map_run(Arena& a, std::size_t first, std::size_t count, Chunk* chunk,
-                   std::size_t offset);
-  // Unmaps mappings [m, ...) of one arena that lie side by side, count pages in all,
-  // with one call; their memory becomes spare. Throws with nothing changed.
-  void unmap_run(Mapping* m, std::size_t count);
-  void forget_mapping(Mapping* m);  // its pages unmapped, its memory spare
-  void list_push(Mapping* m);
-  void list_remove(Mapping* m);
-  bool overlaps(const Mapping& m, const Span& keep) const {
-    return m.arena == keep.arena && m.first < keep.end && keep.first < m.first + m.count;
-  }
-  // Gives back every chunk all of whose pages are spare; returns the bytes.
-  std::size_t release_spare_chunks();
-  void release_chunk(Chunk* chunk);
+  // Physical memory for the unmapped pages of [first, end) of a: all or nothing.
+  bool back_pages(Arena& a, std::size_t first, std::size_t end);
+  // A spare, a reclaimed or a new page (never one of keep).
+  bool take_physical(PhysicalHandle* handle, const Span& keep);
+  bool reclaim_one(PhysicalHandle* handle, const Span& keep);
+  bool create_page(PhysicalHandle* handle);
+  Page& page(const PageRef& r) { return r.arena->pages[r.index]; }
+  void list_push(PageRef r);
+  void list_remove(PageRef r);
+  void unmap_page(Arena& a, std::size_t index);  // its fence has completed
+  void release_handle(PhysicalHandle handle);
   std::size_t overlap(const Arena& a, std::size_t i, std::uintptr_t address,
                       std::size_t size) const;
   void add_live(Arena& a, std::uintptr_t address, std::size_t size);
@@ -188,19 +149,14 @@ class alignas(64) CompactPool final : public BlockOwner {
   AddressMap<Block> allocated_;
   StreamEvents fences_;
   std::vector<std::unique_ptr<Arena>> arenas_;
-  std::vector<std::unique_ptr<Chunk>> chunks_;
-  NodePool mapping_nodes_;
-  std::size_t mappings_ = 0;         // live Mapping objects
-  std::size_t held_pages_ = 0;       // sum of chunk.pages
-  Mapping* reclaim_head_ = nullptr;  // mappings that hold no block, oldest first
-  Mapping* reclaim_tail_ = nullptr;
-  std::vector<Extent> spare_;  // spare memory, adjacent extents of a chunk merged
+  PageRef reclaim_head_, reclaim_tail_;  // mapped pages that hold no block, oldest first
   // Scratch of back_pages (kept to spare an allocation per request).
   std::vector<std::size_t> missing_;
-  std::vector<Extent> got_;
-  std::vector<Mapping*> made_;
+  std::vector<PhysicalHandle> got_;
+  std::vector<std::size_t> unlisted_;
   std::vector<std::size_t> grant_;  // back_pages: the pages it grants access to
-  std::size_t page_ = 0;            // mapping granularity
+  std::vector<PhysicalHandle> spare_;
+  std::size_t page_ = 0;  // mapping granularity
 };
 
 }  // namespace reservoir::detail

@@ -20,7 +20,7 @@ std::size_t CompactPool::largest_free_block() {
       end = std::min(end, a->pages.size());
       std::size_t run = 0;
       for (std::size_t i = first; i < end; ++i) {
-        run = a->pages[i].mapping ? run + page_ : 0;
+        run = a->pages[i].mapped ? run + page_ : 0;
         largest = std::max(largest, std::min(run, b->size));
       }
     }
@@ -29,7 +29,8 @@ std::size_t CompactPool::largest_free_block() {
 
 std::size_t CompactPool::cached_bytes() {
   Guard guard(lock_);
-  const std::size_t held = held_pages_ * page_;
+  std::size_t held = spare_.size() * page_;
+  for (auto& a : arenas_) held += a->segment->mapped_bytes;
   std::size_t allocated = 0;
   allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
   return held > allocated ? held - allocated : 0;
@@ -81,12 +82,12 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
     // Each run of mapped pages is reported as a segment; blocks clipped to it.
     const std::uintptr_t base = a->segment->base;
     for (std::size_t i = 0; i < a->pages.size();) {
-      if (!a->pages[i].mapping) {
+      if (!a->pages[i].mapped) {
         ++i;
         continue;
       }
       std::size_t end = i;
-      while (end < a->pages.size() && a->pages[end].mapping) ++end;
+      while (end < a->pages.size() && a->pages[end].mapped) ++end;
       const std::uintptr_t lo = base + i * page_, hi = base + end * page_;
       SegmentInfo info;
       info.device = services_.device;
@@ -133,8 +134,7 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
                requested[kPoolCount] = {};
-  std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0, mappings = 0;
-  std::vector<Extent> owned;  // the chunk pages under each mapping
+  std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
@@ -179,102 +179,29 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     std::size_t mapped_here = 0;
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
       const Page& p = a->pages[i];
-      auto page = [&] { return "page " + std::to_string(i) + " of arena " + at(seg->base); };
-      RESERVOIR_CHECK(p.live == live[i], page() + " counts " + std::to_string(p.live) +
+      RESERVOIR_CHECK(p.live == live[i], "page " + std::to_string(i) + " of arena " +
+                                             at(seg->base) + " counts " + std::to_string(p.live) +
                                              " live bytes, its blocks " + std::to_string(live[i]));
-      RESERVOIR_CHECK(p.live == 0 || p.mapping, page() + " holds a block but is unmapped");
+      RESERVOIR_CHECK(p.live == 0 || p.mapped, "page " + std::to_string(i) + " of arena " +
+                                                   at(seg->base) +
+                                                   " holds a block but is unmapped");
       RESERVOIR_CHECK(p.live == 0 || p.accessible,
-                      page() + " holds a block but its access was never granted");
-      RESERVOIR_CHECK(!p.accessible || p.mapping, page() + " is accessible but unmapped");
-      if (!p.mapping) continue;
-      ++mapped_here;
-      const Mapping& m = *p.mapping;
-      RESERVOIR_CHECK(m.arena == a.get() && m.first <= i && i < m.first + m.count,
-                      page() + " refers to a mapping that does not cover it");
-      if (i != m.first) continue;
-      // The mapping, once, from its first page.
-      ++mappings;
-      std::size_t busy = 0;
-      for (std::size_t j = m.first; j < m.first + m.count; ++j) {
-        RESERVOIR_CHECK(j < a->pages.size() && a->pages[j].mapping == &m,
-                        page() + ": a page of its mapping refers to another");
-        busy += a->pages[j].live > 0 ? 1 : 0;
-      }
-      RESERVOIR_CHECK(m.busy == busy, page() + ": its mapping counts " + std::to_string(m.busy) +
-                                          " pages holding blocks, its pages " +
-                                          std::to_string(busy));
-      RESERVOIR_CHECK(m.listed == (busy == 0),
-                      page() + (m.listed ? ": its mapping is reclaimable but holds a block"
-                                         : ": its mapping holds no block but is not reclaimable"));
-      owned.push_back(Extent{m.chunk, m.offset, m.count});
+                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
+                          " holds a block but its access was never granted");
+      RESERVOIR_CHECK(!p.accessible || p.mapped, "page " + std::to_string(i) + " of arena " +
+                                                     at(seg->base) + " is accessible but unmapped");
+      if (p.mapped) ++mapped_here;
+      RESERVOIR_CHECK(p.listed == (p.mapped && p.live == 0),
+                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
+                          (p.listed ? " is reclaimable but holds a block or is unmapped"
+                                    : " is free and mapped but not reclaimable"));
     }
     RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
                     "arena " + at(seg->base) + " counts mapped bytes wrong");
     mapped_pages += mapped_here;
     totals->segments += 1;
   }
-  RESERVOIR_CHECK(mappings == mappings_, "the pages show " + std::to_string(mappings) +
-                                             " mappings, the pool counts " +
-                                             std::to_string(mappings_));
-  std::size_t listed = 0;
-  for (const Mapping* m = reclaim_head_; m; m = m->next) {
-    RESERVOIR_CHECK(m->listed && (m->next ? m->next->prev == m : reclaim_tail_ == m),
-                    "the reclaimable list is broken");
-    ++listed;
-  }
-  std::size_t idle = 0;  // mappings that hold no block
-  for (auto& a : arenas_)
-    for (std::size_t i = 0; i < a->pages.size(); ++i)
-      if (const Mapping* m = a->pages[i].mapping; m && i == m->first && m->busy == 0) ++idle;
-  RESERVOIR_CHECK(listed == idle, "the reclaimable list holds " + std::to_string(listed) +
-                                      " mappings, " + std::to_string(idle) + " hold no block");
-  // Every page of every chunk in exactly one mapping or spare extent: sorted by chunk
-  // and page, the extents of a chunk follow one another without gap or overlap.
-  for (Extent& e : owned) e.count |= std::size_t{1} << 63;  // marks a mapping's pages
-  owned.insert(owned.end(), spare_.begin(), spare_.end());
-  std::sort(owned.begin(), owned.end(), [](const Extent& x, const Extent& y) {
-    return x.chunk != y.chunk ? std::less<const Chunk*>{}(x.chunk, y.chunk) : x.first < y.first;
-  });
-  std::vector<const Chunk*> held_chunks;
-  for (const auto& c : chunks_) held_chunks.push_back(c.get());
-  std::sort(held_chunks.begin(), held_chunks.end(), std::less<const Chunk*>{});
-  std::size_t held_pages = 0, chunk_mapped = 0, chunks_seen = 0;
-  for (std::size_t k = 0; k < owned.size();) {
-    const Chunk* c = owned[k].chunk;
-    ++chunks_seen;
-    RESERVOIR_CHECK(
-        std::binary_search(held_chunks.begin(), held_chunks.end(), c, std::less<const Chunk*>{}),
-        "a mapping or spare extent refers to a chunk the pool does not hold");
-    auto chunk = [&] { return "a " + format_size(c->pages * page_) + " chunk"; };
-    std::size_t next = 0, mapped = 0;  // pages of c covered so far: [0, next)
-    for (; k < owned.size() && owned[k].chunk == c; ++k) {
-      const bool under_mapping = (owned[k].count >> 63) != 0;
-      const std::size_t count = owned[k].count & ~(std::size_t{1} << 63);
-      RESERVOIR_CHECK(owned[k].first == next && count > 0,
-                      "page " + std::to_string(std::min(owned[k].first, next)) + " of " + chunk() +
-                          " is mapped or spare twice, or neither");
-      next += count;
-      if (under_mapping) mapped += count;
-    }
-    RESERVOIR_CHECK(next == c->pages, "pages of " + chunk() + " past " + std::to_string(next) +
-                                          " are neither mapped nor spare, or it runs past");
-    RESERVOIR_CHECK(c->mapped == mapped, chunk() + " counts " + std::to_string(c->mapped) +
-                                             " pages mapped, its mappings " +
-                                             std::to_string(mapped));
-  }
-  for (const auto& c : chunks_) {
-    held_pages += c->pages;
-    chunk_mapped += c->mapped;
-    RESERVOIR_CHECK(c->pages > 0, "a chunk holds no page");
-  }
-  RESERVOIR_CHECK(chunks_seen == chunks_.size(), "a chunk has pages neither mapped nor spare");
-  RESERVOIR_CHECK(chunk_mapped == mapped_pages, "chunks count " + std::to_string(chunk_mapped) +
-                                                    " pages mapped, the arenas " +
-                                                    std::to_string(mapped_pages));
-  RESERVOIR_CHECK(held_pages == held_pages_, "the pool counts " + std::to_string(held_pages_) +
-                                                 " pages held, its chunks " +
-                                                 std::to_string(held_pages));
-  const std::size_t held = held_pages * page_;
+  const std::size_t held = (mapped_pages + spare_.size()) * page_;
   totals->reserved += held;
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),

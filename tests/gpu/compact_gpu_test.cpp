@@ -67,30 +67,6 @@ TEST_F(CompactGpuTest, ReuseOnAnotherStreamWaitsForTheFirstStreamsWork) {
   EXPECT_NO_THROW(alloc.validate());
 }
 
-// A large block's pages come from one chunk, mapped in runs of pages by one call each
-// at the chunk's offsets (the second run from 32 MiB into the chunk): the whole block
-// holds what is written; given back, the two mappings are unmapped by one call.
-TEST_F(CompactGpuTest, RunsMappedAtChunkOffsetsHoldData) {
-  Allocator alloc(backend_, Config::parse("policy:compact"));
-  Stream a;
-  DeviceArray<unsigned long long> bad(1);
-  constexpr std::size_t kSize = 64 * kMiB;  // 32 pages: one chunk, runs of 16
-  void* p = alloc.allocate(kSize, a.handle(), 0);
-  EXPECT_EQ(alloc.stats(0).num_device_alloc, 1);
-  EXPECT_EQ(alloc.stats(0).num_device_map, 2);
-  ASSERT_CUDA(fill(Region{p, kSize, 0x3c3c}, a.get()));
-  ASSERT_CUDA(verify(Region{p, kSize, 0x3c3c}, bad.get(), a.get()));
-  unsigned long long mismatches = 1;
-  ASSERT_CUDA(cudaMemcpy(&mismatches, bad.get(), sizeof mismatches, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(mismatches, 0u);
-  alloc.deallocate(p);
-  alloc.empty_cache();
-  EXPECT_EQ(alloc.stats(0).num_device_unmap, 1);
-  EXPECT_EQ(alloc.stats(0).num_device_free, 1);
-  EXPECT_EQ(alloc.stats(0).reserved_bytes.all().current, 0);
-  EXPECT_NO_THROW(alloc.validate());
-}
-
 // Under a memory fraction that leaves no room for new pages, a request elsewhere needs
 // the memory of pages a running kernel still uses: the allocator must wait for it (the
 // ladder) rather than move it.

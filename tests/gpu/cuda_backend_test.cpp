@@ -27,13 +27,13 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
          << "\"" << text << "\" does not start with \"" << prefix << "\"";
 }
 
-// Whether [ptr, ptr + size) holds the pattern tagged tag (the test's own kernels).
-::testing::AssertionResult holds(void* ptr, std::size_t size, std::uint32_t tag,
-                                 cudaStream_t stream) {
+// Writes and checks a pattern through the test's own kernels.
+::testing::AssertionResult usable(void* ptr, std::size_t size, cudaStream_t stream) {
   DeviceArray<unsigned long long> bad(1);
   if (bad.status() != cudaSuccess) return cuda_ok(bad.status(), "cudaMalloc");
-  if (auto ok = cuda_ok(verify(Region{ptr, size, tag}, bad.get(), stream), "verify"); !ok)
-    return ok;
+  const Region r{ptr, size, 0x5eed};
+  if (auto ok = cuda_ok(fill(r, stream), "fill"); !ok) return ok;
+  if (auto ok = cuda_ok(verify(r, bad.get(), stream), "verify"); !ok) return ok;
   unsigned long long mismatches = 0;
   if (auto ok = cuda_ok(cudaMemcpyAsync(&mismatches, bad.get(), sizeof mismatches,
                                         cudaMemcpyDeviceToHost, stream),
@@ -42,15 +42,8 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
     return ok;
   if (auto ok = cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !ok) return ok;
   if (mismatches != 0)
-    return ::testing::AssertionFailure() << mismatches << " bytes did not hold pattern " << tag;
+    return ::testing::AssertionFailure() << mismatches << " bytes did not hold the pattern";
   return ::testing::AssertionSuccess();
-}
-
-// Writes and checks a pattern through the test's own kernels.
-::testing::AssertionResult usable(void* ptr, std::size_t size, cudaStream_t stream) {
-  constexpr std::uint32_t kTag = 0x5eed;
-  if (auto ok = cuda_ok(fill(Region{ptr, size, kTag}, stream), "fill"); !ok) return ok;
-  return holds(ptr, size, kTag, stream);
 }
 
 using CudaBackendTest = GpuTest;
@@ -179,53 +172,6 @@ TEST_F(CudaBackendTest, VirtualMemoryMapsUsableMemory) {
   EXPECT_EQ(backend_->release_physical(0, h1), DeviceStatus::ok) << backend_->last_error();
   EXPECT_EQ(backend_->release_physical(0, h2), DeviceStatus::ok) << backend_->last_error();
   EXPECT_EQ(backend_->release_address_range(0, base, 4 * g), DeviceStatus::ok)
-      << backend_->last_error();
-}
-
-// What policy:compact relies on: pages of one physical allocation (a chunk) mapped at
-// several addresses by cuMemMap's offset, several of them in one call, and adjacent
-// mappings unmapped with one call; each address shows its own page of the chunk.
-TEST_F(CudaBackendTest, MapsPagesOfOneChunkAtOffsets) {
-  if (!backend_->has(kVirtualMemory)) GTEST_SKIP() << "the device has no virtual memory support";
-  Stream stream;
-  ASSERT_CUDA(stream.status());
-  std::size_t g = 0;
-  ASSERT_EQ(backend_->granularity(0, &g), DeviceStatus::ok) << backend_->last_error();
-  void* base = nullptr;
-  ASSERT_EQ(backend_->reserve_address_range(0, 8 * g, g, &base), DeviceStatus::ok)
-      << backend_->last_error();
-  auto at = [&](std::size_t pages) { return static_cast<char*>(base) + pages * g; };
-  PhysicalHandle chunk = 0;
-  ASSERT_EQ(backend_->create_physical(0, 3 * g, &chunk), DeviceStatus::ok)
-      << backend_->last_error();
-  const int devices[] = {0};
-  // Page 2 of the chunk at page 0 of the range, pages 0 and 1 (one call) at pages 4, 5.
-  ASSERT_EQ(backend_->map(0, at(0), g, chunk, 2 * g), DeviceStatus::ok) << backend_->last_error();
-  ASSERT_EQ(backend_->map(0, at(4), 2 * g, chunk, 0), DeviceStatus::ok) << backend_->last_error();
-  ASSERT_EQ(backend_->set_access(0, at(0), g, devices, 1), DeviceStatus::ok)
-      << backend_->last_error();
-  ASSERT_EQ(backend_->set_access(0, at(4), 2 * g, devices, 1), DeviceStatus::ok)
-      << backend_->last_error();
-  ASSERT_CUDA(fill(Region{at(0), g, 2}, stream.get()));
-  ASSERT_CUDA(fill(Region{at(4), g, 0}, stream.get()));
-  ASSERT_CUDA(fill(Region{at(5), g, 1}, stream.get()));
-  EXPECT_TRUE(holds(at(0), g, 2, stream.get()));
-  EXPECT_TRUE(holds(at(4), g, 0, stream.get()));
-  EXPECT_TRUE(holds(at(5), g, 1, stream.get()));
-  // Page 1 of the chunk mapped a second time, at page 1 of the range (next to page 0's
-  // mapping): it shows what was written through page 5.
-  ASSERT_EQ(backend_->map(0, at(1), g, chunk, g), DeviceStatus::ok) << backend_->last_error();
-  ASSERT_EQ(backend_->set_access(0, at(0), 2 * g, devices, 1), DeviceStatus::ok)
-      << backend_->last_error();
-  EXPECT_TRUE(holds(at(1), g, 1, stream.get()));
-  // Two adjacent mappings unmapped with one call; the chunk's memory stays (still mapped
-  // at pages 4 and 5) and keeps its contents.
-  EXPECT_EQ(backend_->unmap(0, at(0), 2 * g), DeviceStatus::ok) << backend_->last_error();
-  EXPECT_TRUE(holds(at(4), g, 0, stream.get()));
-  EXPECT_EQ(backend_->release_physical(0, chunk), DeviceStatus::ok) << backend_->last_error();
-  EXPECT_TRUE(holds(at(5), g, 1, stream.get()));  // released, but mapped: still there
-  EXPECT_EQ(backend_->unmap(0, at(4), 2 * g), DeviceStatus::ok) << backend_->last_error();
-  EXPECT_EQ(backend_->release_address_range(0, base, 8 * g), DeviceStatus::ok)
       << backend_->last_error();
 }
 

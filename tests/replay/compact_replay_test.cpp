@@ -21,17 +21,14 @@ struct Expected {
 };
 
 // Measured on the simulated device; page size 2 MiB. Without a memory fraction the
-// policy trades a little memory for fewer page moves (CompactPool::choose) and fewer
-// driver calls (chunks with spare pages, mappings of several pages that move only
-// whole: 1.0090, 1.0184, 1.0215, 1.0112, 1.0475, 1.0258, where one page per creation
-// and per map gave 1.0063, 1.0043, 1.0166, 1.0055, 1.0201, 1.0127); under one (the
-// fit) it is pure best fit with each page mapped alone: 1.0018, 1.0040, 1.0167 on the
-// first three, where the ideal design of shared/design (every page unmapped the moment
-// it holds nothing) reaches 1.0017, 1.0040 and 1.0166.
+// policy trades a little memory for fewer page moves (CompactPool::choose); under one
+// (the fit) it is pure best fit: 1.0018, 1.0040, 1.0167 on the first three, where the
+// ideal design of shared/design (every page unmapped the moment it holds nothing)
+// reaches 1.0017, 1.0040 and 1.0166.
 const Expected kTraces[] = {
-    {"resnet50_train", 3221225472},           {"gpt2_train_varlen", 13293846528},
-    {"multistream_train_overlap", 876609536}, {"textgen_varbatch", 748683264},
-    {"infer_varbatch", 1520435200},           {"pipeline_multistream", 819986432},
+    {"resnet50_train", 3212836864},           {"gpt2_train_varlen", 13109297152},
+    {"multistream_train_overlap", 872415232}, {"textgen_varbatch", 744488960},
+    {"infer_varbatch", 1480589312},           {"pipeline_multistream", 809500672},
 };
 
 class CompactOnRealTraces : public ::testing::TestWithParam<Expected> {};

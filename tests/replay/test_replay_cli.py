@@ -22,8 +22,7 @@ import xml.etree.ElementTree as ET
 BINARY = None  # set from argv in __main__
 
 KEYS = ["config", "events", "peak_requested", "peak_allocated", "peak_reserved", "ratio",
-        "device_allocs", "device_frees", "device_maps", "device_unmaps", "device_time_us", "ooms",
-        "ns_per_event"]
+        "device_allocs", "device_frees", "device_time_us", "ooms", "ns_per_event"]
 FIT_KEYS = ["fit_capacity", "fit_ratio", "fit_fraction"]
 OPTIONS = ["--config", "--capacity", "--fit", "--json", "--plot", "--device", "--version",
            "--help"]

@@ -104,7 +104,7 @@ TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
   s.a.deallocate(b);
   void* d = s.a.allocate(16 * MiB, 2, 0);  // pages 4-12: 10-12 take a's memory
   EXPECT_EQ(reserved(), static_cast<std::int64_t>(10 * 2 * MiB)) << "new memory instead of a's";
-  EXPECT_EQ(s.a.stats(0).num_device_unmap, 3);  // a's pages, each mapped alone
+  EXPECT_EQ(s.a.stats(0).num_device_unmap, 3);
   EXPECT_EQ(s.sim->used(0), 10 * 2 * MiB);
   s.a.deallocate(d);
   s.a.deallocate(guard);
@@ -203,9 +203,8 @@ TEST(Compact, RefusedWhereTheDeviceCannotMapPages) {
 }
 
 // The device calls the policies make are counted in the statistics, as the device saw
-// them: map and unmap calls (expandable segments map page by page and unmap a run in
-// one call; policy:compact maps a run in one call and unmaps neighbouring free
-// mappings in one), device-side waits.
+// them: pages mapped and unmapped (expandable segments unmap a run in one call),
+// device-side waits.
 TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
   for (const char* config : {"policy:compact", "expandable_segments:True"}) {
     SCOPED_TRACE(config);
@@ -233,163 +232,9 @@ TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
     } else {
       EXPECT_EQ(st.num_device_unmap, static_cast<std::int64_t>(c.unmaps));
     }
-    if (std::string(config) == "expandable_segments:True")
-      EXPECT_EQ(st.num_device_map, st.num_device_unmap);  // all given back, page by page
-    else
-      EXPECT_LE(st.num_device_unmap, st.num_device_map);  // neighbours unmapped together
-    EXPECT_EQ(s.sim->used(0), 0u);
+    EXPECT_EQ(st.num_device_map, st.num_device_unmap);  // all given back
     EXPECT_EQ(st.num_stream_waits, static_cast<std::int64_t>(c.stream_waits));
   }
-}
-
-// Physical memory comes in chunks and a run of pages is mapped by one call at its
-// chunk's offset: a 64 MiB block (32 pages) costs one creation and a few maps, and
-// giving it back one unmap and one release.
-TEST(Compact, ARunOfPagesIsOneChunkAndFewMaps) {
-  SimAllocator s("policy:compact", sim());
-  void* p = s.a.allocate(64 * MiB, 1, 0);
-  SimCounters c = s.sim->counters();
-  EXPECT_EQ(c.physical_creates, 1u);
-  EXPECT_EQ(c.maps, 2u);  // runs of at most 16 pages (kMaxRunPages)
-  EXPECT_EQ(s.a.stats(0).num_device_alloc, 1);
-  EXPECT_EQ(s.a.stats(0).num_device_map, static_cast<std::int64_t>(c.maps));
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(64 * MiB));
-  s.a.validate();
-  s.a.deallocate(p);
-  s.sim->advance_all();
-  s.a.empty_cache();
-  c = s.sim->counters();
-  EXPECT_EQ(c.unmaps, 1u);  // the neighbouring mappings together
-  EXPECT_EQ(c.physical_releases, 1u);
-  EXPECT_EQ(s.sim->used(0), 0u);
-  s.a.validate();
-}
-
-// A stream of one-page growths: each new chunk adds a part of what is held, so the
-// creations grow like the logarithm of the memory, and the spare memory stays small.
-TEST(Compact, OnePageGrowthsMakeFewChunks) {
-  SimAllocator s("policy:compact", sim(8192 * MiB));
-  std::vector<void*> ps;
-  for (int i = 0; i < 2000; ++i) ps.push_back(s.a.allocate(2 * MiB, 1, 0));
-  const DeviceStats st = s.a.stats(0);
-  EXPECT_LT(st.num_device_alloc, 500) << "one creation per page is 2000";
-  EXPECT_LT(static_cast<double>(st.reserved_bytes.all().peak),
-            1.01 * static_cast<double>(st.allocated_bytes.all().peak));
-  s.a.validate();
-  for (void* p : ps) s.a.deallocate(p);
-  s.a.validate();
-}
-
-// Under a memory fraction every byte counts: a chunk holds only what the request
-// needs, and pages are mapped one by one (each can move alone).
-TEST(Compact, UnderAMemoryFractionChunksHoldOnlyWhatIsNeeded) {
-  SimAllocator s("policy:compact", sim(1024 * MiB));
-  s.a.set_memory_fraction(0.5, 0);
-  std::vector<void*> ps;
-  for (int i = 0; i < 300; ++i) ps.push_back(s.a.allocate(MiB, 1, 0));
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(300 * MiB));
-  void* big = s.a.allocate(16 * MiB, 1, 0);
-  const SimCounters c = s.sim->counters();
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(316 * MiB));
-  EXPECT_EQ(c.maps, 158u);              // a page per call
-  EXPECT_LT(c.physical_creates, 158u);  // the big block's 8 pages in one chunk
-  s.a.validate();
-  for (void* p : ps) s.a.deallocate(p);
-  s.a.deallocate(big);
-  s.a.validate();
-}
-
-// A chunk goes back to the device only once none of its pages is mapped: a live block
-// on one of its pages keeps the whole chunk (as the driver keeps a handle's memory).
-TEST(Compact, AChunkGoesBackOnlyWhenNoneOfItsPagesIsMapped) {
-  SimAllocator s("policy:compact", sim(4096 * MiB));
-  void* big = s.a.allocate(256 * MiB, 1, 0);  // 128 pages: a chunk of exactly that
-  void* q = s.a.allocate(2 * MiB, 1, 0);      // a page, plus 128 / 128 spare: a 2-page chunk
-  EXPECT_EQ(s.sim->counters().physical_creates, 2u);
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(260 * MiB));
-  s.a.deallocate(big);
-  s.sim->advance_all();
-  s.a.empty_cache();  // the big chunk goes; q's stays, its spare page with it
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(4 * MiB));
-  EXPECT_EQ(s.sim->used(0), 4 * MiB);
-  s.a.validate();
-  s.a.deallocate(q);
-  s.a.empty_cache();
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, 0);
-  EXPECT_EQ(s.sim->used(0), 0u);
-  s.a.validate();
-}
-
-// A chunk the device refuses: a DeviceError, nothing mapped, nothing held.
-TEST(Compact, AFailedChunkCreationChangesNothing) {
-  SimAllocator s("policy:compact", sim());
-  void* p = s.a.allocate(MiB, 1, 0);
-  s.sim->fail_operation(SimOp::create_physical, DeviceStatus::error);
-  EXPECT_THROW(s.a.allocate(32 * MiB, 1, 0), DeviceError);
-  s.a.validate();
-  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, static_cast<std::int64_t>(2 * MiB));
-  EXPECT_EQ(s.sim->used(0), 2 * MiB);
-  s.sim->clear_faults();
-  void* q = s.a.allocate(32 * MiB, 1, 0);
-  s.a.deallocate(p);
-  s.a.deallocate(q);
-  s.a.validate();
-}
-
-// A multi-page map the device refuses: all or nothing — the request's earlier
-// mappings are unmapped, its memory kept as spare (still counted), and the retry maps
-// it without creating any.
-TEST(Compact, AFailedMultiPageMapLeavesNothingMapped) {
-  SimAllocator s("policy:compact", sim());
-  void* guard = s.a.allocate(MiB, 1, 0);
-  const std::size_t mappings = s.sim->counters().maps;
-  s.sim->fail_operation_number(SimOp::map, 2, DeviceStatus::error);  // the request's second
-  try {
-    s.a.allocate(40 * MiB, 1, 0);  // pages 1-20: a run of 16, one of 3, page 20 alone
-    FAIL() << "expected DeviceError";
-  } catch (const DeviceError& e) {
-    EXPECT_NE(std::string(e.what()).find("mapping"), std::string::npos) << e.what();
-  }
-  s.a.validate();
-  const SimCounters c = s.sim->counters();
-  EXPECT_EQ(c.maps, mappings + 1);  // one run mapped...
-  EXPECT_EQ(c.unmaps, 1u);          // ...and unmapped again
-  const std::int64_t held = s.a.stats(0).reserved_bytes.all().current;
-  EXPECT_GE(held, static_cast<std::int64_t>(42 * MiB));  // the chunk kept as spare
-  EXPECT_EQ(s.sim->used(0), static_cast<std::size_t>(held));
-  s.sim->clear_faults();
-  const std::uint64_t creates = s.sim->counters().physical_creates;
-  void* p = s.a.allocate(40 * MiB, 1, 0);
-  EXPECT_EQ(s.sim->counters().physical_creates, creates);
-  s.a.deallocate(p);
-  s.a.deallocate(guard);
-  s.a.validate();
-}
-
-// The same, and the device refuses to unmap the run already mapped: that mapping stays,
-// counted, holding no block and without access; the retry grants access and uses it.
-TEST(Compact, AMultiPageMappingTheDeviceKeepsStaysCountedAndServes) {
-  SimAllocator s("policy:compact", sim());
-  void* guard = s.a.allocate(MiB, 1, 0);
-  s.sim->fail_operation_number(SimOp::map, 2, DeviceStatus::error);
-  s.sim->fail_after_fault(SimOp::unmap, 1, DeviceStatus::error);
-  EXPECT_THROW(s.a.allocate(40 * MiB, 1, 0), DeviceError);
-  s.a.validate();
-  const std::int64_t held = s.a.stats(0).reserved_bytes.all().current;
-  EXPECT_EQ(s.sim->used(0), static_cast<std::size_t>(held));
-  EXPECT_EQ(s.sim->counters().unmaps, 0u);
-  s.sim->clear_faults();
-  const SimCounters before = s.sim->counters();
-  void* p = s.a.allocate(40 * MiB, 1, 0);
-  EXPECT_EQ(s.sim->counters().physical_creates, before.physical_creates);
-  EXPECT_EQ(s.sim->counters().maps, before.maps + 2);  // the rest: a run of 3, a page
-  EXPECT_EQ(s.sim->access(static_cast<char*>(p) + 4 * MiB), (std::vector<int>{0}));
-  s.a.validate();
-  s.a.deallocate(p);
-  s.a.deallocate(guard);
-  s.a.empty_cache();
-  EXPECT_EQ(s.sim->used(0), 0u);
-  s.a.validate();
 }
 
 }  // namespace

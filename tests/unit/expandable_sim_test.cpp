@@ -62,9 +62,8 @@ class AccessRecorder final : public Backend {
   DeviceStatus release_physical(int d, PhysicalHandle h) override {
     return sim.release_physical(d, h);
   }
-  DeviceStatus map(int d, void* p, std::size_t s, PhysicalHandle h,
-                   std::size_t offset = 0) override {
-    return sim.map(d, p, s, h, offset);
+  DeviceStatus map(int d, void* p, std::size_t s, PhysicalHandle h) override {
+    return sim.map(d, p, s, h);
   }
   DeviceStatus unmap(int d, void* p, std::size_t s) override { return sim.unmap(d, p, s); }
   DeviceStatus set_access(int d, void* p, std::size_t s, const int* devs, int n) override {

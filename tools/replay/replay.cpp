@@ -211,8 +211,6 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
                                            : 0.0;
   result.device_allocs = as_u64(s.num_device_alloc);
   result.device_frees = as_u64(s.num_device_free);
-  result.device_maps = as_u64(s.num_device_map);
-  result.device_unmaps = as_u64(s.num_device_unmap);
   result.alloc_retries = as_u64(s.num_alloc_retries);
   result.device_time_us = sim ? sim->counters().device_time_us : 0.0;
   if (!options.stop_at_first_oom) result.cache = cache_facts(alloc, s);

@@ -109,8 +109,6 @@ struct ReplayResult {
   double ratio = 0;                   // peak_reserved / peak_requested (0 if nothing requested)
   std::uint64_t device_allocs = 0;    // num_device_alloc
   std::uint64_t device_frees = 0;     // num_device_free
-  std::uint64_t device_maps = 0;      // num_device_map (map calls)
-  std::uint64_t device_unmaps = 0;    // num_device_unmap (unmap calls)
   double device_time_us = 0;          // SimBackend cost model
   std::uint64_t ooms = 0;             // allocations that threw OutOfMemoryError
   std::uint64_t alloc_retries = 0;    // num_alloc_retries (cache flushed to satisfy a request)

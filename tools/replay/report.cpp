@@ -87,8 +87,6 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
   add("reserved/requested", [](const ReplayResult& r) { return printf_string("%.4f", r.ratio); });
   add("device allocs", [](const ReplayResult& r) { return with_commas(r.device_allocs); });
   add("device frees", [](const ReplayResult& r) { return with_commas(r.device_frees); });
-  add("device maps", [](const ReplayResult& r) { return with_commas(r.device_maps); });
-  add("device unmaps", [](const ReplayResult& r) { return with_commas(r.device_unmaps); });
   add("device time (sim)", [](const ReplayResult& r) { return duration_us(r.device_time_us); });
   add("OOMs", [](const ReplayResult& r) { return with_commas(r.ooms); });
   add("host ns/event", [](const ReplayResult& r) { return printf_string("%.1f", r.ns_per_event); });
@@ -191,8 +189,6 @@ std::string format_json(const std::vector<ReplayResult>& results, bool with_fit)
     out += ", \"ratio\": " + json_number(r.ratio);
     out += ", \"device_allocs\": " + std::to_string(r.device_allocs);
     out += ", \"device_frees\": " + std::to_string(r.device_frees);
-    out += ", \"device_maps\": " + std::to_string(r.device_maps);
-    out += ", \"device_unmaps\": " + std::to_string(r.device_unmaps);
     out += ", \"device_time_us\": " + json_number(r.device_time_us);
     out += ", \"ooms\": " + std::to_string(r.ooms);
     out += ", \"ns_per_event\": " + json_number(r.ns_per_event);

@@ -33,8 +33,7 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
 
 // A JSON array, one object per result, with exactly the keys
 //   config, events, peak_requested, peak_allocated, peak_reserved, ratio,
-//   device_allocs, device_frees, device_maps, device_unmaps, device_time_us, ooms,
-//   ns_per_event
+//   device_allocs, device_frees, device_time_us, ooms, ns_per_event
 // and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits).
 std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);
 

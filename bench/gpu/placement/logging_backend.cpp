@@ -63,8 +63,8 @@ DeviceStatus LoggingBackend::release_address_range(int device, void* ptr, std::s
              inner_->release_address_range(device, ptr, size));
 }
 DeviceStatus LoggingBackend::map(int device, void* ptr, std::size_t size,
-                                 reservoir::PhysicalHandle handle, std::size_t offset) {
-  return log(PlacementCall::map, size, addr(ptr), inner_->map(device, ptr, size, handle, offset));
+                                 reservoir::PhysicalHandle handle) {
+  return log(PlacementCall::map, size, addr(ptr), inner_->map(device, ptr, size, handle));
 }
 DeviceStatus LoggingBackend::unmap(int device, void* ptr, std::size_t size) {
   return log(PlacementCall::unmap, size, addr(ptr), inner_->unmap(device, ptr, size));

@@ -66,8 +66,8 @@ class LoggingBackend final : public Backend {
   DeviceStatus create_physical(int device, std::size_t size,
                                reservoir::PhysicalHandle* handle) override;
   DeviceStatus release_physical(int device, reservoir::PhysicalHandle handle) override;
-  DeviceStatus map(int device, void* ptr, std::size_t size, reservoir::PhysicalHandle handle,
-                   std::size_t offset = 0) override;
+  DeviceStatus map(int device, void* ptr, std::size_t size,
+                   reservoir::PhysicalHandle handle) override;
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;

@@ -558,19 +558,15 @@ DeviceStatus CudaBackend::release_physical(int device, PhysicalHandle handle) {
   });
 }
 
-DeviceStatus CudaBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle,
-                              std::size_t offset) {
+DeviceStatus CudaBackend::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
   return state_->drive(
       device, "cuMemMap", true,
       [&] {
         RelaxedCapture relaxed(state_->api);
-        return state_->api->MemMap(to_dptr(ptr), size, offset,
+        return state_->api->MemMap(to_dptr(ptr), size, 0,
                                    static_cast<CUmemGenericAllocationHandle>(handle), 0);
       },
-      [&] {
-        return "cuMemMap(" + hex(ptr) + ", " + std::to_string(size) + " bytes at offset " +
-               std::to_string(offset) + ")";
-      });
+      [&] { return "cuMemMap(" + hex(ptr) + ", " + std::to_string(size) + " bytes)"; });
 }
 
 DeviceStatus CudaBackend::unmap(int device, void* ptr, std::size_t size) {
