@@ -618,9 +618,13 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
         ++it;
         continue;
       }
+      // Out of the map before the range goes back (see StreamPool::release_segment).
+      const std::size_t published = a.pages.size() * page_;
+      services_.segments.unpublish_part(a.segment, published);
       if (services_.backend.release_address_range(services_.device,
                                                   reinterpret_cast<void*>(a.segment->base),
                                                   a.segment->size) != DeviceStatus::ok) {
+        services_.segments.publish_part(a.segment, a.segment->base, published);
         if (failure.empty()) failure = services_.backend.last_error();
         ++it;
         continue;
@@ -628,7 +632,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       free_.erase(head->free_at);
       delete_block(head);
       counters_.add<kSegment>(kLargePool, -1);
-      services_.segments.retire_part(a.segment, a.pages.size() * page_);
+      services_.segments.recycle(a.segment);
       it = arenas_.erase(it);
     }
     if (!failure.empty()) {

@@ -220,11 +220,12 @@ bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   if (!error->empty()) return false;  // kept, with what it still holds counted
   unindex_unmapped(b);
   delete_block(b);
-  const std::size_t published = seg->vm->reach();
+  // Out of the map before the address range goes back (see release_segment).
+  services_.segments.unpublish_part(seg, seg->vm->reach());
   delete seg->vm;
   unlink_segment(seg);
   counters_.add<kSegment>(seg->pool, -1);
-  services_.segments.retire_part(seg, published);
+  services_.segments.recycle(seg);
   return true;
 }
 

@@ -57,13 +57,23 @@ class SegmentRegistry {
     map_.insert(segment, address, bytes);
   }
   void retire_part(Segment* segment, std::size_t published_bytes) {
-    map_.erase(segment, segment->base, published_bytes);
-    std::lock_guard<std::mutex> guard(mutex_);
-    spare_.push_back(segment);
+    unpublish_part(segment, published_bytes);
+    recycle(segment);
   }
   // Removes segment from the map and keeps the object for reuse.
   void retire(Segment* segment) {
     map_.erase(segment);
+    recycle(segment);
+  }
+  // The two halves of retire, for a segment whose range goes back to the device: out
+  // of the map before the range is given back (else another thread may be handed the
+  // same range and find this segment there), recycled after. A failed give-back
+  // publishes it again.
+  void unpublish(Segment* segment) { map_.erase(segment); }
+  void unpublish_part(Segment* segment, std::size_t published_bytes) {
+    map_.erase(segment, segment->base, published_bytes);
+  }
+  void recycle(Segment* segment) {
     std::lock_guard<std::mutex> guard(mutex_);
     spare_.push_back(segment);
   }

@@ -481,11 +481,16 @@ void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
   if (tracing()) trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
+  // Out of the map first: once the range is back, the device may hand it to another
+  // thread's new segment, which must be the only one found there.
+  services_.segments.unpublish(seg);
   if (services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
-                                   seg->size) != DeviceStatus::ok)
+                                   seg->size) != DeviceStatus::ok) {
+    services_.segments.publish(seg);
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +
                       std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
+  }
   unindex_free(b);
   delete_block(b);
   unlink_segment(seg);
@@ -494,7 +499,7 @@ void StreamPool::release_segment(Segment* seg) {
   if (seg->oversize) counters_.add<kOversizeSegments>(seg->pool, -1);
   services_.budget.unreserve(seg->size);
   DeviceCounters::bump(services_.counters.device_frees);
-  services_.segments.retire(seg);
+  services_.segments.recycle(seg);
 }
 
 std::size_t StreamPool::release_cached() {
