@@ -23,6 +23,11 @@
 #   scripts/gpu-run-b.sh final OUT   the conformance suite and its memcheck, every trace
 #                                    replayed on GPU and sim (scripts/gpu-replays.sh), the
 #                                    side-by-side benchmark (no fuzz campaign)
+#   scripts/gpu-run-b.sh compact OUT policy:compact: its GPU test and memcheck, the
+#                                    replays, each trace's device calls timed on the GPU,
+#                                    the driver calls' costs (reservoir_driver_call_bench)
+#   scripts/gpu-run-b.sh train OUT   bench/python/train_bench.py (PyTorch, expandable,
+#                                    policy:compact), then reservoir_gpu_bench
 # Both phases run a fuzz campaign on the host's last cores meanwhile: FUZZER (a reservoir_fuzz built with clang elsewhere; the
 # GPU host has no clang), FUZZ_WORKERS workers in libFuzzer's fork mode for
 # FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
@@ -31,7 +36,7 @@
 # (default 7), FUZZ_SECONDS (default 450).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final OUT}
+phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
 out=${2:?usage: scripts/gpu-run-b.sh check|torch OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -163,8 +168,42 @@ case $phase in
     step replays scripts/gpu-replays.sh build/gpu/tools/replay/reservoir-replay "$out/replays"
     step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
     ;;
+  compact)
+    # policy:compact's proof (issue 12): its GPU test and memcheck, every trace replayed
+    # on GPU and sim (peaks equal, host ns/event), each trace's device calls timed on
+    # the GPU (reservoir-replay --calls), the driver calls' costs by size.
+    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release \
+        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
+      cmake --build build/gpu -j16 --target reservoir reservoir-replay gpu_compact_test \
+        reservoir_driver_call_bench; } >"$out/build.txt" 2>&1 || echo "build FAILED"
+    g=build/gpu/tests/gpu
+    step compact-test $g/gpu_compact_test
+    step memcheck-compact compute-sanitizer --tool memcheck --leak-check full \
+      --error-exitcode 3 $g/gpu_compact_test
+    step replays scripts/gpu-replays.sh build/gpu/tools/replay/reservoir-replay "$out/replays"
+    step calls bash -c 'for f in traces/*.trace.gz; do
+        build/gpu/tools/replay/reservoir-replay "$f" --device cuda --calls \
+          --config policy:compact >"$0/calls-$(basename "$f" .trace.gz).txt" || exit 1
+      done' "$out"
+    step driver-calls build/gpu/bench/gpu/reservoir_driver_call_bench --benchmark_min_time=0.1s \
+      --benchmark_out="$out/driver-calls.json"
+    ;;
+  train)
+    # PyTorch training under policy:compact next to PyTorch's allocator (both
+    # settings), then the side-by-side host-cost benchmark.
+    torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
+    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
+        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
+      cmake --build build/gpu -j16 --target reservoir reservoir_gpu_bench; } \
+      >"$out/build.txt" 2>&1 || echo "build FAILED"
+    step train-bench "${py[@]}" python3 bench/python/train_bench.py \
+      --models gpt2,resnet50,multistream \
+      --variants pytorch,pytorch:expandable_segments:True,reservoir:policy:compact \
+      --deterministic --json "$out/train_bench.json"
+    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
+    ;;
   *)
-    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final)"
+    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final|compact|train)"
     exit 2
     ;;
 esac

@@ -256,8 +256,8 @@ class RESERVOIR_API SimBackend final : public Backend {
   std::size_t live_segments(int device) const;
   // Address ranges reserved on device and not released yet.
   std::size_t live_reservations(int device) const;
-  // The devices set_access granted on the mapping that starts at ptr (sorted; empty
-  // when nothing is mapped there).
+  // The devices set_access granted on the mapping that holds ptr (sorted; empty when
+  // nothing is mapped there).
   std::vector<int> access(void* ptr) const;
   // Fake clock: now_us() returns this value plus the cost model's device time.
   void set_clock_us(std::uint64_t us);

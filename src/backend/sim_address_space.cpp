@@ -435,8 +435,11 @@ std::string VirtualSpace::reach(int device, std::uintptr_t p, std::size_t size) 
 }
 
 std::vector<int> VirtualSpace::access(void* ptr) const {
-  auto it = mappings_.find(reinterpret_cast<std::uintptr_t>(ptr));
-  return it == mappings_.end() ? std::vector<int>{} : it->second.access;
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  auto it = mappings_.upper_bound(p);
+  if (it == mappings_.begin()) return {};
+  --it;
+  return p - it->first < it->second.size ? it->second.access : std::vector<int>{};
 }
 
 }  // namespace reservoir::sim

@@ -12,9 +12,14 @@ namespace reservoir::detail {
 
 namespace {
 constexpr std::size_t kSetNodeSize = 64;
-// Reclaimable pages examined per request before new memory is taken instead: the
-// oldest are the likeliest to have completed their fences.
-constexpr int kReclaimProbes = 8;
+// Reclaimable extents examined for each run of pages a request lacks, before new
+// memory is taken instead: the oldest are the likeliest to have completed their fences.
+constexpr int kReclaimProbes = 16;
+// The largest extent created (pages): every extent moved costs an unmap, a map and an
+// access grant whatever its size (tens of microseconds on an H200), so large ones
+// make stitching cheap per byte; bounded so that one block cannot pin a great deal
+// of free memory (an extent moves only whole).
+constexpr std::size_t kMaxExtentPages = 8;
 // Free blocks after the best fit examined for one whose memory is all there.
 constexpr int kPlacementProbes = 32;
 // Pages booked at least when an arena starts being used (1 GiB of 2 MiB pages).
@@ -36,15 +41,15 @@ CompactPool::CompactPool(PoolServices& services)
 }
 
 CompactPool::~CompactPool() {
-  // The engine is going away: every page and range goes back, whatever it holds.
+  // The engine is going away: every extent and range goes back, whatever it holds.
   for (auto& a : arenas_) {
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
-      Page& p = a->pages[i];
-      if (!p.mapped) continue;
+      Extent* x = a->pages[i].extent;
+      if (!x || x->first != i) continue;
       (void)services_.backend.unmap(services_.device,
-                                    reinterpret_cast<void*>(a->segment->base + i * page_), page_);
-      (void)services_.backend.release_physical(services_.device, p.handle);
-      services_.budget.unreserve(page_);
+                                    reinterpret_cast<void*>(a->segment->base + i * page_),
+                                    x->pages * page_);
+      spare_.push_back(x);
     }
     for (Block* b = a->segment->head; b;) {
       Block* n = b->next;
@@ -55,9 +60,10 @@ CompactPool::~CompactPool() {
         services_.device, reinterpret_cast<void*>(a->segment->base), a->segment->size);
     services_.segments.retire_part(a->segment, a->pages.size() * page_);
   }
-  for (PhysicalHandle h : spare_) {
-    (void)services_.backend.release_physical(services_.device, h);
-    services_.budget.unreserve(page_);
+  for (Extent* x : spare_) {
+    (void)services_.backend.release_physical(services_.device, x->handle);
+    services_.budget.unreserve(x->pages * page_);
+    delete x;
   }
 }
 
@@ -196,219 +202,281 @@ void CompactPool::grow_pages(Arena& a, std::size_t end) {
   services_.segments.publish_part(a.segment, a.segment->base + have * page_, (want - have) * page_);
 }
 
-// ---------------------------------------------------------------- physical pages
+// ---------------------------------------------------------------- physical memory
 
-void CompactPool::release_handle(PhysicalHandle handle) {
-  if (services_.backend.release_physical(services_.device, handle) != DeviceStatus::ok) {
+// An extent of pages pages, new from the device (within the memory fraction); nullptr
+// when refused.
+CompactPool::Extent* CompactPool::create_extent(std::size_t pages) {
+  const std::size_t bytes = pages * page_;
+  auto x = std::make_unique<Extent>();  // first: a handle is never left without its books
+  if (!services_.budget.reserve(bytes)) return nullptr;  // over the memory fraction
+  const DeviceStatus st = services_.backend.create_physical(services_.device, bytes, &x->handle);
+  if (st != DeviceStatus::ok) {
+    services_.budget.unreserve(bytes);
+    if (st == DeviceStatus::out_of_memory) return nullptr;
+    throw DeviceError("reservoir: creating " + format_size(bytes) +
+                      " of physical memory on device " + std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  }
+  x->pages = pages;
+  counters_.add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(bytes));
+  DeviceCounters::bump(services_.counters.device_allocs);
+  return x.release();
+}
+
+// x is spare; its memory goes back to the device.
+void CompactPool::release_extent(Extent* x) {
+  if (services_.backend.release_physical(services_.device, x->handle) != DeviceStatus::ok) {
     // Kept as a spare rather than lost: counted, and retried by the next release.
-    spare_.push_back(handle);
-    throw DeviceError("reservoir: releasing a physical page on device " +
+    spare_.push_back(x);
+    throw DeviceError("reservoir: releasing physical memory on device " +
                       std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
   }
-  services_.budget.unreserve(page_);
-  counters_.add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(page_));
+  const std::size_t bytes = x->pages * page_;
+  services_.budget.unreserve(bytes);
+  counters_.add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(bytes));
   DeviceCounters::bump(services_.counters.device_frees);
+  delete x;
 }
 
-void CompactPool::unmap_page(Arena& a, std::size_t index) {
-  Page& p = a.pages[index];
-  const std::uintptr_t at = a.segment->base + index * page_;
-  if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(at), page_) !=
+// x (spare) under pages [at, at + x->pages) of a, which are unmapped and booked.
+void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
+  const std::uintptr_t address = a.segment->base + at * page_;
+  const std::size_t bytes = x->pages * page_;
+  if (services_.backend.map(services_.device, reinterpret_cast<void*>(address), bytes, x->handle) !=
       DeviceStatus::ok)
-    throw DeviceError("reservoir: unmapping a page on device " + std::to_string(services_.device) +
+    throw DeviceError("reservoir: mapping " + format_size(bytes) +
+                      " for policy:compact on device " + std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
-  p.mapped = false;
-  p.accessible = false;
-  p.fence.clear();
-  a.segment->mapped_bytes -= page_;
+  for (std::size_t i = at; i < at + x->pages; ++i) {
+    a.pages[i].extent = x;
+    a.pages[i].fence.clear();
+  }
+  x->arena = &a;
+  x->first = at;
+  x->accessible = false;
+  a.segment->mapped_bytes += bytes;
+  DeviceCounters::bump(services_.counters.device_maps);
+  if (services_.history.active())
+    services_.trace(TraceAction::segment_map, address, bytes, 0, nullptr);
+}
+
+void CompactPool::unmap_extent(Extent* x) {
+  Arena& a = *x->arena;
+  const std::uintptr_t address = a.segment->base + x->first * page_;
+  const std::size_t bytes = x->pages * page_;
+  if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(address), bytes) !=
+      DeviceStatus::ok)
+    throw DeviceError("reservoir: unmapping " + format_size(bytes) +
+                      " of policy:compact memory on device " + std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  for (std::size_t i = x->first; i < x->first + x->pages; ++i) {
+    a.pages[i].extent = nullptr;
+    a.pages[i].fence.clear();
+  }
+  x->arena = nullptr;
+  x->accessible = false;
+  a.segment->mapped_bytes -= bytes;
   DeviceCounters::bump(services_.counters.device_unmaps);
   if (services_.history.active())
-    services_.trace(TraceAction::segment_unmap, at, page_, 0, a.segment->context);
+    services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
 }
 
-void CompactPool::list_push(PageRef r) {
-  Page& p = page(r);
-  p.listed = true;
-  p.prev = reclaim_tail_;
-  p.next = PageRef{};
-  if (reclaim_tail_)
-    page(reclaim_tail_).next = r;
-  else
-    reclaim_head_ = r;
-  reclaim_tail_ = r;
-}
-
-void CompactPool::list_remove(PageRef r) {
-  Page& p = page(r);
-  if (p.prev)
-    page(p.prev).next = p.next;
-  else
-    reclaim_head_ = p.next;
-  if (p.next)
-    page(p.next).prev = p.prev;
-  else
-    reclaim_tail_ = p.prev;
-  p.prev = p.next = PageRef{};
-  p.listed = false;
-}
-
-// The oldest free page whose last users have completed gives its memory up (not one
-// of the span being backed, which is about to hold a block).
-bool CompactPool::reclaim_one(PhysicalHandle* handle, const Span& keep) {
-  int probes = 0;
-  for (PageRef r = reclaim_head_; r && probes < kReclaimProbes;) {
-    Page& p = page(r);
-    const PageRef next = p.next;
-    if (r.arena == keep.arena && r.index >= keep.first && r.index < keep.end) {
-      r = next;
-      continue;
-    }
-    ++probes;
-    if (fences_.complete(p.fence)) {
-      unmap_page(*r.arena, r.index);  // throws with nothing changed
-      list_remove(r);
-      *handle = p.handle;
-      return true;
-    }
-    r = next;
-  }
-  return false;
-}
-
-// New memory from the device (within the memory fraction); false when refused.
-bool CompactPool::create_page(PhysicalHandle* handle) {
-  if (!services_.budget.reserve(page_)) return false;  // over the memory fraction
-  DeviceStatus st = services_.backend.create_physical(services_.device, page_, handle);
-  if (st != DeviceStatus::ok) {
-    services_.budget.unreserve(page_);
-    if (st == DeviceStatus::out_of_memory) return false;
-    throw DeviceError("reservoir: creating a " + format_size(page_) + " physical page on device " +
-                      std::to_string(services_.device) +
-                      " failed: " + services_.backend.last_error());
-  }
-  counters_.add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(page_));
-  DeviceCounters::bump(services_.counters.device_allocs);
+bool CompactPool::fences_complete(const Extent& x) {
+  for (std::size_t i = x.first; i < x.first + x.pages; ++i)
+    if (!fences_.complete(x.arena->pages[i].fence)) return false;
   return true;
 }
 
-// Memory for one page: a spare; else a free page's memory moved here (stitching),
-// before any new memory is taken from the device.
-bool CompactPool::take_physical(PhysicalHandle* handle, const Span& keep) {
-  if (!spare_.empty()) {
-    *handle = spare_.back();
-    spare_.pop_back();
-    return true;
-  }
-  if (reclaim_one(handle, keep)) return true;
-  return create_page(handle);
+void CompactPool::list_push(Extent* x) {
+  x->listed = true;
+  x->prev = reclaim_tail_;
+  x->next = nullptr;
+  if (reclaim_tail_)
+    reclaim_tail_->next = x;
+  else
+    reclaim_head_ = x;
+  reclaim_tail_ = x;
 }
 
-// Maps physical memory under every unmapped page of [first, end). All or nothing: on
-// failure nothing stays mapped and the memory taken is kept as spare pages.
-bool CompactPool::back_pages(Arena& a, std::size_t first, std::size_t end) {
-  std::vector<std::size_t>& missing = missing_;
-  missing.clear();
-  bool inaccessible = false;  // a mapped page of the span that has no access yet
-  for (std::size_t i = first; i < end; ++i) {
-    if (!a.pages[i].mapped) missing.push_back(i);
-    inaccessible |= a.pages[i].mapped && !a.pages[i].accessible;
-  }
-  if (missing.empty() && !inaccessible) return true;
-  // Free pages of this span are about to hold the block: off the reclaimable list (so
-  // the search for memory does not walk them), back on it if the request fails.
-  std::vector<std::size_t>& unlisted = unlisted_;
-  unlisted.clear();
-  for (std::size_t i = first; i < end; ++i)
-    if (a.pages[i].listed) {
-      list_remove(PageRef{&a, i});
-      unlisted.push_back(i);
-    }
-  auto relist = [&] {
-    for (std::size_t i : unlisted) list_push(PageRef{&a, i});
+void CompactPool::list_remove(Extent* x) {
+  if (x->prev)
+    x->prev->next = x->next;
+  else
+    reclaim_head_ = x->next;
+  if (x->next)
+    x->next->prev = x->prev;
+  else
+    reclaim_tail_ = x->prev;
+  x->prev = x->next = nullptr;
+  x->listed = false;
+}
+
+// Memory for need unmapped pages of a from s on: a spare extent, else a mapped one
+// whose pages hold nothing and whose users have completed (stitching: unmapped there
+// here), before any new memory is taken from the device. Of those, one of exactly need
+// pages; else the smallest larger one that the unmapped pages from s can hold (the
+// rest of it is cached there); else the largest smaller one (the caller asks again
+// for the rest). New memory comes in one extent of up to kMaxExtentPages pages (one
+// page under a memory fraction: memory moves page by page there, so the fraction's
+// every byte can be used), halved while the device or the fraction refuses it.
+CompactPool::Extent* CompactPool::take_extent(Arena& a, std::size_t s, std::size_t need) {
+  const std::size_t total = a.segment->size / page_;
+  auto window_holds = [&](std::size_t n) {  // pages [s, s + n) are all unmapped
+    if (s + n > total) return false;
+    for (std::size_t i = s; i < std::min(s + n, a.pages.size()); ++i)
+      if (a.pages[i].extent) return false;
+    return true;
   };
-  const Span keep{&a, first, end};
-  std::vector<PhysicalHandle>& got = got_;
-  got.clear();
-  bool enough = true;
-  try {
-    for (std::size_t k = 0; k < missing.size() && enough; ++k) {
-      PhysicalHandle h = 0;
-      enough = take_physical(&h, keep);
-      if (enough) got.push_back(h);
+  Extent *smaller = nullptr, *larger = nullptr, *misfit = nullptr;
+  auto consider = [&](Extent* x) {
+    if (x->pages <= need) {
+      if (!smaller || x->pages > smaller->pages) smaller = x;
+    } else if ((!larger || x->pages < larger->pages) && window_holds(x->pages)) {
+      larger = x;
+    } else if (!misfit || x->pages < misfit->pages) {
+      misfit = x;
     }
-  } catch (...) {
-    spare_.insert(spare_.end(), got.begin(), got.end());
-    relist();
-    throw;
+  };
+  auto exact = [&] { return smaller && smaller->pages == need; };
+  for (Extent* x : spare_) consider(x);
+  int probes = 0;
+  for (Extent* x = reclaim_head_; x && probes < kReclaimProbes && !exact(); x = x->next) {
+    ++probes;
+    if (fences_complete(*x)) consider(x);
   }
-  if (!enough) {
-    spare_.insert(spare_.end(), got.begin(), got.end());
-    relist();
-    return false;
+  auto detach = [&](Extent* x) {
+    if (x->arena) {
+      unmap_extent(x);  // throws with nothing changed
+      list_remove(x);
+    } else {
+      spare_.erase(std::find(spare_.begin(), spare_.end(), x));
+    }
+  };
+  if (Extent* chosen = exact() ? smaller : larger ? larger : smaller) {
+    detach(chosen);
+    return chosen;
   }
-  const std::uintptr_t base = a.segment->base;
-  std::size_t mapped = 0;
-  // A failed request leaves nothing mapped, except a page the device refuses to unmap:
-  // that one stays a free mapped page (counted, reclaimable), never forgotten.
-  auto undo = [&](const std::string& why) {
-    const std::string reason = services_.backend.last_error();
-    for (std::size_t k = 0; k < got.size(); ++k) {
-      if (k < mapped && services_.backend.unmap(services_.device,
-                                                reinterpret_cast<void*>(base + missing[k] * page_),
-                                                page_) != DeviceStatus::ok) {
-        Page& p = a.pages[missing[k]];
-        p.handle = got[k];
-        p.mapped = true;
-        p.accessible = false;
-        p.fence.clear();
-        a.segment->mapped_bytes += page_;
-        list_push(PageRef{&a, missing[k]});
+  // Only larger free extents, which cannot be mapped here: one goes back to the device
+  // and the memory is made again in the size needed, rather than new memory taken
+  // beside it (free memory never makes the pool grow).
+  if (misfit) {
+    detach(misfit);
+    release_extent(misfit);
+  }
+  const std::size_t most = services_.budget.limited() ? 1 : kMaxExtentPages;
+  for (std::size_t n = std::min(need, most); n >= 1; n /= 2)
+    if (Extent* x = create_extent(n)) return x;
+  return nullptr;
+}
+
+// Maps memory under every unmapped page of [first, end) of a and grants access to every
+// extent there without it, one call per run of them. All or nothing: on failure what
+// this call mapped is unmapped again and kept as spare extents.
+bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
+  const auto [first, end] = page_span(a, address, size);
+  // Pages wholly inside the block: only they share extents, so that the extent is free
+  // again, as a whole, when the block is (a page at an end may hold a neighbour too).
+  const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
+  const std::size_t inner_end = (address - a.segment->base + size) / page_;
+  bool ready = true;
+  for (std::size_t i = first; i < end && ready; ++i)
+    ready = a.pages[i].extent && a.pages[i].extent->accessible;
+  if (ready) return true;
+  // Free extents of this span are about to hold the block: off the reclaimable list
+  // (so that the search for memory does not take them), back on it if the request fails.
+  std::vector<Extent*>& unlisted = unlisted_;
+  std::vector<Extent*>& placed = placed_;
+  unlisted.clear();
+  placed.clear();
+  for (std::size_t i = first; i < end;) {
+    Extent* x = a.pages[i].extent;
+    if (!x) {
+      ++i;
+      continue;
+    }
+    if (x->listed) {
+      list_remove(x);
+      unlisted.push_back(x);
+    }
+    i = x->first + x->pages;
+  }
+  // A failed request leaves nothing mapped, except an extent the device refuses to
+  // unmap: that one stays mapped without access (counted, reclaimable), never forgotten.
+  auto undo = [&] {
+    for (Extent* x : placed) {
+      try {
+        unmap_extent(x);
+        spare_.push_back(x);
+      } catch (const DeviceError&) {
+        list_push(x);
+      }
+    }
+    for (Extent* x : unlisted)
+      if (x->arena && x->live_pages == 0 && !x->listed) list_push(x);
+  };
+  try {
+    for (std::size_t i = first; i < end;) {
+      if (Extent* x = a.pages[i].extent) {
+        i = x->first + x->pages;
         continue;
       }
-      spare_.push_back(got[k]);
+      std::size_t e = i;
+      while (e < end && !a.pages[e].extent) ++e;
+      while (i < e) {
+        const bool inner = i >= inner_first && i < inner_end;
+        Extent* x = take_extent(a, i, inner ? std::min(e, inner_end) - i : 1);
+        if (!x) {
+          undo();
+          return false;
+        }
+        grow_pages(a, i + x->pages);
+        try {
+          map_extent(a, i, x);
+        } catch (...) {
+          spare_.push_back(x);
+          throw;
+        }
+        placed.push_back(x);
+        i += x->pages;
+      }
     }
-    relist();
-    throw DeviceError("reservoir: " + why + " on device " + std::to_string(services_.device) +
-                      " failed: " + reason);
-  };
-  for (; mapped < missing.size(); ++mapped)
-    if (services_.backend.map(services_.device,
-                              reinterpret_cast<void*>(base + missing[mapped] * page_), page_,
-                              got[mapped]) != DeviceStatus::ok)
-      undo("mapping a page for policy:compact");
-  // Access for each run of newly mapped pages (and mapped pages still without
-  // access), one call per run.
-  std::vector<std::size_t>& grant = grant_;
-  grant.clear();
-  for (std::size_t i = first, k = 0; i < end; ++i) {
-    const bool fresh = k < missing.size() && missing[k] == i;
-    if (fresh) ++k;
-    if (fresh || !a.pages[i].accessible) grant.push_back(i);
+    const std::vector<int> peers = services_.peers.list();
+    std::vector<int> devices{services_.device};
+    devices.insert(devices.end(), peers.begin(), peers.end());
+    std::size_t lo = 0, hi = 0;  // pages of the run of extents to grant access to
+    auto grant = [&] {
+      if (hi == lo) return;
+      if (services_.backend.set_access(services_.device,
+                                       reinterpret_cast<void*>(a.segment->base + lo * page_),
+                                       (hi - lo) * page_, devices.data(),
+                                       static_cast<int>(devices.size())) != DeviceStatus::ok)
+        throw DeviceError("reservoir: granting access to " + format_size((hi - lo) * page_) +
+                          " of policy:compact memory on device " +
+                          std::to_string(services_.device) +
+                          " failed: " + services_.backend.last_error());
+    };
+    for (std::size_t i = first; i < end;) {
+      Extent* x = a.pages[i].extent;
+      i = x->first + x->pages;
+      if (x->accessible) continue;
+      if (hi != x->first) {
+        grant();
+        lo = x->first;
+      }
+      hi = x->first + x->pages;
+    }
+    grant();
+  } catch (...) {
+    undo();
+    throw;
   }
-  const std::vector<int> peers = services_.peers.list();
-  std::vector<int> devices{services_.device};
-  devices.insert(devices.end(), peers.begin(), peers.end());
-  for (std::size_t k = 0; k < grant.size();) {
-    std::size_t run = k + 1;
-    while (run < grant.size() && grant[run] == grant[run - 1] + 1) ++run;
-    if (services_.backend.set_access(
-            services_.device, reinterpret_cast<void*>(base + grant[k] * page_), (run - k) * page_,
-            devices.data(), static_cast<int>(devices.size())) != DeviceStatus::ok)
-      undo("granting access to pages for policy:compact");
-    k = run;
+  for (std::size_t i = first; i < end;) {
+    Extent* x = a.pages[i].extent;
+    x->accessible = true;
+    i = x->first + x->pages;
   }
-  for (std::size_t i : grant) a.pages[i].accessible = true;
-  for (std::size_t k = 0; k < missing.size(); ++k) {
-    Page& p = a.pages[missing[k]];
-    p.handle = got[k];
-    p.mapped = true;
-    p.fence.clear();
-    if (services_.history.active())
-      services_.trace(TraceAction::segment_map, base + missing[k] * page_, page_, 0, nullptr);
-  }
-  a.segment->mapped_bytes += missing.size() * page_;
-  DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(missing.size()));
   return true;
 }
 
@@ -426,7 +494,7 @@ void CompactPool::add_live(Arena& a, std::uintptr_t address, std::size_t size) {
   auto [first, end] = page_span(a, address, size);
   for (std::size_t i = first; i < end; ++i) {
     Page& p = a.pages[i];
-    if (p.listed) list_remove(PageRef{&a, i});
+    if (p.live == 0 && p.extent->live_pages++ == 0 && p.extent->listed) list_remove(p.extent);
     p.live += (i == first || i + 1 == end) ? overlap(a, i, address, size) : page_;
   }
 }
@@ -440,7 +508,7 @@ void CompactPool::remove_live(Arena& a, const Block& b) {
     Page& p = a.pages[i];
     p.fence.add(b.stream, own);
     p.live -= (i == first || i + 1 == end) ? overlap(a, i, b.address, b.size) : page_;
-    if (p.live == 0) list_push(PageRef{&a, i});
+    if (p.live == 0 && --p.extent->live_pages == 0) list_push(p.extent);
   }
   if (b.extras)
     for (StreamHandle s : b.extras->uses) {
@@ -455,7 +523,7 @@ std::size_t CompactPool::unbacked_pages(const Block* b, std::size_t size) const 
   auto [first, end] = page_span(a, b->address, size);
   std::size_t missing = end > a.pages.size() ? end - std::max(first, a.pages.size()) : 0;
   for (std::size_t i = first; i < std::min(end, a.pages.size()); ++i)
-    if (!a.pages[i].mapped) ++missing;
+    if (!a.pages[i].extent) ++missing;
   return missing;
 }
 
@@ -515,7 +583,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
     if (int waits = fences_.order_after(stream, before))
       DeviceCounters::bump(services_.counters.stream_waits, waits);
   }
-  if (!back_pages(a, first, end)) return 0;
+  if (!back_pages(a, address, taken)) return 0;
   Block* out;
   if (taken < b->size) {
     out = new_block(address, taken, b->segment, BlockState::allocated);
@@ -593,19 +661,19 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
   std::size_t released = 0;
   for (auto& a : arenas_)
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
-      Page& p = a->pages[i];
-      if (!p.mapped || p.live != 0) continue;
-      const PhysicalHandle h = p.handle;
-      unmap_page(*a, i);  // throws with nothing changed
-      list_remove(PageRef{a.get(), i});
-      spare_.push_back(h);
+      Extent* x = a->pages[i].extent;
+      if (!x || x->first != i || x->live_pages != 0) continue;
+      unmap_extent(x);  // throws with nothing changed
+      list_remove(x);
+      spare_.push_back(x);
     }
   if (give_back) {
     while (!spare_.empty()) {
-      PhysicalHandle h = spare_.back();
+      Extent* x = spare_.back();
       spare_.pop_back();
-      release_handle(h);
-      released += page_;
+      const std::size_t bytes = x->pages * page_;
+      release_extent(x);
+      released += bytes;
     }
     // Arenas holding nothing go back too (a new one is reserved when needed). A range
     // the device refuses to release stays, counted as a segment, and is retried by the

@@ -6,10 +6,11 @@
 // live:
 //   - best fit by (size, address) over every free block of the device, coalescing
 //     neighbours; blocks of an arena tile it;
-//   - a page is mapped while any block of it is allocated; a page whose blocks are all
-//     free stays mapped (it serves the next request there at no cost) until a request
-//     elsewhere needs physical memory: then it is unmapped and its memory mapped where
-//     it is needed (stitching), before any new memory is taken from the device;
+//   - a page is mapped while any block of it is allocated; physical memory comes in
+//     extents (one device handle each, one or more pages, mapped whole); an extent whose
+//     pages hold no block stays mapped (it serves the next request there at no cost)
+//     until a request elsewhere needs physical memory: then it is unmapped and mapped
+//     where it is needed (stitching), before any new memory is taken from the device;
 //   - memory freed on stream A serves stream B at once: B is made to wait on the
 //     device for A's work (StreamEvents: markers recorded lazily, no host waits); a
 //     page's memory moves to another address only once the host knows the work that
@@ -19,10 +20,12 @@
 //   blocks tile every arena; no two neighbouring blocks are both free;
 //   free blocks == free_ (by size, address); allocated blocks == allocated_;
 //   page.live == bytes of allocated blocks overlapping the page;
-//   page.live > 0 => page.mapped;
-//   reserved_bytes == (mapped pages + spare handles) * page size == physical bytes held;
-//   page.listed <=> page.mapped && page.live == 0 <=> the page is on the reclaimable list
-//   (oldest first).
+//   page.extent == x <=> x mapped in the page's arena && x.first <= index < x.first + x.pages;
+//   page.live > 0 => page.extent && page.extent->accessible;
+//   x.live_pages == #{pages of x with live > 0};
+//   x.listed <=> x mapped && x.live_pages == 0 <=> x is on the reclaimable list (oldest
+//   first); spare extents are unmapped and on spare_;
+//   reserved_bytes == sum of every extent's pages * page size == physical bytes held.
 // Locking: one Lock for the pool (the device); never held while taking another pool's.
 #pragma once
 
@@ -81,22 +84,27 @@ class alignas(64) CompactPool final : public BlockOwner {
  private:
   using Guard = std::unique_lock<Lock>;
   struct Arena;
-  struct PageRef {
-    Arena* arena = nullptr;
-    std::size_t index = 0;
-    explicit operator bool() const noexcept { return arena != nullptr; }
-    bool operator==(const PageRef&) const = default;
-  };
-  struct Page {
+  // Physical memory: one device handle of `pages` pages, mapped whole (the driver maps
+  // a handle whole, never a part) at pages [first, first + pages) of arena, or spare
+  // (arena == nullptr). Extents are made as large as the run of pages a request
+  // lacks (up to kMaxExtentPages; one page under a memory fraction), so a move costs
+  // one unmap, one map and one access grant per extent, not per page.
+  struct Extent {
     PhysicalHandle handle = 0;
-    bool mapped = false;
-    // accessible => mapped. A page a failed request could not unmap stays mapped
+    std::size_t pages = 0;
+    Arena* arena = nullptr;  // where it is mapped; nullptr: spare
+    std::size_t first = 0;   // its first page there
+    // accessible => mapped. An extent a failed request could not unmap stays mapped
     // without access: the next request that covers it grants access first.
     bool accessible = false;
-    bool listed = false;     // on the reclaimable list
-    std::uint64_t live = 0;  // bytes of allocated blocks on this page
-    Fence fence;             // marks of the frees and uses of memory on this page
-    PageRef prev, next;      // the reclaimable list
+    bool listed = false;                      // on the reclaimable list
+    std::size_t live_pages = 0;               // its pages with live > 0
+    Extent *prev = nullptr, *next = nullptr;  // the reclaimable list
+  };
+  struct Page {
+    Extent* extent = nullptr;  // the memory under the page; nullptr: unmapped
+    std::uint64_t live = 0;    // bytes of allocated blocks on this page
+    Fence fence;               // marks of the frees and uses of memory on this page
   };
   // pages covers [base, base + pages.size() * page) — the part of the range that may
   // hold blocks in use, registered in the segment map; beyond it the arena is one free
@@ -104,10 +112,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   struct Arena {
     Segment* segment = nullptr;
     std::vector<Page> pages;
-  };
-  struct Span {  // pages [first, end) of arena
-    const Arena* arena;
-    std::size_t first, end;
   };
 
   Arena* arena_of(const Block* b) const;
@@ -122,17 +126,19 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t unbacked_pages(const Block* b, std::size_t size) const;
   Block* choose(FreeSet::iterator best, std::size_t size) const;
   void grow_pages(Arena& a, std::size_t end);
-  // Physical memory for the unmapped pages of [first, end) of a: all or nothing.
-  bool back_pages(Arena& a, std::size_t first, std::size_t end);
-  // A spare, a reclaimed or a new page (never one of keep).
-  bool take_physical(PhysicalHandle* handle, const Span& keep);
-  bool reclaim_one(PhysicalHandle* handle, const Span& keep);
-  bool create_page(PhysicalHandle* handle);
-  Page& page(const PageRef& r) { return r.arena->pages[r.index]; }
-  void list_push(PageRef r);
-  void list_remove(PageRef r);
-  void unmap_page(Arena& a, std::size_t index);  // its fence has completed
-  void release_handle(PhysicalHandle handle);
+  // Physical memory for the unmapped pages under [address, address + size) of a, and
+  // access to all of them: all or nothing.
+  bool back_pages(Arena& a, std::uintptr_t address, std::size_t size);
+  // Memory for the unmapped pages from s on (need of them): a spare or reclaimed extent
+  // (already unmapped from where it was), else a new one; nullptr when none can be had.
+  Extent* take_extent(Arena& a, std::size_t s, std::size_t need);
+  Extent* create_extent(std::size_t pages);
+  void map_extent(Arena& a, std::size_t at, Extent* x);  // throws with nothing changed
+  void unmap_extent(Extent* x);  // its fences have completed; throws with nothing changed
+  void release_extent(Extent* x);
+  bool fences_complete(const Extent& x);
+  void list_push(Extent* x);
+  void list_remove(Extent* x);
   std::size_t overlap(const Arena& a, std::size_t i, std::uintptr_t address,
                       std::size_t size) const;
   void add_live(Arena& a, std::uintptr_t address, std::size_t size);
@@ -149,13 +155,10 @@ class alignas(64) CompactPool final : public BlockOwner {
   AddressMap<Block> allocated_;
   StreamEvents fences_;
   std::vector<std::unique_ptr<Arena>> arenas_;
-  PageRef reclaim_head_, reclaim_tail_;  // mapped pages that hold no block, oldest first
+  Extent *reclaim_head_ = nullptr, *reclaim_tail_ = nullptr;  // mapped, no live page; oldest first
+  std::vector<Extent*> spare_;  // unmapped extents, kept for the next request
   // Scratch of back_pages (kept to spare an allocation per request).
-  std::vector<std::size_t> missing_;
-  std::vector<PhysicalHandle> got_;
-  std::vector<std::size_t> unlisted_;
-  std::vector<std::size_t> grant_;  // back_pages: the pages it grants access to
-  std::vector<PhysicalHandle> spare_;
+  std::vector<Extent*> unlisted_, placed_, candidates_;
   std::size_t page_ = 0;  // mapping granularity
 };
 

@@ -1,5 +1,5 @@
 // CompactPool: reading the books (sizes, snapshots, error explanations) and the
-// validator's walk of arenas, blocks and pages.
+// validator's walk of arenas, blocks, pages and extents.
 #include <algorithm>
 
 #include "engine/compact_pool.hpp"
@@ -20,7 +20,7 @@ std::size_t CompactPool::largest_free_block() {
       end = std::min(end, a->pages.size());
       std::size_t run = 0;
       for (std::size_t i = first; i < end; ++i) {
-        run = a->pages[i].mapped ? run + page_ : 0;
+        run = a->pages[i].extent ? run + page_ : 0;
         largest = std::max(largest, std::min(run, b->size));
       }
     }
@@ -29,7 +29,8 @@ std::size_t CompactPool::largest_free_block() {
 
 std::size_t CompactPool::cached_bytes() {
   Guard guard(lock_);
-  std::size_t held = spare_.size() * page_;
+  std::size_t held = 0;
+  for (const Extent* x : spare_) held += x->pages * page_;
   for (auto& a : arenas_) held += a->segment->mapped_bytes;
   std::size_t allocated = 0;
   allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
@@ -82,12 +83,12 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
     // Each run of mapped pages is reported as a segment; blocks clipped to it.
     const std::uintptr_t base = a->segment->base;
     for (std::size_t i = 0; i < a->pages.size();) {
-      if (!a->pages[i].mapped) {
+      if (!a->pages[i].extent) {
         ++i;
         continue;
       }
       std::size_t end = i;
-      while (end < a->pages.size() && a->pages[end].mapped) ++end;
+      while (end < a->pages.size() && a->pages[end].extent) ++end;
       const std::uintptr_t lo = base + i * page_, hi = base + end * page_;
       SegmentInfo info;
       info.device = services_.device;
@@ -135,6 +136,8 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
                requested[kPoolCount] = {};
   std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
+  std::size_t held_extents = 0;  // pages of the mapped extents (then the spare ones too)
+  std::size_t listed = 0;        // mapped extents holding no block
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
@@ -179,29 +182,56 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     std::size_t mapped_here = 0;
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
       const Page& p = a->pages[i];
-      RESERVOIR_CHECK(p.live == live[i], "page " + std::to_string(i) + " of arena " +
-                                             at(seg->base) + " counts " + std::to_string(p.live) +
+      // Built only when a check fails: the checks build validates after every operation.
+      auto page = [&] { return "page " + std::to_string(i) + " of arena " + at(seg->base); };
+      RESERVOIR_CHECK(p.live == live[i], page() + " counts " + std::to_string(p.live) +
                                              " live bytes, its blocks " + std::to_string(live[i]));
-      RESERVOIR_CHECK(p.live == 0 || p.mapped, "page " + std::to_string(i) + " of arena " +
-                                                   at(seg->base) +
-                                                   " holds a block but is unmapped");
-      RESERVOIR_CHECK(p.live == 0 || p.accessible,
-                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
-                          " holds a block but its access was never granted");
-      RESERVOIR_CHECK(!p.accessible || p.mapped, "page " + std::to_string(i) + " of arena " +
-                                                     at(seg->base) + " is accessible but unmapped");
-      if (p.mapped) ++mapped_here;
-      RESERVOIR_CHECK(p.listed == (p.mapped && p.live == 0),
-                      "page " + std::to_string(i) + " of arena " + at(seg->base) +
-                          (p.listed ? " is reclaimable but holds a block or is unmapped"
-                                    : " is free and mapped but not reclaimable"));
+      RESERVOIR_CHECK(p.live == 0 || p.extent, page() + " holds a block but is unmapped");
+      RESERVOIR_CHECK(p.live == 0 || p.extent->accessible,
+                      page() + " holds a block but its access was never granted");
+      if (!p.extent) continue;
+      ++mapped_here;
+      const Extent& x = *p.extent;
+      RESERVOIR_CHECK(x.arena == a.get() && x.first <= i && i < x.first + x.pages,
+                      page() + " names an extent mapped elsewhere");
+      if (x.first != i) continue;
+      // The extent's books, once, at its first page.
+      RESERVOIR_CHECK(x.first + x.pages <= a->pages.size(),
+                      page() + ": its extent runs past the booked pages");
+      std::size_t live_pages = 0;
+      for (std::size_t j = i; j < i + x.pages; ++j) live_pages += live[j] > 0 ? 1 : 0;
+      RESERVOIR_CHECK(x.live_pages == live_pages,
+                      page() + ": its extent counts " + std::to_string(x.live_pages) +
+                          " pages in use, its blocks " + std::to_string(live_pages));
+      RESERVOIR_CHECK(x.listed == (x.live_pages == 0),
+                      page() + (x.listed ? ": its extent is reclaimable but holds a block"
+                                         : ": its extent holds nothing but is not reclaimable"));
+      held_extents += x.pages;
+      if (x.listed) ++listed;
     }
     RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
                     "arena " + at(seg->base) + " counts mapped bytes wrong");
     mapped_pages += mapped_here;
     totals->segments += 1;
   }
-  const std::size_t held = (mapped_pages + spare_.size()) * page_;
+  std::size_t spare_pages = 0;
+  for (const Extent* x : spare_) {
+    RESERVOIR_CHECK(!x->arena && !x->listed && !x->accessible && x->pages > 0,
+                    "a spare extent is mapped, listed or empty");
+    spare_pages += x->pages;
+  }
+  std::size_t walked = 0;
+  for (const Extent* x = reclaim_head_; x; x = x->next) {
+    RESERVOIR_CHECK(x->listed && x->arena, "the reclaimable list holds an extent not listed");
+    RESERVOIR_CHECK(x->next ? x->next->prev == x : reclaim_tail_ == x,
+                    "the reclaimable list's links are broken");
+    RESERVOIR_CHECK(++walked <= listed, "the reclaimable list holds more extents than are free");
+  }
+  RESERVOIR_CHECK(walked == listed, "a free mapped extent is missing from the reclaimable list");
+  // Every page of a mapped extent names it (each page was counted once above).
+  RESERVOIR_CHECK(held_extents == mapped_pages, "a mapped extent's pages do not all name it");
+  held_extents += spare_pages;
+  const std::size_t held = held_extents * page_;
   totals->reserved += held;
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),

@@ -28,6 +28,9 @@ std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
 
 void StreamEvents::record(Timeline& t) {
   if (t.wanted == 0) return;
+  // Markers nobody asked about yet are retired first when they have completed, so that
+  // their events are reused: a stream's markers stay few, and few events are created.
+  if (!t.pending.empty()) poll(t);
   EventHandle e = events_.acquire();
   if (backend_.record_event(device_, e, t.stream) != DeviceStatus::ok) {
     events_.release(e);

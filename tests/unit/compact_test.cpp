@@ -104,10 +104,58 @@ TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
   s.a.deallocate(b);
   void* d = s.a.allocate(16 * MiB, 2, 0);  // pages 4-12: 10-12 take a's memory
   EXPECT_EQ(reserved(), static_cast<std::int64_t>(10 * 2 * MiB)) << "new memory instead of a's";
-  EXPECT_EQ(s.a.stats(0).num_device_unmap, 3);
+  // a's memory is one extent of 4 pages: it moves whole, in one call, to pages 10-13
+  // (page 13 is cached there).
+  EXPECT_EQ(s.a.stats(0).num_device_unmap, 1);
   EXPECT_EQ(s.sim->used(0), 10 * 2 * MiB);
   s.a.deallocate(d);
   s.a.deallocate(guard);
+  s.a.validate();
+}
+
+// The pages a request lacks come as few extents as possible (one device handle each,
+// mapped whole): a move or a grow costs a call per extent, not per page. Pages at a
+// block's ends, which a neighbour may share, get extents of their own.
+TEST(Compact, ARunOfPagesIsBackedByOneExtent) {
+  SimAllocator s("policy:compact", sim());
+  void* a = s.a.allocate(16 * MiB, 1, 0);  // pages 0-7, wholly inside the block
+  SimCounters c = s.sim->counters();
+  EXPECT_EQ(c.physical_creates, 1u);
+  EXPECT_EQ(c.maps, 1u);
+  EXPECT_EQ(s.sim->used(0), 16 * MiB);
+  void* b = s.a.allocate(3 * MiB, 1, 0);  // page 8 inside, page 9 an end
+  c = s.sim->counters();
+  EXPECT_EQ(c.physical_creates, 3u);
+  EXPECT_EQ(c.maps, 3u);
+  void* big = s.a.allocate(40 * MiB, 1, 0);  // 20 pages: extents of at most 8 pages
+  c = s.sim->counters();
+  // Page 9 holds b's end and big's start; pages 10-28 lie inside big (8 + 8 + 3 pages),
+  // page 29 is its end.
+  EXPECT_EQ(c.physical_creates, 3u + 4u);
+  s.a.deallocate(a);
+  s.a.deallocate(b);
+  s.a.deallocate(big);
+  s.a.validate();
+}
+
+// Free extents, mapped where the request lands, serve it before any new memory is
+// taken: only the pages nothing covers come new from the device.
+TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
+  SimOptions o = sim();
+  o.eager = true;  // work completes as submitted: only the placement matters here
+  SimAllocator s("policy:compact", o);
+  void* a = s.a.allocate(16 * MiB, 1, 0);  // pages 0-7: one extent
+  void* hi = s.a.allocate(4 * MiB, 1, 0);  // pages 8-9
+  s.a.deallocate(a);                       // extent 0-7 free
+  void* lo = s.a.allocate(1 * MiB, 1, 0);  // best fit: page 0, inside the free extent
+  s.a.deallocate(hi);
+  // 2 MiB more than the free pages 1-7 and 8-9 hold together: new memory for the rest
+  // only; the extents already mapped there serve the rest.
+  const std::size_t before = s.sim->used(0);
+  void* b = s.a.allocate(18 * MiB, 2, 0);
+  EXPECT_LE(s.sim->used(0), before + 2 * MiB);
+  s.a.deallocate(b);
+  s.a.deallocate(lo);
   s.a.validate();
 }
 
@@ -172,7 +220,10 @@ TEST(Compact, ReservesLittleMoreThanRequested) {
   const double pytorch = run("");
   const double compact = run("policy:compact");
   EXPECT_GT(pytorch, 1.3);
-  EXPECT_LT(compact, 1.05) << "PyTorch's policy: " << pytorch;
+  // Sizes drawn uniformly from 1 B to 24 MiB, the worst case of extents that move only
+  // whole (a block pins the free rest of its extent): 1.08 here, against <= 1.045 on
+  // every bundled trace (tests/replay/compact_replay_test.cpp).
+  EXPECT_LT(compact, 1.10) << "PyTorch's policy: " << pytorch;
 }
 
 // The policy changes at run time: blocks keep their owner, frees find it.

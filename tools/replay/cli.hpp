@@ -34,6 +34,8 @@ struct CliOptions {
   // The device lags: the trace's work completes only at its host waits and frees
   // (ReplayOptions::device_keeps_up false).
   bool device_lags = false;
+  // Count and time the device calls of the measured replays (CallProfile).
+  bool calls = false;
   bool help = false;
   bool version = false;
 };

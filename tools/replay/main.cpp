@@ -138,6 +138,7 @@ int run(const CliOptions& opts) {
     ro.device_keeps_up = !opts.device_lags;
     ro.progress = progress;
     ro.backend = device;
+    ro.profile_calls = opts.calls;
     ReplayResult r = replay_trace(trace, c, ro);
 
     if (opts.fit) {
@@ -159,6 +160,7 @@ int run(const CliOptions& opts) {
       ReplayOptions po = ro;
       po.backend = nullptr;  // timelines come from the simulated device
       po.timeline_points = 2000;
+      po.profile_calls = false;
       r.timeline = replay_trace(trace, c, po).timeline;
     }
     results.push_back(std::move(r));

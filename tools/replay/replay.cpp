@@ -148,7 +148,9 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
     }
   }
   OomRecorder oom;  // before the allocator: it must outlive the observer
-  Allocator alloc(backend, std::move(cfg));
+  std::shared_ptr<CallProfile> profile;
+  if (options.profile_calls) profile = std::make_shared<CallProfile>(backend);
+  Allocator alloc(profile ? std::shared_ptr<Backend>(profile) : backend, std::move(cfg));
   if (options.memory_fraction) alloc.set_memory_fraction(*options.memory_fraction, kDevice);
   oom.attach(alloc);
 
@@ -196,6 +198,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
     }
   }
   const auto stop = std::chrono::steady_clock::now();
+  if (profile) result.calls = profile->counts();  // the replay's calls, not teardown's
   if (options.progress) options.progress(total, total);
 
   result.events = done;

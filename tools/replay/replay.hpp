@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "call_profile.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "trace_reader.hpp"
@@ -56,6 +57,9 @@ struct ReplayOptions {
   // trace stream gets a stream of its own (Backend::create_stream); capacity and the
   // device-time cost model do not apply.
   std::shared_ptr<Backend> backend;
+  // Count and time every device call the allocator makes (CallProfile); the replay's
+  // host time then includes the profiler's clock reads.
+  bool profile_calls = false;
   ProgressFn progress;
 };
 
@@ -113,6 +117,7 @@ struct ReplayResult {
   std::uint64_t ooms = 0;             // allocations that threw OutOfMemoryError
   std::uint64_t alloc_retries = 0;    // num_alloc_retries (cache flushed to satisfy a request)
   double ns_per_event = 0;            // host time of the replay loop / events
+  std::vector<CallCount> calls;       // with ReplayOptions::profile_calls: device calls made
   std::optional<OomFacts> first_oom;  // the first allocation that threw OutOfMemoryError
   CacheFacts cache;
   Timeline timeline;  // empty unless ReplayOptions::timeline_points

@@ -27,6 +27,7 @@ std::string bytes_cell(std::uint64_t b) {
 std::string duration_us(double us) {
   if (us >= 1e6) return printf_string("%.2f s", us / 1e6);
   if (us >= 1e3) return printf_string("%.2f ms", us / 1e3);
+  if (us < 10) return printf_string("%.2f us", us);
   return printf_string("%.0f us", us);
 }
 
@@ -90,6 +91,22 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
   add("device time (sim)", [](const ReplayResult& r) { return duration_us(r.device_time_us); });
   add("OOMs", [](const ReplayResult& r) { return with_commas(r.ooms); });
   add("host ns/event", [](const ReplayResult& r) { return printf_string("%.1f", r.ns_per_event); });
+  // Device calls (--calls): one row per kind any setting made, "count x time each".
+  for (std::size_t k = 0; k < static_cast<std::size_t>(CallKind::count_); ++k) {
+    const auto kind = static_cast<CallKind>(k);
+    auto find = [kind](const ReplayResult& r) -> const CallCount* {
+      for (const CallCount& c : r.calls)
+        if (c.kind == kind) return &c;
+      return nullptr;
+    };
+    if (std::none_of(results.begin(), results.end(), find)) continue;
+    add(std::string("calls: ") + to_string(kind), [&find](const ReplayResult& r) {
+      const CallCount* c = find(r);
+      if (!c) return std::string("0");
+      return with_commas(c->count) + " x " +
+             duration_us(static_cast<double>(c->ns) / 1e3 / static_cast<double>(c->count));
+    });
+  }
   if (with_fit) {
     add("fit capacity", [](const ReplayResult& r) {
       return r.fit_capacity ? bytes_cell(*r.fit_capacity) : std::string("does not fit");
@@ -192,6 +209,16 @@ std::string format_json(const std::vector<ReplayResult>& results, bool with_fit)
     out += ", \"device_time_us\": " + json_number(r.device_time_us);
     out += ", \"ooms\": " + std::to_string(r.ooms);
     out += ", \"ns_per_event\": " + json_number(r.ns_per_event);
+    if (!r.calls.empty()) {
+      out += ", \"calls\": {";
+      for (std::size_t k = 0; k < r.calls.size(); ++k) {
+        const CallCount& c = r.calls[k];
+        out += (k == 0 ? "\"" : ", \"") + std::string(to_string(c.kind)) +
+               "\": {\"count\": " + std::to_string(c.count) + ", \"ns\": " + std::to_string(c.ns) +
+               "}";
+      }
+      out += "}";
+    }
     if (with_fit) {
       out += ", \"fit_capacity\": " +
              (r.fit_capacity ? std::to_string(*r.fit_capacity) : std::string("null"));

@@ -34,7 +34,9 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
 // A JSON array, one object per result, with exactly the keys
 //   config, events, peak_requested, peak_allocated, peak_reserved, ratio,
 //   device_allocs, device_frees, device_time_us, ooms, ns_per_event
-// and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits).
+// and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits);
+// a replay run with ReplayOptions::profile_calls adds "calls": {KIND: {"count": N,
+// "ns": host ns inside those calls}, ...} for each kind of device call it made.
 std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);
 
 // s as a JSON string literal, quotes included.
