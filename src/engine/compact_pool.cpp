@@ -20,6 +20,8 @@ constexpr int kReclaimProbes = 16;
 // make stitching cheap per byte; bounded so that one block cannot pin a great deal
 // of free memory (an extent moves only whole).
 constexpr std::size_t kMaxExtentPages = 8;
+// Pages an arena grows by at least, at its frontier.
+constexpr std::size_t kGrowPages = 4;
 // Free blocks after the best fit examined for one whose memory is all there.
 constexpr int kPlacementProbes = 32;
 // Pages booked at least when an arena starts being used (1 GiB of 2 MiB pages).
@@ -257,6 +259,7 @@ void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
   x->first = at;
   x->accessible = false;
   a.segment->mapped_bytes += bytes;
+  a.mapped_end = std::max(a.mapped_end, at + x->pages);
   DeviceCounters::bump(services_.counters.device_maps);
   if (services_.history.active())
     services_.trace(TraceAction::segment_map, address, bytes, 0, nullptr);
@@ -274,6 +277,10 @@ void CompactPool::unmap_extent(Extent* x) {
   for (std::size_t i = x->first; i < x->first + x->pages; ++i) {
     a.pages[i].extent = nullptr;
     a.pages[i].fence.clear();
+  }
+  if (a.mapped_end == x->first + x->pages) {
+    a.mapped_end = x->first;
+    while (a.mapped_end > 0 && !a.pages[a.mapped_end - 1].extent) --a.mapped_end;
   }
   x->arena = nullptr;
   x->accessible = false;
@@ -425,8 +432,16 @@ bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size)
       std::size_t e = i;
       while (e < end && !a.pages[e].extent) ++e;
       while (i < e) {
-        const bool inner = i >= inner_first && i < inner_end;
-        Extent* x = take_extent(a, i, inner ? std::min(e, inner_end) - i : 1);
+        // At the arena's frontier (nothing mapped from i on) the block's whole run is one
+        // extent of at least kGrowPages: growth takes few calls, and the next blocks
+        // there find their memory mapped. Elsewhere, only pages wholly inside the block
+        // share an extent.
+        std::size_t need = 1;
+        if (i >= a.mapped_end)
+          need = services_.budget.limited() ? e - i : std::max(e - i, kGrowPages);
+        else if (i >= inner_first && i < inner_end)
+          need = std::min(e, inner_end) - i;
+        Extent* x = take_extent(a, i, need);
         if (!x) {
           undo();
           return false;

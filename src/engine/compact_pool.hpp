@@ -20,6 +20,7 @@
 //   blocks tile every arena; no two neighbouring blocks are both free;
 //   free blocks == free_ (by size, address); allocated blocks == allocated_;
 //   page.live == bytes of allocated blocks overlapping the page;
+//   arena.mapped_end == 1 + max{i : pages[i].extent} (0 when none);
 //   page.extent == x <=> x mapped in the page's arena && x.first <= index < x.first + x.pages;
 //   page.live > 0 => page.extent && page.extent->accessible;
 //   x.live_pages == #{pages of x with live > 0};
@@ -112,6 +113,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   struct Arena {
     Segment* segment = nullptr;
     std::vector<Page> pages;
+    std::size_t mapped_end = 0;  // 1 + the last page with memory (0: none)
   };
 
   Arena* arena_of(const Block* b) const;

@@ -209,6 +209,12 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       held_extents += x.pages;
       if (x.listed) ++listed;
     }
+    std::size_t mapped_end = a->pages.size();
+    while (mapped_end > 0 && !a->pages[mapped_end - 1].extent) --mapped_end;
+    RESERVOIR_CHECK(a->mapped_end == mapped_end,
+                    "arena " + at(seg->base) + " places its frontier at page " +
+                        std::to_string(a->mapped_end) + ", its last mapped page ends at " +
+                        std::to_string(mapped_end));
     RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
                     "arena " + at(seg->base) + " counts mapped bytes wrong");
     mapped_pages += mapped_here;

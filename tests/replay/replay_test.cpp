@@ -81,6 +81,39 @@ TEST(Replay, HostWaitReleasesBlocksUsedOnOtherStreams) {
   EXPECT_EQ(r.ooms, 0u);
 }
 
+// --calls: every device call the allocator makes is counted (and timed) by kind; the
+// counts are the device's own.
+TEST(Replay, DeviceCallsAreCountedByKind) {
+  const Trace t = parse_trace_text(test::sample_trace_text(), "sample");
+  for (const char* config : {"", "policy:compact"}) {
+    SCOPED_TRACE(config);
+    auto sim = std::make_shared<SimBackend>(SimOptions{});
+    ReplayOptions o;
+    o.backend = sim;
+    o.profile_calls = true;
+    const ReplayResult r = replay_trace(t, config, o);
+    auto count = [&](CallKind k) -> std::uint64_t {
+      for (const CallCount& c : r.calls)
+        if (c.kind == k) return c.count;
+      return 0;
+    };
+    const SimCounters c = sim->counters();
+    EXPECT_EQ(count(CallKind::allocate), c.allocs);
+    EXPECT_EQ(count(CallKind::create_physical), c.physical_creates);
+    EXPECT_EQ(count(CallKind::map), c.maps);
+    EXPECT_EQ(count(CallKind::record_event), c.events_recorded);
+    EXPECT_EQ(count(CallKind::allocate) + count(CallKind::create_physical), r.device_allocs);
+    EXPECT_GT(count(CallKind::allocate) + count(CallKind::map), 0u);
+    for (const CallCount& k : r.calls) EXPECT_GT(k.count, 0u) << to_string(k.kind);
+    const std::string json = format_json({r}, false);
+    EXPECT_NE(json.find("\"calls\": {"), std::string::npos) << json;
+  }
+  // Off by default: nothing counted, no "calls" key.
+  const ReplayResult plain = replay_trace(t, "");
+  EXPECT_TRUE(plain.calls.empty());
+  EXPECT_EQ(format_json({plain}, false).find("calls"), std::string::npos);
+}
+
 TEST(Replay, BadConfigThrowsConfigError) {
   const Trace t = parse_trace_text(test::sample_trace_text(), "sample");
   EXPECT_THROW(replay_trace(t, "no_such_key:1"), ConfigError);

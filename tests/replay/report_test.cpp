@@ -107,6 +107,12 @@ TEST(Report, TableHasOneColumnPerConfig) {
   EXPECT_NE(table.find("14,902,362,112 (13.88 GiB)"), std::string::npos) << table;
   EXPECT_NE(table.find("1.1417"), std::string::npos);
   EXPECT_NE(table.find("does not fit"), std::string::npos);
+  EXPECT_EQ(table.find("calls:"), std::string::npos);  // no --calls, no call rows
+  results[1].calls = {{CallKind::map, 2202, 3148860}, {CallKind::set_access, 284, 62480000}};
+  const std::string with_calls = format_table(t, std::size_t{141} << 30, results, false);
+  EXPECT_NE(with_calls.find("calls: map"), std::string::npos) << with_calls;
+  EXPECT_NE(with_calls.find("2,202 x 1.43 us"), std::string::npos) << with_calls;
+  EXPECT_NE(with_calls.find("284 x 220 us"), std::string::npos) << with_calls;
   EXPECT_NE(table.find("first OOM under max_split_size_mb:256: event 0 (an allocation of 2.00 GiB"),
             std::string::npos)
       << table;
@@ -348,6 +354,9 @@ TEST(Cli, Options) {
   EXPECT_EQ(o.capacity, std::size_t{80} << 30);
   EXPECT_TRUE(o.fit);
   EXPECT_TRUE(o.json);
+  EXPECT_FALSE(o.calls);
+  const char* calls[] = {"reservoir-replay", "t.trace", "--calls"};
+  EXPECT_TRUE(parse_cli(3, calls).calls);
   EXPECT_EQ(o.plot, "out.svg");
 
   const char* plain[] = {"reservoir-replay", "t.trace"};
