@@ -46,6 +46,10 @@ CompactPool::~CompactPool() {
   // The engine is going away: every extent and range goes back, whatever it holds.
   for (auto& a : arenas_) {
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
+      if (Extent* g = a->pages[i].ghost; g && g->ghost_first == i)
+        (void)services_.backend.unmap(services_.device,
+                                      reinterpret_cast<void*>(a->segment->base + i * page_),
+                                      g->pages * page_);
       Extent* x = a->pages[i].extent;
       if (!x || x->first != i) continue;
       (void)services_.backend.unmap(services_.device,
@@ -228,6 +232,14 @@ CompactPool::Extent* CompactPool::create_extent(std::size_t pages) {
 
 // x is spare; its memory goes back to the device.
 void CompactPool::release_extent(Extent* x) {
+  if (x->ghost_arena) {
+    try {
+      unmap_ghost(x);
+    } catch (...) {
+      spare_.push_back(x);
+      throw;
+    }
+  }
   if (services_.backend.release_physical(services_.device, x->handle) != DeviceStatus::ok) {
     // Kept as a spare rather than lost: counted, and retried by the next release.
     spare_.push_back(x);
@@ -244,6 +256,10 @@ void CompactPool::release_extent(Extent* x) {
 
 // x (spare) under pages [at, at + x->pages) of a, which are unmapped and booked.
 void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
+  if (x->ghost_arena == &a && x->ghost_first == at) return return_to_ghost(x);
+  // Ghosts where it goes are unmapped first (they hold no block).
+  for (std::size_t i = at; i < at + x->pages; ++i)
+    if (Extent* g = a.pages[i].ghost) unmap_ghost(g);
   const std::uintptr_t address = a.segment->base + at * page_;
   const std::size_t bytes = x->pages * page_;
   if (services_.backend.map(services_.device, reinterpret_cast<void*>(address), bytes, x->handle) !=
@@ -288,6 +304,67 @@ void CompactPool::unmap_extent(Extent* x) {
   DeviceCounters::bump(services_.counters.device_unmaps);
   if (services_.history.active())
     services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
+}
+
+void CompactPool::retire(Extent* x) {
+  if (x->ghost_arena) unmap_ghost(x);  // throws with nothing changed
+  Arena& a = *x->arena;
+  for (std::size_t i = x->first; i < x->first + x->pages; ++i) {
+    a.pages[i].extent = nullptr;
+    a.pages[i].ghost = x;
+    a.pages[i].fence.clear();
+  }
+  if (a.mapped_end == x->first + x->pages) {
+    a.mapped_end = x->first;
+    while (a.mapped_end > 0 && !a.pages[a.mapped_end - 1].extent) --a.mapped_end;
+  }
+  a.segment->mapped_bytes -= x->pages * page_;
+  x->ghost_arena = &a;
+  x->ghost_first = x->first;
+  x->arena = nullptr;
+  x->accessible = false;
+}
+
+void CompactPool::unmap_ghost(Extent* x) {
+  Arena& a = *x->ghost_arena;
+  const std::uintptr_t address = a.segment->base + x->ghost_first * page_;
+  const std::size_t bytes = x->pages * page_;
+  if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(address), bytes) !=
+      DeviceStatus::ok)
+    throw DeviceError("reservoir: unmapping " + format_size(bytes) +
+                      " of policy:compact memory on device " + std::to_string(services_.device) +
+                      " failed: " + services_.backend.last_error());
+  for (std::size_t i = x->ghost_first; i < x->ghost_first + x->pages; ++i)
+    a.pages[i].ghost = nullptr;
+  x->ghost_arena = nullptr;
+  DeviceCounters::bump(services_.counters.device_unmaps);
+  if (services_.history.active())
+    services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
+}
+
+void CompactPool::return_to_ghost(Extent* x) {
+  Arena& g = *x->ghost_arena;
+  const std::size_t at = x->ghost_first;
+  x->ghost_arena = nullptr;
+  if (x->arena) {
+    if (x->listed) list_remove(x);
+    retire(x);  // no older ghost now: no device call
+  }
+  for (std::size_t i = at; i < at + x->pages; ++i) {
+    g.pages[i].ghost = nullptr;
+    g.pages[i].extent = x;
+    g.pages[i].fence.clear();
+  }
+  x->arena = &g;
+  x->first = at;
+  x->accessible = true;  // a ghost keeps the access it had
+  g.segment->mapped_bytes += x->pages * page_;
+  g.mapped_end = std::max(g.mapped_end, at + x->pages);
+}
+
+bool CompactPool::movable(Extent& x) {
+  if (!x.arena) return true;  // spare
+  return x.listed && fences_complete(x);
 }
 
 bool CompactPool::fences_complete(const Extent& x) {
@@ -353,23 +430,27 @@ CompactPool::Extent* CompactPool::take_extent(Arena& a, std::size_t s, std::size
     ++probes;
     if (fences_complete(*x)) consider(x);
   }
-  auto detach = [&](Extent* x) {
+  // A mapped extent leaves as a ghost (no call) when it can come back there for free.
+  auto detach = [&](Extent* x, bool keep_ghost) {
     if (x->arena) {
-      unmap_extent(x);  // throws with nothing changed
+      if (keep_ghost && x->accessible)
+        retire(x);  // throws with nothing changed
+      else
+        unmap_extent(x);  // throws with nothing changed
       list_remove(x);
     } else {
       spare_.erase(std::find(spare_.begin(), spare_.end(), x));
     }
   };
   if (Extent* chosen = exact() ? smaller : larger ? larger : smaller) {
-    detach(chosen);
+    detach(chosen, true);
     return chosen;
   }
   // Only larger free extents, which cannot be mapped here: one goes back to the device
   // and the memory is made again in the size needed, rather than new memory taken
   // beside it (free memory never makes the pool grow).
   if (misfit) {
-    detach(misfit);
+    detach(misfit, false);
     release_extent(misfit);
   }
   const std::size_t most = services_.budget.limited() ? 1 : kMaxExtentPages;
@@ -432,6 +513,17 @@ bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size)
       std::size_t e = i;
       while (e < end && !a.pages[e].extent) ++e;
       while (i < e) {
+        // Memory that was here before and may come back: no device call.
+        if (Extent* y = a.pages[i].ghost) {
+          if (movable(*y)) {
+            if (!y->arena) spare_.erase(std::find(spare_.begin(), spare_.end(), y));
+            return_to_ghost(y);
+            placed.push_back(y);
+            i = y->first + y->pages;
+            continue;
+          }
+          unmap_ghost(y);
+        }
         // At the arena's frontier (nothing mapped from i on) the block's whole run is one
         // extent of at least kGrowPages: growth takes few calls, and the next blocks
         // there find their memory mapped. Elsewhere, only pages wholly inside the block
@@ -674,6 +766,11 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
   Guard guard(lock_);
   fences_.synchronize_all();
   std::size_t released = 0;
+  // Ghosts first: memory goes back only once unmapped everywhere, and an arena only
+  // once nothing is mapped in it.
+  for (auto& a : arenas_)
+    for (std::size_t i = 0; i < a->pages.size(); ++i)
+      if (Extent* g = a->pages[i].ghost; g && g->ghost_first == i) unmap_ghost(g);
   for (auto& a : arenas_)
     for (std::size_t i = 0; i < a->pages.size(); ++i) {
       Extent* x = a->pages[i].extent;

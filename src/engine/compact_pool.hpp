@@ -23,6 +23,8 @@
 //   arena.mapped_end == 1 + max{i : pages[i].extent} (0 when none);
 //   page.extent == x <=> x mapped in the page's arena && x.first <= index < x.first + x.pages;
 //   page.live > 0 => page.extent && page.extent->accessible;
+//   page.ghost == y <=> y.ghost_arena == this arena && y.ghost_first <= index <
+//   y.ghost_first + y.pages; page.ghost => !page.extent && page.live == 0;
 //   x.live_pages == #{pages of x with live > 0};
 //   x.listed <=> x mapped && x.live_pages == 0 <=> x is on the reclaimable list (oldest
 //   first); spare extents are unmapped and on spare_;
@@ -101,9 +103,14 @@ class alignas(64) CompactPool final : public BlockOwner {
     bool listed = false;                      // on the reclaimable list
     std::size_t live_pages = 0;               // its pages with live > 0
     Extent *prev = nullptr, *next = nullptr;  // the reclaimable list
+    // Where it was mapped before it moved, still mapped there (and accessible): memory
+    // that moves back costs no device call (a program's layout often alternates).
+    Arena* ghost_arena = nullptr;
+    std::size_t ghost_first = 0;
   };
   struct Page {
-    Extent* extent = nullptr;  // the memory under the page; nullptr: unmapped
+    Extent* extent = nullptr;  // the memory under the page; nullptr: none of its own
+    Extent* ghost = nullptr;   // an extent mapped here too, whose memory serves elsewhere
     std::uint64_t live = 0;    // bytes of allocated blocks on this page
     Fence fence;               // marks of the frees and uses of memory on this page
   };
@@ -137,6 +144,14 @@ class alignas(64) CompactPool final : public BlockOwner {
   Extent* create_extent(std::size_t pages);
   void map_extent(Arena& a, std::size_t at, Extent* x);  // throws with nothing changed
   void unmap_extent(Extent* x);  // its fences have completed; throws with nothing changed
+  // x (mapped, free, its fences complete) leaves its place without a device call: it
+  // stays mapped there as x's ghost (an older ghost of x is unmapped first).
+  void retire(Extent* x);
+  void unmap_ghost(Extent* x);  // throws with nothing changed
+  // x's ghost becomes its place again, no device call (x is spare, or mapped and free
+  // with its fences complete; that place becomes the ghost).
+  void return_to_ghost(Extent* x);
+  bool movable(Extent& x);  // free, and its users done: it may move
   void release_extent(Extent* x);
   bool fences_complete(const Extent& x);
   void list_push(Extent* x);

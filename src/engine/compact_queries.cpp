@@ -138,6 +138,9 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
   std::size_t held_extents = 0;  // pages of the mapped extents (then the spare ones too)
   std::size_t listed = 0;        // mapped extents holding no block
+  // Pages of ghosts counted at their first page, less the pages naming them: 0 when every
+  // ghost's pages name it.
+  std::ptrdiff_t ghost_pages = 0;
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
@@ -189,6 +192,16 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       RESERVOIR_CHECK(p.live == 0 || p.extent, page() + " holds a block but is unmapped");
       RESERVOIR_CHECK(p.live == 0 || p.extent->accessible,
                       page() + " holds a block but its access was never granted");
+      if (p.ghost) {
+        const Extent& g = *p.ghost;
+        RESERVOIR_CHECK(!p.extent && p.live == 0,
+                        page() + " is a ghost but holds memory or a block");
+        RESERVOIR_CHECK(
+            g.ghost_arena == a.get() && g.ghost_first <= i && i < g.ghost_first + g.pages,
+            page() + " names a ghost mapped elsewhere");
+        if (g.ghost_first == i) ghost_pages += g.pages;
+        --ghost_pages;
+      }
       if (!p.extent) continue;
       ++mapped_here;
       const Extent& x = *p.extent;
@@ -236,6 +249,7 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   RESERVOIR_CHECK(walked == listed, "a free mapped extent is missing from the reclaimable list");
   // Every page of a mapped extent names it (each page was counted once above).
   RESERVOIR_CHECK(held_extents == mapped_pages, "a mapped extent's pages do not all name it");
+  RESERVOIR_CHECK(ghost_pages == 0, "a ghost's pages do not all name it");
   held_extents += spare_pages;
   const std::size_t held = held_extents * page_;
   totals->reserved += held;

@@ -104,8 +104,10 @@ TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
   s.a.deallocate(b);
   void* d = s.a.allocate(16 * MiB, 2, 0);  // pages 4-12: 12 takes a's memory
   EXPECT_EQ(reserved(), static_cast<std::int64_t>(12 * 2 * MiB)) << "new memory instead of a's";
-  // a's memory is one extent of 4 pages: it moves whole, in one call, to pages 12-15.
-  EXPECT_EQ(s.a.stats(0).num_device_unmap, 1);
+  // a's memory is one extent of 4 pages: it moves whole, in one map, to pages 12-15;
+  // pages 0-3 keep it mapped as a ghost (no unmap), so that it can come back for free.
+  EXPECT_EQ(s.a.stats(0).num_device_unmap, 0);
+  EXPECT_EQ(s.sim->counters().maps, 4u);
   EXPECT_EQ(s.sim->used(0), 12 * 2 * MiB);
   s.a.deallocate(d);
   s.a.deallocate(guard);
@@ -153,6 +155,34 @@ TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
   EXPECT_EQ(s.sim->used(0), before);
   s.a.deallocate(b);
   s.a.deallocate(lo);
+  s.a.validate();
+}
+
+// Memory that moved comes back to where it was without a device call: its old place
+// stayed mapped (a ghost). A program whose layout alternates stops calling the device.
+TEST(Compact, MemoryMovesBackToItsGhostWithoutADeviceCall) {
+  SimOptions o = sim();
+  o.eager = true;
+  SimAllocator s("policy:compact", o);
+  void* a = s.a.allocate(16 * MiB, 1, 0);     // pages 0-7: extent X
+  void* guard = s.a.allocate(512, 1, 0);      // page 8 (8-11 mapped)
+  s.a.deallocate(a);                          // X free
+  void* wide = s.a.allocate(30 * MiB, 1, 0);  // no hole fits: from page 8; X moves to 12-19
+  const SimCounters moved = s.sim->counters();
+  EXPECT_EQ(moved.unmaps, 0u);                // X's pages 0-7 stay mapped, as its ghost
+  s.a.deallocate(wide);                       // X free again, at 12-19
+  void* back = s.a.allocate(16 * MiB, 2, 0);  // best fit: pages 0-7, X's ghost
+  const SimCounters after = s.sim->counters();
+  EXPECT_EQ(after.maps, moved.maps) << "memory that moves back must not be mapped again";
+  EXPECT_EQ(after.unmaps, moved.unmaps);
+  EXPECT_EQ(after.physical_creates, moved.physical_creates);
+  s.a.validate();
+  s.a.deallocate(back);
+  s.a.deallocate(guard);
+  s.sim->advance_all();
+  s.a.empty_cache();  // ghosts are unmapped too: everything goes back
+  EXPECT_EQ(s.sim->used(0), 0u);
+  EXPECT_EQ(s.sim->live_reservations(0), 0u);
   s.a.validate();
 }
 
