@@ -240,13 +240,17 @@ const Plan kPlans[] = {
     {"SynchronizeEvent", "", SimOp::synchronize_event, kError, SimOp::map, 0, 1},
     {"RecordEvent", "", SimOp::record_event, kError, SimOp::map, 0, 0},
     {"CreateEvent", "", SimOp::create_event, kError, SimOp::map, 0, 0},
-    // policy:compact: backing pages, moving a free page's memory, fences, releases.
+    // policy:compact: backing pages, moving a free extent (its old place kept as a ghost),
+    // fences, releases.
     {"CompactCreatePhysical", kCompact, SimOp::create_physical, kError, SimOp::map, 0, 1},
     {"CompactCreatePhysicalOom", kCompact, SimOp::create_physical, DeviceStatus::out_of_memory,
      SimOp::map, 0, -1},
     {"CompactMapThenUnmap", kCompact, SimOp::map, kError, SimOp::unmap, 1, 1},
     {"CompactSetAccessThenUnmap", kCompact, SimOp::set_access, kError, SimOp::unmap, 2, 1},
     {"CompactUnmap", kCompact, SimOp::unmap, kError, SimOp::unmap, 0, 1},
+    // An extent's or a ghost's unmap failing, then the next ones too (a ghost in the way
+    // of a map, the undo, the ladder's unmapping of ghosts).
+    {"CompactUnmapThenUnmapTwice", kCompact, SimOp::unmap, kError, SimOp::unmap, 2, 1},
     {"CompactReleasePhysicalThenRetry", kCompact, SimOp::release_physical, kError,
      SimOp::release_physical, 1, 1},
     {"CompactReleaseRangeThenRetry", kCompact, SimOp::release_address_range, kError,
