@@ -281,37 +281,22 @@ void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
     services_.trace(TraceAction::segment_map, address, bytes, 0, nullptr);
 }
 
-void CompactPool::unmap_extent(Extent* x) {
-  Arena& a = *x->arena;
-  const std::uintptr_t address = a.segment->base + x->first * page_;
-  const std::size_t bytes = x->pages * page_;
+// The device call of an unmap; throws with nothing changed.
+void CompactPool::unmap_range(std::uintptr_t address, std::size_t bytes) {
   if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(address), bytes) !=
       DeviceStatus::ok)
     throw DeviceError("reservoir: unmapping " + format_size(bytes) +
                       " of policy:compact memory on device " + std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
-  for (std::size_t i = x->first; i < x->first + x->pages; ++i) {
-    a.pages[i].extent = nullptr;
-    a.pages[i].fence.clear();
-  }
-  if (a.mapped_end == x->first + x->pages) {
-    a.mapped_end = x->first;
-    while (a.mapped_end > 0 && !a.pages[a.mapped_end - 1].extent) --a.mapped_end;
-  }
-  x->arena = nullptr;
-  x->accessible = false;
-  a.segment->mapped_bytes -= bytes;
   DeviceCounters::bump(services_.counters.device_unmaps);
-  if (services_.history.active())
-    services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
 }
 
-void CompactPool::retire(Extent* x) {
-  if (x->ghost_arena) unmap_ghost(x);  // throws with nothing changed
+// x's pages lose it (they name ghost instead: x itself, or nullptr).
+void CompactPool::leave_place(Extent* x, Extent* ghost) {
   Arena& a = *x->arena;
   for (std::size_t i = x->first; i < x->first + x->pages; ++i) {
     a.pages[i].extent = nullptr;
-    a.pages[i].ghost = x;
+    a.pages[i].ghost = ghost;
     a.pages[i].fence.clear();
   }
   if (a.mapped_end == x->first + x->pages) {
@@ -319,25 +304,35 @@ void CompactPool::retire(Extent* x) {
     while (a.mapped_end > 0 && !a.pages[a.mapped_end - 1].extent) --a.mapped_end;
   }
   a.segment->mapped_bytes -= x->pages * page_;
-  x->ghost_arena = &a;
-  x->ghost_first = x->first;
   x->arena = nullptr;
   x->accessible = false;
+}
+
+void CompactPool::unmap_extent(Extent* x) {
+  Arena& a = *x->arena;
+  const std::uintptr_t address = a.segment->base + x->first * page_;
+  const std::size_t bytes = x->pages * page_;
+  unmap_range(address, bytes);
+  leave_place(x, nullptr);
+  if (services_.history.active())
+    services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
+}
+
+void CompactPool::retire(Extent* x) {
+  if (x->ghost_arena) unmap_ghost(x);  // throws with nothing changed
+  x->ghost_arena = x->arena;
+  x->ghost_first = x->first;
+  leave_place(x, x);
 }
 
 void CompactPool::unmap_ghost(Extent* x) {
   Arena& a = *x->ghost_arena;
   const std::uintptr_t address = a.segment->base + x->ghost_first * page_;
   const std::size_t bytes = x->pages * page_;
-  if (services_.backend.unmap(services_.device, reinterpret_cast<void*>(address), bytes) !=
-      DeviceStatus::ok)
-    throw DeviceError("reservoir: unmapping " + format_size(bytes) +
-                      " of policy:compact memory on device " + std::to_string(services_.device) +
-                      " failed: " + services_.backend.last_error());
+  unmap_range(address, bytes);
   for (std::size_t i = x->ghost_first; i < x->ghost_first + x->pages; ++i)
     a.pages[i].ghost = nullptr;
   x->ghost_arena = nullptr;
-  DeviceCounters::bump(services_.counters.device_unmaps);
   if (services_.history.active())
     services_.trace(TraceAction::segment_unmap, address, bytes, 0, a.segment->context);
 }

@@ -143,6 +143,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   Extent* take_extent(Arena& a, std::size_t s, std::size_t need);
   Extent* create_extent(std::size_t pages);
   void map_extent(Arena& a, std::size_t at, Extent* x);  // throws with nothing changed
+  void unmap_range(std::uintptr_t address, std::size_t bytes);
+  void leave_place(Extent* x, Extent* ghost);
   void unmap_extent(Extent* x);  // its fences have completed; throws with nothing changed
   // x (mapped, free, its fences complete) leaves its place without a device call: it
   // stays mapped there as x's ghost (an older ghost of x is unmapped first).
