@@ -267,15 +267,7 @@ void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
     throw DeviceError("reservoir: mapping " + format_size(bytes) +
                       " for policy:compact on device " + std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
-  for (std::size_t i = at; i < at + x->pages; ++i) {
-    a.pages[i].extent = x;
-    a.pages[i].fence.clear();
-  }
-  x->arena = &a;
-  x->first = at;
-  x->accessible = false;
-  a.segment->mapped_bytes += bytes;
-  a.mapped_end = std::max(a.mapped_end, at + x->pages);
+  take_place(a, at, x, false);
   DeviceCounters::bump(services_.counters.device_maps);
   if (services_.history.active())
     services_.trace(TraceAction::segment_map, address, bytes, 0, nullptr);
@@ -289,6 +281,20 @@ void CompactPool::unmap_range(std::uintptr_t address, std::size_t bytes) {
                       " of policy:compact memory on device " + std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
   DeviceCounters::bump(services_.counters.device_unmaps);
+}
+
+// Pages [at, at + x->pages) of a name x (mapped there, ghosts there gone).
+void CompactPool::take_place(Arena& a, std::size_t at, Extent* x, bool accessible) {
+  for (std::size_t i = at; i < at + x->pages; ++i) {
+    a.pages[i].extent = x;
+    a.pages[i].ghost = nullptr;
+    a.pages[i].fence.clear();
+  }
+  x->arena = &a;
+  x->first = at;
+  x->accessible = accessible;
+  a.segment->mapped_bytes += x->pages * page_;
+  a.mapped_end = std::max(a.mapped_end, at + x->pages);
 }
 
 // x's pages lose it (they name ghost instead: x itself, or nullptr).
@@ -345,16 +351,7 @@ void CompactPool::return_to_ghost(Extent* x) {
     if (x->listed) list_remove(x);
     retire(x);  // no older ghost now: no device call
   }
-  for (std::size_t i = at; i < at + x->pages; ++i) {
-    g.pages[i].ghost = nullptr;
-    g.pages[i].extent = x;
-    g.pages[i].fence.clear();
-  }
-  x->arena = &g;
-  x->first = at;
-  x->accessible = true;  // a ghost keeps the access it had
-  g.segment->mapped_bytes += x->pages * page_;
-  g.mapped_end = std::max(g.mapped_end, at + x->pages);
+  take_place(g, at, x, true);  // a ghost keeps the access it had
 }
 
 bool CompactPool::movable(Extent& x) {

@@ -144,6 +144,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   Extent* create_extent(std::size_t pages);
   void map_extent(Arena& a, std::size_t at, Extent* x);  // throws with nothing changed
   void unmap_range(std::uintptr_t address, std::size_t bytes);
+  void take_place(Arena& a, std::size_t at, Extent* x, bool accessible);
   void leave_place(Extent* x, Extent* ghost);
   void unmap_extent(Extent* x);  // its fences have completed; throws with nothing changed
   // x (mapped, free, its fences complete) leaves its place without a device call: it
@@ -177,7 +178,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   Extent *reclaim_head_ = nullptr, *reclaim_tail_ = nullptr;  // mapped, no live page; oldest first
   std::vector<Extent*> spare_;  // unmapped extents, kept for the next request
   // Scratch of back_pages (kept to spare an allocation per request).
-  std::vector<Extent*> unlisted_, placed_, candidates_;
+  std::vector<Extent*> unlisted_, placed_;
   std::size_t page_ = 0;  // mapping granularity
 };
 
