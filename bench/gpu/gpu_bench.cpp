@@ -5,6 +5,7 @@
 //   - c10: PyTorch's native caching allocator (only when built with TORCH_DIR);
 //   - cudaMallocAsync/cudaFreeAsync on the default pool, release threshold UINT64_MAX;
 //   - cudaMalloc/cudaFree;
+//   - Reservoir under policy:compact (docs/memory.md);
 //   - Reservoir with backend:cudaMallocAsync (a pool of its own, Reservoir's books on top).
 // Then every single allocate and free call timed on its own (latency_bench.cpp):
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
@@ -51,39 +52,35 @@ using reservoir_bench::Api;
 
 // ---- The allocators, behind one shape of call (bench_api.hpp) ---------------------
 
-reservoir::Allocator* g_reservoir = nullptr;
+// Reservoir under its settings, one instance per column: kReservoir (the defaults, or
+// RESERVOIR_ALLOC_CONF), kReservoirCompact (policy:compact), kReservoirAsync
+// (backend:cudaMallocAsync: its own driver pool under Reservoir's books).
+enum ReservoirColumn { kReservoir, kReservoirCompact, kReservoirAsync, kReservoirColumns };
+reservoir::Allocator* g_reservoir[kReservoirColumns] = {};
 cudaMemPool_t g_pool = nullptr;
 
+template <int I>
 void* reservoir_alloc(std::size_t n, cudaStream_t s) {
-  return g_reservoir->allocate(n, reinterpret_cast<reservoir::StreamHandle>(s), 0);
+  return g_reservoir[I]->allocate(n, reinterpret_cast<reservoir::StreamHandle>(s), 0);
 }
+template <int I>
 void reservoir_free(void* p, cudaStream_t) {
-  g_reservoir->deallocate(p);
+  g_reservoir[I]->deallocate(p);
 }
+template <int I>
 void reservoir_reset() {
   CK(cudaDeviceSynchronize());
-  g_reservoir->empty_cache();
-  g_reservoir->reset_peak_stats(0);
+  g_reservoir[I]->empty_cache();
+  g_reservoir[I]->reset_peak_stats(0);
 }
+template <int I>
 std::uint64_t reservoir_peak() {
-  return static_cast<std::uint64_t>(g_reservoir->stats(0).reserved_bytes.all().peak);
+  return static_cast<std::uint64_t>(g_reservoir[I]->stats(0).reserved_bytes.all().peak);
 }
-
-// Reservoir with backend:cudaMallocAsync (its own driver pool under Reservoir's books).
-reservoir::Allocator* g_reservoir_async = nullptr;
-void* reservoir_async_alloc(std::size_t n, cudaStream_t s) {
-  return g_reservoir_async->allocate(n, reinterpret_cast<reservoir::StreamHandle>(s), 0);
-}
-void reservoir_async_free(void* p, cudaStream_t) {
-  g_reservoir_async->deallocate(p);
-}
-void reservoir_async_reset() {
-  CK(cudaDeviceSynchronize());
-  g_reservoir_async->empty_cache();
-  g_reservoir_async->reset_peak_stats(0);
-}
-std::uint64_t reservoir_async_peak() {
-  return static_cast<std::uint64_t>(g_reservoir_async->stats(0).reserved_bytes.all().peak);
+template <int I>
+std::unique_ptr<Api> reservoir_api(const char* name) {
+  return std::make_unique<Api>(Api{name, reservoir_alloc<I>, reservoir_free<I>, false,
+                                   reservoir_reset<I>, reservoir_peak<I>});
 }
 
 void* async_alloc(std::size_t n, cudaStream_t s) {
@@ -263,10 +260,11 @@ ReplayResult replay(const Api& a, const Trace& t, const std::vector<cudaStream_t
 
 // ---- Report ------------------------------------------------------------------------
 
-// columns: reservoir, c10, cudaMallocAsync, cudaMalloc, Reservoir backend:cudaMallocAsync
-constexpr int kApis = 5;
-const char* const kColumn[kApis] = {"Reservoir", "PyTorch c10", "cudaMallocAsync", "cudaMalloc",
-                                    "Reservoir async"};
+// columns: reservoir, c10, cudaMallocAsync, cudaMalloc, Reservoir policy:compact,
+// Reservoir backend:cudaMallocAsync
+constexpr int kApis = 6;
+const char* const kColumn[kApis] = {"Reservoir",  "PyTorch c10",       "cudaMallocAsync",
+                                    "cudaMalloc", "Reservoir compact", "Reservoir async"};
 
 struct Row {
   std::string pattern;
@@ -354,10 +352,13 @@ int main(int argc, char** argv) {
 
     reservoir::Allocator reservoir_allocator(std::make_shared<reservoir::CudaBackend>(),
                                              reservoir::Config::from_environment());
-    g_reservoir = &reservoir_allocator;
+    reservoir::Allocator reservoir_compact(std::make_shared<reservoir::CudaBackend>(),
+                                           reservoir::Config::parse("policy:compact"));
     reservoir::Allocator reservoir_async(std::make_shared<reservoir::CudaBackend>(),
                                          reservoir::Config::parse("backend:cudaMallocAsync"));
-    g_reservoir_async = &reservoir_async;
+    g_reservoir[kReservoir] = &reservoir_allocator;
+    g_reservoir[kReservoirCompact] = &reservoir_compact;
+    g_reservoir[kReservoirAsync] = &reservoir_async;
 #if defined(RESERVOIR_BENCH_WITH_C10)
     reservoir_bench::c10_api::init();
 #endif
@@ -369,8 +370,7 @@ int main(int argc, char** argv) {
 
     // Columns in kColumn order; a missing allocator leaves its column n/a.
     std::unique_ptr<Api> apis[kApis];
-    apis[0] = std::make_unique<Api>(
-        Api{"reservoir", reservoir_alloc, reservoir_free, false, reservoir_reset, reservoir_peak});
+    apis[0] = reservoir_api<kReservoir>("reservoir");
 #if defined(RESERVOIR_BENCH_WITH_C10)
     apis[1] = std::make_unique<Api>(Api{"c10", reservoir_bench::c10_api::alloc,
                                         reservoir_bench::c10_api::free, false, c10_reset,
@@ -380,9 +380,8 @@ int main(int argc, char** argv) {
         Api{"cudaMallocAsync", async_alloc, async_free, false, async_reset, async_peak});
     apis[3] = std::make_unique<Api>(
         Api{"cudaMalloc", plain_alloc, plain_free, true, plain_reset, plain_peak});
-    apis[4] = std::make_unique<Api>(Api{"reservoir backend:cudaMallocAsync", reservoir_async_alloc,
-                                        reservoir_async_free, false, reservoir_async_reset,
-                                        reservoir_async_peak});
+    apis[4] = reservoir_api<kReservoirCompact>("reservoir policy:compact");
+    apis[5] = reservoir_api<kReservoirAsync>("reservoir backend:cudaMallocAsync");
 
     const std::string conf = reservoir_allocator.config().to_string();
     char setup[512];
@@ -432,7 +431,7 @@ int main(int argc, char** argv) {
     auto row = [&](const std::string& pattern, bool ratio = false) -> Row& {
       for (Row& r : rows)
         if (r.pattern == pattern) return r;
-      Row r{pattern, {-1, -1, -1, -1, -1}, ratio};
+      Row r{pattern, {-1, -1, -1, -1, -1, -1}, ratio};
       rows.push_back(r);
       return rows.back();
     };
@@ -497,7 +496,7 @@ int main(int argc, char** argv) {
                      "from an emptied cache and runs an untimed warm-up first. " +
                          clock_line + "\n\n" + reservoir_bench::markdown_table(latency_table));
     }
-    g_reservoir = nullptr;
+    for (auto*& r : g_reservoir) r = nullptr;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "reservoir_gpu_bench: %s\n", e.what());
     return 1;

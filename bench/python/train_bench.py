@@ -270,6 +270,12 @@ def run_worker(args):
                 "num_device_free",
             )
         },
+        # Reservoir's device calls and cross-stream waits (not in PyTorch's stats).
+        "device_calls": {
+            key: end_stats[key]
+            for key in ("num_device_map", "num_device_unmap", "num_stream_waits")
+            if key in end_stats
+        },
         "checkpoint": {
             "live_state_bytes": live_bytes,
             "probe_bytes": probe_bytes,
@@ -368,6 +374,10 @@ def main(argv=None):
                              "and ALLOCATOR:SETTINGS (PYTORCH_CUDA_ALLOC_CONF for pytorch, "
                              "Reservoir's config for reservoir), e.g. "
                              "pytorch,pytorch:expandable_segments:True,reservoir:policy:compact")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each variant, interleaved (A B C A B C ...): the median "
+                             "is over the steps of all rounds, so that a slow spell of the host "
+                             "or the GPU falls on every variant alike")
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--json", default=None, help="write all results to this file")
     # Worker mode.
@@ -393,18 +403,33 @@ def main(argv=None):
         warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[model]
         warmup = min(warmup, steps - 1)
         per_allocator = {}
-        for variant in variants:
-            allocator, _, setting = variant.partition(":")
-            print("running %s on %s (%d steps)..." % (model, variant, steps), flush=True)
-            extra_env = {"PYTORCH_CUDA_ALLOC_CONF": setting} if allocator == "pytorch" and setting else None
-            config = (setting or args.config) if allocator == "reservoir" else None
-            result = run_training(model, allocator, steps=steps, seed=args.seed,
-                                  deterministic=args.deterministic, attn=args.attn,
-                                  config=config, extra_env=extra_env)
-            result["median_step_s"] = statistics.median(result["step_times"][warmup:])
-            result["variant"] = variant
-            per_allocator[variant] = result
-            results.append(result)
+        for round_index in range(max(1, args.rounds)):
+            for variant in variants:
+                allocator, _, setting = variant.partition(":")
+                print("running %s on %s (%d steps, round %d of %d)..."
+                      % (model, variant, steps, round_index + 1, args.rounds), flush=True)
+                extra_env = ({"PYTORCH_CUDA_ALLOC_CONF": setting}
+                             if allocator == "pytorch" and setting else None)
+                config = (setting or args.config) if allocator == "reservoir" else None
+                result = run_training(model, allocator, steps=steps, seed=args.seed,
+                                      deterministic=args.deterministic, attn=args.attn,
+                                      config=config, extra_env=extra_env)
+                result["median_step_s"] = statistics.median(result["step_times"][warmup:])
+                result["variant"] = variant
+                result["round"] = round_index
+                results.append(result)
+                per_allocator.setdefault(variant, []).append(result)
+        # Per variant: the first round's result, its median over every round's steps.
+        merged = {}
+        for variant, runs in per_allocator.items():
+            r = dict(runs[0])
+            r["median_step_s"] = statistics.median(
+                [t for run in runs for t in run["step_times"][warmup:]])
+            r["round_medians_s"] = [run["median_step_s"] for run in runs]
+            r["peak_reserved"] = max(run["peak_reserved"] for run in runs)
+            r["losses_agree"] = all(run["losses"] == runs[0]["losses"] for run in runs)
+            merged[variant] = r
+        per_allocator = merged
         base = per_allocator[variants[0]]
         for variant in variants:
             r = per_allocator[variant]
@@ -417,12 +442,14 @@ def main(argv=None):
                 _mib(r["peak_allocated"]),
                 str(r["end_stats"]["num_device_alloc"]),
                 "%.4f" % r["losses"][-1] if math.isfinite(r["losses"][-1]) else "nan",
+                " / ".join("%.1f" % (m * 1e3) for m in r["round_medians_s"]),
             ))
-        same = all(per_allocator[v]["losses"] == base["losses"] for v in variants)
-        rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", ""))
+        same = all(per_allocator[v]["losses"] == base["losses"] and per_allocator[v]["losses_agree"]
+                   for v in variants)
+        rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", "", ""))
 
     header = ("model", "allocator", "median step", "vs torch", "peak reserved", "vs torch",
-              "peak allocated", "device allocs", "final loss")
+              "peak allocated", "device allocs", "final loss", "round medians (ms)")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
     print()
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
@@ -430,9 +457,9 @@ def main(argv=None):
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     if results:
-        print("\n%s, torch %s; median over steps after warm-up; peak reserved: "
-              "torch.cuda.max_memory_reserved() vs reservoir reserved_bytes.all.peak"
-              % (results[0]["device"], results[0]["torch"]))
+        print("\n%s, torch %s; median over steps after warm-up (of %d round(s), interleaved); "
+              "peak reserved: torch.cuda.max_memory_reserved() vs reservoir "
+              "reserved_bytes.all.peak" % (results[0]["device"], results[0]["torch"], args.rounds))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)

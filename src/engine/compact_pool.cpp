@@ -19,7 +19,7 @@ constexpr int kReclaimProbes = 16;
 // access grant whatever its size (tens of microseconds on an H200), so large ones
 // make stitching cheap per byte; bounded so that one block cannot pin a great deal
 // of free memory (an extent moves only whole).
-constexpr std::size_t kMaxExtentPages = 8;
+constexpr std::size_t kMaxExtentPages = 16;
 // Pages an arena grows by at least, at its frontier.
 constexpr std::size_t kGrowPages = 4;
 // Free blocks after the best fit examined for one whose memory is all there.

@@ -141,6 +141,10 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   // Pages of ghosts counted at their first page, less the pages naming them: 0 when every
   // ghost's pages name it.
   std::ptrdiff_t ghost_pages = 0;
+  {
+    const std::string fences = fences_.problem();
+    RESERVOIR_CHECK(fences.empty(), "stream markers: " + fences);
+  }
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");

@@ -39,11 +39,15 @@ void StreamEvents::record(Timeline& t) {
   }
   t.pending.emplace_back(t.wanted, e);
   t.wanted = 0;
+  t.deferred = 0;
 }
 
 void StreamEvents::settle(StreamHandle stream) {
   for (Timeline& t : timelines_)
-    if (t.stream == stream) return record(t);
+    if (t.stream == stream) {
+      if (t.wanted != 0 && ++t.deferred == kSettleEvery) record(t);
+      return;
+    }
 }
 
 void StreamEvents::poll(Timeline& t) {
@@ -95,6 +99,26 @@ int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
     ++waits;
   }
   return waits;
+}
+
+std::string StreamEvents::problem() const {
+  for (const Timeline& t : timelines_) {
+    auto stream = [&] { return "stream " + std::to_string(t.stream) + ": "; };
+    std::uint64_t last = t.completed;
+    for (const auto& [seq, event] : t.pending) {
+      if (seq <= last)
+        return stream() + "pending marker " + std::to_string(seq) + " not after " +
+               std::to_string(last);
+      last = seq;
+    }
+    if (t.wanted != 0 && t.wanted <= last)
+      return stream() + "owed marker " + std::to_string(t.wanted) + " not after " +
+             std::to_string(last);
+    if (t.wanted == 0 ? t.deferred != 0 : t.deferred >= kSettleEvery)
+      return stream() + std::to_string(t.deferred) + " allocations deferred its marker";
+    if (std::max(last, t.wanted) >= next_seq_) return stream() + "a marker from the future";
+  }
+  return {};
 }
 
 void StreamEvents::host_waited(StreamHandle stream) {
