@@ -75,7 +75,7 @@ class DeviceEngine {
     if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
       return allocate_with_context(requested, stream);
     StreamPool& p = pool(stream);
-    if (std::uintptr_t address = p.allocate_cached(requested, kNoContext)) return address;
+    if (std::uintptr_t address = p.allocate_cached(requested, kNoContext, false)) return address;
     return allocate_slow(p, requested, kNoContext);
   }
   // The pool of stream, created on first use. Lock-free once created.

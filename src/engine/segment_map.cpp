@@ -41,23 +41,6 @@ SegmentMap::Slot* SegmentMap::slot(std::uint64_t page, bool create) {
   return &leaf->slots[low];
 }
 
-Segment* SegmentMap::find(std::uintptr_t address) const noexcept {
-  std::uint64_t page = static_cast<std::uint64_t>(address) >> kPageBits;
-  if ((page >> (3 * kLevelBits)) != 0) return nullptr;
-  const Middle* middle =
-      root_[(page >> (2 * kLevelBits)) & (kFanout - 1)].load(std::memory_order_acquire);
-  if (!middle) return nullptr;
-  const Leaf* leaf =
-      middle->leaves[(page >> kLevelBits) & (kFanout - 1)].load(std::memory_order_acquire);
-  if (!leaf) return nullptr;
-  const Slot& s = leaf->slots[page & (kFanout - 1)];
-  for (Segment* seg :
-       {s.first.load(std::memory_order_acquire), s.second.load(std::memory_order_acquire)}) {
-    if (seg && seg->holds(address)) return seg;
-  }
-  return nullptr;
-}
-
 void SegmentMap::insert(Segment* segment) {
   insert(segment, segment->base, segment->size);
 }

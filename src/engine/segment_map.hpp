@@ -14,9 +14,10 @@
 #include <cstdint>
 #include <mutex>
 
-namespace reservoir::detail {
+#include "engine/block.hpp"
+#include "util/compiler.hpp"
 
-struct Segment;
+namespace reservoir::detail {
 
 class SegmentMap {
  public:
@@ -25,8 +26,22 @@ class SegmentMap {
   SegmentMap(const SegmentMap&) = delete;
   SegmentMap& operator=(const SegmentMap&) = delete;
 
-  // The live segment containing address, or nullptr.
-  Segment* find(std::uintptr_t address) const noexcept;
+  // The live segment containing address, or nullptr. Inline: every free starts here.
+  Segment* find(std::uintptr_t address) const noexcept {
+    const std::uint64_t page = static_cast<std::uint64_t>(address) >> kPageBits;
+    if (RESERVOIR_UNLIKELY((page >> (3 * kLevelBits)) != 0)) return nullptr;
+    const Middle* middle =
+        root_[(page >> (2 * kLevelBits)) & (kFanout - 1)].load(std::memory_order_acquire);
+    if (RESERVOIR_UNLIKELY(!middle)) return nullptr;
+    const Leaf* leaf =
+        middle->leaves[(page >> kLevelBits) & (kFanout - 1)].load(std::memory_order_acquire);
+    if (RESERVOIR_UNLIKELY(!leaf)) return nullptr;
+    const Slot& s = leaf->slots[page & (kFanout - 1)];
+    if (Segment* seg = s.first.load(std::memory_order_acquire); seg && seg->holds(address))
+      return seg;
+    Segment* seg = s.second.load(std::memory_order_acquire);
+    return seg && seg->holds(address) ? seg : nullptr;
+  }
   // pre: segment's range overlaps no registered segment.
   void insert(Segment* segment);
   void erase(Segment* segment);

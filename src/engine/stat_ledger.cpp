@@ -1,6 +1,7 @@
 #include "engine/stat_ledger.hpp"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace reservoir::detail {
 
@@ -38,6 +39,57 @@ ShardCounters::ShardCounters() {
     }
 }
 
+namespace {
+// The headrooms a guard unit covers: the quantities of that unit that on_allocate
+// raises (the second is -1 for requested bytes).
+constexpr int kGuarded[kGuardUnits][2] = {{rAllocation, rActive},
+                                          {rAllocatedBytes, rActiveBytes},
+                                          {rRequestedBytes, -1},
+                                          {rInactiveSplit, -1},
+                                          {rInactiveSplitBytes, -1}};
+}  // namespace
+
+// limit - value over unit u's quantities in scope (0 all, 1 small, 2 large), the
+// smallest of them.
+static std::int64_t headroom(const ShardCounters& s, int u, int scope) {
+  std::int64_t h = INT64_MAX;
+  for (int q : kGuarded[u]) {
+    if (q < 0) continue;
+    const std::int64_t value =
+        scope == 0 ? s.reported(q, 0) + s.reported(q, 1) : s.reported(q, scope - 1);
+    h = std::min(h, s.limit[q][scope].load(std::memory_order_relaxed) - value);
+  }
+  return h;
+}
+
+void ShardCounters::unguarded(int pool) noexcept {
+  // The exact check, as every raise does it (pool and overall, each guarded quantity),
+  // then the guards of both scopes from the same headrooms.
+  const std::uint64_t epoch = limits_epoch.load(std::memory_order_acquire);
+  if (epoch != guard_epoch) {
+    for (auto& unit : guard) unit[0] = unit[1] = unit[2] = 0;
+    guard_epoch = epoch;
+  }
+  for (int u = 0; u < kGuardUnits; ++u)
+    for (int scope : {1 + pool, 0}) {
+      const std::int64_t h = headroom(*this, u, scope);
+      if (h < 0) over = true;
+      guard[u][scope] = std::max<std::int64_t>(0, h);
+    }
+}
+
+bool ShardCounters::guards_hold() const noexcept {
+  const std::uint64_t epoch = limits_epoch.load(std::memory_order_acquire);
+  // Stale (recomputed before use), or a rebalance is due (it makes them stale).
+  if (epoch != guard_epoch || over) return true;
+  bool ok = true;
+  for (int u = 0; u < kGuardUnits; ++u)
+    for (int scope = 0; scope < 3; ++scope)
+      ok &= guard[u][scope] >= 0 && guard[u][scope] <= headroom(*this, u, scope);
+  // A limit written meanwhile (another shard's rebalance) makes the check moot.
+  return ok || limits_epoch.load(std::memory_order_acquire) != epoch;
+}
+
 void StatLedger::attach(ShardCounters* shard) {
   std::lock_guard<std::mutex> guard(mutex_);
   shards_.push_back(shard);
@@ -54,6 +106,10 @@ void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
   trigger->over = false;
   trigger->last_trigger = ++epoch_;
+  // The trigger's guards may have been credited past a limit during the operation
+  // (a quantity over its limit, then lowered): they are recomputed, whether or not a
+  // limit changes below.
+  trigger->limits_epoch.fetch_add(1, std::memory_order_release);
   for (int q = 0; q < kReportedKinds; ++q)
     for (int p = 0; p < 3; ++p)
       if (reported_all(trigger, q, p) > trigger->limit[q][p].load(std::memory_order_relaxed))
@@ -99,6 +155,8 @@ void StatLedger::rebalance_one(int q, int p) {
         extra = static_cast<std::int64_t>(static_cast<int128>(want_[i]) * headroom / wanted);
     }
     shards_[i]->limit[q][p].store(cur_[i] + extra, std::memory_order_relaxed);
+    // After the limit (release): a shard that sees the new epoch sees the new limit.
+    shards_[i]->limits_epoch.fetch_add(1, std::memory_order_release);
   }
 }
 

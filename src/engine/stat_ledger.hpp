@@ -20,6 +20,16 @@
 //   active == allocation + pending,  active_bytes == allocated_bytes + pending_bytes
 // A deferred free moves a block from allocation to pending (active unchanged), so a
 // cache hit and its free each update three counters (count, bytes, requested).
+//
+// Guards: the seven quantities a cache hit and its split raise (allocation, active,
+// allocated_bytes, active_bytes, requested_bytes, inactive_split and its bytes) are not
+// compared with their fourteen limits on every operation. Each shard keeps, per pool,
+// how far they may still rise in five units (blocks, bytes, requested bytes, split
+// blocks, split bytes) before one could pass a limit; an allocation that stays within
+// them costs three subtractions and one compare, and only one that would not does the
+// exact check (which sets `over` as before) and recomputes them. A free or a merge
+// gives back what it lowered. The limits themselves, and so the peaks, are exactly
+// those of the exact check: the guards only skip compares that cannot fire.
 #pragma once
 
 #include <atomic>
@@ -28,6 +38,7 @@
 #include <vector>
 
 #include "reservoir/stats.hpp"
+#include "util/compiler.hpp"
 
 namespace reservoir::detail {
 
@@ -45,6 +56,16 @@ enum StatKind : int {
   kOversizeAllocations,  // pool-less: kept under the pool of the block
   kOversizeSegments,
   kStatKinds
+};
+
+// The units of ShardCounters' guards.
+enum GuardUnit : int {
+  kGuardBlocks,
+  kGuardBytes,
+  kGuardRequested,
+  kGuardSplitBlocks,
+  kGuardSplitBytes,
+  kGuardUnits
 };
 
 // What is reported (DeviceStats' order: the nine StatArrays, then the oversize pair),
@@ -73,6 +94,20 @@ struct alignas(64) ShardCounters {
   std::atomic<std::int64_t> limit[kReportedKinds][3];
   // Set when a quantity passed its limit during the current operation.
   bool over = false;
+  // Owner-only, per unit and scope s (as limit's: 0 all, 1 small, 2 large). With
+  // h(q, s) = limit[q][s] - (q's value in scope s) and while guard_epoch ==
+  // limits_epoch (no limit written since they were computed):
+  //   0 <= guard[kGuardBlocks][s] <= min(h(rAllocation, s), h(rActive, s)),
+  //   0 <= guard[kGuardBytes][s] <= min(h(rAllocatedBytes, s), h(rActiveBytes, s)),
+  //   0 <= guard[kGuardRequested][s] <= h(rRequestedBytes, s),
+  //   0 <= guard[kGuardSplitBlocks][s] <= h(rInactiveSplit, s),
+  //   0 <= guard[kGuardSplitBytes][s] <= h(rInactiveSplitBytes, s),
+  // so a rise within guard[u][1 + pool] and guard[u][0] passes no limit; a change in
+  // pool takes from (or gives back to) both. Checked by guards_hold() (the validator).
+  std::int64_t guard[kGuardUnits][3] = {};
+  std::uint64_t guard_epoch = ~std::uint64_t{0};  // none computed yet
+  // Bumped by the ledger (release) after it wrote this shard's limits.
+  std::atomic<std::uint64_t> limits_epoch{0};
   // Cold: accumulation bases, own high-water marks as last observed by the ledger
   // (the budget a shard claims), and the ledger epoch of its last rebalance (a shard
   // idle for a while gives up its claims).
@@ -106,16 +141,55 @@ struct alignas(64) ShardCounters {
     else if (delta < 0)
       lower<kind>(pool, -delta);
   }
-  // A block handed out / given back by the program: one delta per operation.
-  void on_allocate(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
-    raise<kAllocation>(pool, 1);
-    raise<kAllocatedBytes>(pool, bytes);
-    raise<kRequestedBytes>(pool, requested);
+  // A block handed out / given back by the program: one delta per operation. The
+  // hot pair of the engine: three counter stores and, within the guards, three
+  // subtractions and one compare.
+  RESERVOIR_INLINE void on_allocate(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
+    current[kAllocation][pool].store(get(kAllocation, pool) + 1, std::memory_order_relaxed);
+    current[kAllocatedBytes][pool].store(get(kAllocatedBytes, pool) + bytes,
+                                         std::memory_order_relaxed);
+    current[kRequestedBytes][pool].store(get(kRequestedBytes, pool) + requested,
+                                         std::memory_order_relaxed);
+    const int s = 1 + pool;
+    const std::int64_t n = guard[kGuardBlocks][s] - 1, n0 = guard[kGuardBlocks][0] - 1;
+    const std::int64_t b = guard[kGuardBytes][s] - bytes, b0 = guard[kGuardBytes][0] - bytes;
+    const std::int64_t r = guard[kGuardRequested][s] - requested;
+    const std::int64_t r0 = guard[kGuardRequested][0] - requested;
+    if (RESERVOIR_LIKELY((n | n0 | b | b0 | r | r0) >= 0 &&
+                         guard_epoch == limits_epoch.load(std::memory_order_relaxed))) {
+      guard[kGuardBlocks][s] = n;
+      guard[kGuardBlocks][0] = n0;
+      guard[kGuardBytes][s] = b;
+      guard[kGuardBytes][0] = b0;
+      guard[kGuardRequested][s] = r;
+      guard[kGuardRequested][0] = r0;
+      return;
+    }
+    unguarded(pool);
   }
-  void on_free(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
+  RESERVOIR_INLINE void on_free(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
     lower<kAllocation>(pool, 1);
     lower<kAllocatedBytes>(pool, bytes);
     lower<kRequestedBytes>(pool, requested);
+    // Every guarded quantity fell by as much in the pool and overall (stale guards are
+    // recomputed from scratch, so crediting them is harmless).
+    credit(kGuardBlocks, pool, 1);
+    credit(kGuardBytes, pool, bytes);
+    credit(kGuardRequested, pool, requested);
+  }
+  // Whether the guards' invariant holds (true while they are stale).
+  bool guards_hold() const noexcept;
+  // Inactive split blocks change by blocks and bytes (a split or a merge; either
+  // sign): within the guards as cheap as a cache hit's counters.
+  RESERVOIR_INLINE void on_split_change(int pool, std::int64_t blocks,
+                                        std::int64_t bytes) noexcept {
+    const bool a = guarded_change<kInactiveSplit, kGuardSplitBlocks>(pool, blocks);
+    const bool b = guarded_change<kInactiveSplitBytes, kGuardSplitBytes>(pool, bytes);
+    if (RESERVOIR_UNLIKELY(
+            (a | b) && !((guard[kGuardSplitBlocks][1 + pool] | guard[kGuardSplitBlocks][0] |
+                          guard[kGuardSplitBytes][1 + pool] | guard[kGuardSplitBytes][0]) >= 0 &&
+                         guard_epoch == limits_epoch.load(std::memory_order_relaxed))))
+      unguarded(pool);
   }
   // A freed block waits for other streams (allocation -> pending; its requested bytes
   // stay counted until the free completes), and completes.
@@ -166,30 +240,68 @@ struct alignas(64) ShardCounters {
         return -1;  // pending kinds are reported only inside the derived two
     }
   }
+  std::int64_t lim(int q, int scope) const noexcept {
+    return limit[q][scope].load(std::memory_order_relaxed);
+  }
   // mine: the quantity's new value in pool; all: its new value over both pools.
-  void check(int q, int pool, std::int64_t mine, std::int64_t all) noexcept {
-    // Both compares, no branch between them (an int or, not a logical one).
-    over |= static_cast<bool>(
-        static_cast<int>(mine > limit[q][1 + pool].load(std::memory_order_relaxed)) |
-        static_cast<int>(all > limit[q][0].load(std::memory_order_relaxed)));
+  // Returns whether either passed its limit (both compares, no branch between them).
+  int passed(int q, int pool, std::int64_t mine, std::int64_t all) const noexcept {
+    return static_cast<int>(mine > lim(q, 1 + pool)) | static_cast<int>(all > lim(q, 0));
+  }
+  // A change of a guarded kind by delta: a fall gives its guard back, a rise takes it
+  // (returns true; the guard may now be negative: the caller checks).
+  template <int kind, int unit>
+  RESERVOIR_INLINE bool guarded_change(int pool, std::int64_t delta) noexcept {
+    if (delta > 0) {
+      current[kind][pool].store(get(kind, pool) + delta, std::memory_order_relaxed);
+      credit(unit, pool, -delta);
+      return true;
+    }
+    if (delta < 0) {
+      lower<kind>(pool, -delta);
+      credit(unit, pool, -delta);
+    }
+    return false;
+  }
+  // A guarded quantity of pool fell by delta (rose, if negative): in its pool and
+  // overall alike.
+  RESERVOIR_INLINE void credit(int unit, int pool, std::int64_t delta) noexcept {
+    guard[unit][1 + pool] += delta;
+    guard[unit][0] += delta;
   }
   template <int kind>
   void raise(int pool, std::int64_t delta) noexcept {
+    if (raised<kind>(pool, delta)) over = true;
+  }
+  // The exact check of a change the guards did not cover (its counters already
+  // stored), then the guards of pool recomputed.
+  RESERVOIR_COLD void unguarded(int pool) noexcept;
+  // The increase of one counter; returns whether a reported quantity it feeds passed
+  // its limit (the caller sets `over`, once per operation).
+  template <int kind>
+  int raised(int pool, std::int64_t delta) noexcept {
     const int other = pool ^ 1;
     const std::int64_t v = get(kind, pool) + delta;
     current[kind][pool].store(v, std::memory_order_relaxed);
     const std::int64_t v_all = v + get(kind, other);
-    if constexpr (reported_of(kind) >= 0) check(reported_of(kind), pool, v, v_all);
+    // A guarded quantity raised outside on_allocate: the guards no longer hold.
+    if constexpr (kind == kAllocation || kind == kAllocatedBytes || kind == kRequestedBytes ||
+                  kind == kPending || kind == kPendingBytes || kind == kInactiveSplit ||
+                  kind == kInactiveSplitBytes)
+      guard_epoch = ~std::uint64_t{0};
+    int hit = 0;
+    if constexpr (reported_of(kind) >= 0) hit = passed(reported_of(kind), pool, v, v_all);
     // The derived quantities rise with either of their two kinds.
     if constexpr (kind == kAllocation || kind == kPending) {
       constexpr int partner = kind == kAllocation ? kPending : kAllocation;
       const std::int64_t p = get(partner, pool);
-      check(rActive, pool, v + p, v_all + p + get(partner, other));
+      hit |= passed(rActive, pool, v + p, v_all + p + get(partner, other));
     } else if constexpr (kind == kAllocatedBytes || kind == kPendingBytes) {
       constexpr int partner = kind == kAllocatedBytes ? kPendingBytes : kAllocatedBytes;
       const std::int64_t p = get(partner, pool);
-      check(rActiveBytes, pool, v + p, v_all + p + get(partner, other));
+      hit |= passed(rActiveBytes, pool, v + p, v_all + p + get(partner, other));
     }
+    return hit;
   }
   template <int kind>
   void lower(int pool, std::int64_t delta) noexcept {

@@ -19,6 +19,8 @@ constexpr std::size_t kSetNodeSize = 64;
 
 StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
     : services_(services),
+      policy_(services.policy()),
+      history_(services.history),
       stream_(stream),
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
@@ -113,7 +115,8 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
   return b;
 }
 
-std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context) {
+std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context,
+                                           bool traced) {
   Guard guard(lock_);
   // No event queries while a capture is under way (illegal then): pending frees wait.
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
@@ -121,7 +124,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
   const PoolIndex pool = SizePolicy::pool_for(size);
   Block* b = find_free(pool, size);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context);
+  std::uintptr_t address = hand_out(b, size, requested, context, traced);
   finish_operation();
   return address;
 }
@@ -132,7 +135,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context);
+  std::uintptr_t address = hand_out(b, size, requested, context, tracing());
   finish_operation();
   return address;
 }
@@ -145,7 +148,7 @@ std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const C
   Block* b = find_free(pool, size);
   if (!b) b = new_segment_block(guard, size, pool, true, context);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context);
+  std::uintptr_t address = hand_out(b, size, requested, context, tracing());
   finish_operation();
   return address;
 }
@@ -197,8 +200,8 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
 // Serves size bytes from the free block b, splitting off the remainder when the
 // policy says so; returns the address handed to the program.
 RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
-                                                     std::size_t requested,
-                                                     const Context& context) {
+                                                     std::size_t requested, const Context& context,
+                                                     bool traced) {
   const PoolIndex pool = b->pool();
   const bool counts_split = !b->segment->expandable;  // PyTorch counts none in expandable
   const bool already_split = b->is_split();
@@ -216,19 +219,15 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
     b->size -= size;
     reposition_free(b);
     if (counts_split) {
-      if (already_split) {
-        counters_.add<kInactiveSplitBytes>(pool, -static_cast<std::int64_t>(size));
-      } else {
-        counters_.add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
-        counters_.add<kInactiveSplit>(pool, 1);
-      }
+      if (already_split)
+        counters_.on_split_change(pool, 0, -static_cast<std::int64_t>(size));
+      else
+        counters_.on_split_change(pool, 1, static_cast<std::int64_t>(b->size));
     }
   } else {
     unindex_free(b);
-    if (already_split && counts_split) {
-      counters_.add<kInactiveSplitBytes>(pool, -static_cast<std::int64_t>(b->size));
-      counters_.add<kInactiveSplit>(pool, -1);
-    }
+    if (already_split && counts_split)
+      counters_.on_split_change(pool, -1, -static_cast<std::int64_t>(b->size));
     out = b;
     out->state = BlockState::allocated;
   }
@@ -238,7 +237,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
                         static_cast<std::int64_t>(requested));
   out->oversize = out->size >= policy().max_split_size();
   if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
-  if (__builtin_expect(tracing(), 0)) {
+  if (RESERVOIR_UNLIKELY(traced)) {
     trace(TraceAction::alloc, out->address, requested,
           services_.history.level() >= ContextLevel::alloc ? context : nullptr);
     if (context) out->extra().context = context;
@@ -253,7 +252,7 @@ bool StreamPool::free(std::uintptr_t address) {
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  release_block(b);
+  release_block(b, false);
   finish_operation();
   return true;
 }
@@ -266,21 +265,21 @@ bool StreamPool::free_traced(std::uintptr_t address) {
   Block* b = allocated_.erase(address);
   if (!b) return false;
   trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
-  release_block(b);
+  release_block(b, true);
   finish_operation();
   return true;
 }
 
 // The program gave b back (it is out of the allocated map): free it now, or once the
 // other streams that used it are done.
-RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
+RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced) {
   const PoolIndex pool = b->pool();
   if (b->oversize) counters_.add<kOversizeAllocations>(pool, -1);
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   if (RESERVOIR_LIKELY(!b->extras || b->extras->uses.empty())) {
     counters_.on_free(pool, bytes, requested);
-    free_block(b);
+    free_block(b, traced);
   } else {
     counters_.on_defer(pool, bytes);
     if (RESERVOIR_UNLIKELY(services_.capture.underway()))
@@ -291,14 +290,14 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b) {
 }
 
 void StreamPool::release_block_outlined(Block* b) {
-  release_block(b);
+  release_block(b, tracing());
 }
 
 // The block's memory is free for reuse on this stream (its counters are settled):
 // merge with free neighbours and put the result in the free set.
-RESERVOIR_INLINE void StreamPool::free_block(Block* b) {
+RESERVOIR_INLINE void StreamPool::free_block(Block* b, bool traced) {
   const PoolIndex pool = b->pool();
-  if (__builtin_expect(tracing(), 0))
+  if (RESERVOIR_UNLIKELY(traced))
     trace(TraceAction::free_completed, b->address, b->requested, b->context());
   if (b->extras) b->extras.reset();
   b->requested = 0;
@@ -311,8 +310,7 @@ RESERVOIR_INLINE void StreamPool::free_block(Block* b) {
       split_blocks += 1;
       split_bytes += static_cast<std::int64_t>(keep->size);
     }
-    if (split_blocks) counters_.add<kInactiveSplit>(pool, split_blocks);
-    if (split_bytes) counters_.add<kInactiveSplitBytes>(pool, split_bytes);
+    counters_.on_split_change(pool, split_blocks, split_bytes);
   }
 }
 
@@ -370,7 +368,7 @@ void StreamPool::defer_free(Block* b) {
   if (b->event_count == 0) {
     counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
                               static_cast<std::int64_t>(b->requested));
-    free_block(b);
+    free_block(b, tracing());
   } else {
     ++pending_blocks_;
   }
@@ -396,7 +394,7 @@ void StreamPool::process_events(bool wait) {
         --pending_blocks_;
         counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
                                   static_cast<std::int64_t>(b->requested));
-        free_block(b);
+        free_block(b, tracing());
       }
     }
   }
@@ -450,7 +448,7 @@ void StreamPool::flush_capture_deferred() {
     if (x.uses.empty()) {
       counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
                                 static_cast<std::int64_t>(b->requested));
-      free_block(b);
+      free_block(b, tracing());
       continue;
     }
     try {

@@ -82,8 +82,12 @@ class alignas(64) StreamPool final : public BlockOwner {
   // ---- Allocation: the cache hit, then the rungs of the out-of-memory ladder ----
   // Each returns the address of a block of at least requested bytes (requested > 0),
   // or 0 when that step cannot serve it. Device errors throw DeviceError.
-  // From cached blocks only (completing finished pending frees first).
-  std::uintptr_t allocate_cached(std::size_t requested, const Context& context);
+  // From cached blocks only (completing finished pending frees first). traced: history
+  // is on (read once per operation by the caller; the engine's fast path knows it off).
+  std::uintptr_t allocate_cached(std::size_t requested, const Context& context, bool traced);
+  std::uintptr_t allocate_cached(std::size_t requested, const Context& context) {
+    return allocate_cached(requested, context, tracing());
+  }
   // From a new device allocation (or newly mapped pages); retry counts a retry.
   std::uintptr_t allocate_new_segment(std::size_t requested, bool retry, const Context& context);
   // After a device-wide release: cached blocks freed meanwhile, else a new segment.
@@ -146,8 +150,8 @@ class alignas(64) StreamPool final : public BlockOwner {
     std::deque<Pending> entries;
   };
 
-  const SizePolicy& policy() const noexcept { return services_.policy(); }
-  bool tracing() const noexcept { return services_.history.active(); }
+  const SizePolicy& policy() const noexcept { return policy_; }
+  bool tracing() const noexcept { return history_.active(); }
   void trace(TraceAction action, std::uintptr_t address, std::size_t size,
              const Context& context) const {
     services_.trace(action, address, size, stream_, context, pool_id_);
@@ -171,8 +175,9 @@ class alignas(64) StreamPool final : public BlockOwner {
 
   // ---- allocation ----
   Block* find_free(PoolIndex pool, std::size_t size);
-  std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested,
-                          const Context& context);
+  // traced: history is on (the flag is loaded once per operation).
+  std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested, const Context& context,
+                          bool traced);
   Block* new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
                            const Context& context);
   // ---- expandable segments (expandable_pool.cpp) ----
@@ -187,9 +192,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
-  void release_block(Block* block);
+  void release_block(Block* block, bool traced);
   void release_block_outlined(Block* block);  // for the pool's other files
-  void free_block(Block* block);
+  void free_block(Block* block, bool traced);
   void defer_free(Block* block);
   RESERVOIR_COLD void defer_past_capture(Block* block);
   Segment* segment_at(std::uintptr_t base);
@@ -202,6 +207,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
+  // Of services_, what every request reads: one load fewer each (both are replaced in
+  // place by a configuration change, never moved).
+  const SizePolicy& policy_;
+  const History& history_;
   const StreamHandle stream_;
   Lock lock_;
   std::size_t pending_blocks_ = 0;

@@ -119,6 +119,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                   "allocated map holds " + std::to_string(allocated_.size()) + " blocks, " +
                       std::to_string(allocated_blocks) + " are allocated");
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
+  RESERVOIR_CHECK(counters_.guards_hold(),
+                  "statistics guards allow more than the limits' headroom (stat_ledger.hpp)");
   for (const Block* b : capture_deferred_)
     RESERVOIR_CHECK(b->state == BlockState::pending && b->event_count == 0 && b->extras,
                     "block " + at(b->address) + " deferred past a capture is not pending");

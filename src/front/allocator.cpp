@@ -16,6 +16,7 @@
 #include "front/ipc_service.hpp"
 #include "front/request_layers.hpp"
 #include "reservoir/sim_backend.hpp"
+#include "util/compiler.hpp"
 #include "util/format.hpp"
 #if RESERVOIR_HAVE_CUDA
 #include "reservoir/cuda_backend.hpp"
@@ -76,6 +77,14 @@ struct Allocator::Impl {
     return device;
   }
   detail::DeviceEngine& engine(int device) { return core->engine(resolve(device)); }
+  // Allocator::allocate past its one test: size 0 or too large, device -1 or
+  // invalid, or layers in the chain.
+  RESERVOIR_COLD void* allocate_checked(std::size_t size, StreamHandle stream, int device) {
+    if (size == 0) return nullptr;
+    const int d = resolve(device);
+    if (size >= kOneEiB) too_large(size, d);
+    return top.load(std::memory_order_acquire)->allocate(size, stream, d);
+  }
   detail::DeviceEngine& pool_engine(int device);  // throws in uncached mode
 
   // Rebuilds the chain above the recording layer (under layers_mutex).
@@ -186,19 +195,14 @@ Allocator& Allocator::instance() {
 
 void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   Impl& im = *impl_;
-  // One compare for both rare sizes: 0 and >= 1 EiB.
-  if (__builtin_expect(size - 1 >= kOneEiB - 1, 0)) {
-    if (size == 0) return nullptr;
-    too_large(size, static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count)
-                        ? device
-                        : im.resolve(device));
+  // The common call in one test: a size in (0, 1 EiB) (one compare for both ends), a
+  // device index that needs no resolving, and no layer around the engine.
+  if (RESERVOIR_LIKELY(size - 1 < kOneEiB - 1 &&
+                       static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count))) {
+    detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
+    if (RESERVOIR_LIKELY(top == im.core.get())) return im.core->allocate(size, stream, device);
   }
-  const int d = static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count)
-                    ? device
-                    : im.resolve(device);
-  detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
-  if (top == im.core.get()) return im.core->allocate(size, stream, d);  // no layer: inline
-  return top->allocate(size, stream, d);
+  return im.allocate_checked(size, stream, device);
 }
 
 void Allocator::deallocate(void* ptr) {

@@ -2,98 +2,103 @@
 // Open addressing with linear probing and backward-shift deletion (no tombstones),
 // so lookups stay short however many allocations come and go.
 //
-// Invariants: capacity is a power of two; size <= capacity * 3/4; key 0 marks an
-// empty slot (device addresses are never 0); every key sits in the probe run that
-// starts at its home slot (home(k) .. its slot holds no empty slot).
+// Invariants: capacity == mask_ + 1 is a power of two; size_ <= capacity * 3/4, i.e.
+// size_ < grow_at_ == capacity * 3/4 + 1 before an insert; key 0 marks an empty slot
+// (device addresses are never 0); every key sits in the probe run that starts at its
+// home slot (home(k) .. its slot holds no empty slot).
+// insert and erase are the allocation hot path: inline, the mask kept as a member
+// (no size computation from a vector), growth out of line.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
+
+#include "util/compiler.hpp"
 
 namespace reservoir::detail {
 
 template <typename T>
 class AddressMap {
  public:
-  AddressMap() : slots_(16) {}
-
+  AddressMap() : slots_(new Slot[kInitialCapacity]()) {}
+  AddressMap(const AddressMap&) = delete;
+  AddressMap& operator=(const AddressMap&) = delete;
   std::size_t size() const { return size_; }
 
   T* find(std::uintptr_t key) const {
-    std::size_t mask = slots_.size() - 1;
-    for (std::size_t i = home(key);; i = (i + 1) & mask) {
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
       if (s.key == key) return s.value;
       if (s.key == 0) return nullptr;
     }
   }
-
   // pre: key != 0 and key not present.
-  void insert(std::uintptr_t key, T* value) {
-    if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+  RESERVOIR_INLINE void insert(std::uintptr_t key, T* value) {
+    if (RESERVOIR_UNLIKELY(size_ + 1 >= grow_at_)) grow();
     place(key, value);
     ++size_;
   }
-
   // Removes key; returns its value or nullptr when absent.
-  T* erase(std::uintptr_t key) {
-    std::size_t mask = slots_.size() - 1;
+  RESERVOIR_INLINE T* erase(std::uintptr_t key) {
+    const std::size_t mask = mask_;
+    Slot* const slots = slots_.get();
     std::size_t i = home(key);
-    while (slots_[i].key != key) {
-      if (slots_[i].key == 0) return nullptr;
+    while (slots[i].key != key) {
+      if (slots[i].key == 0) return nullptr;
       i = (i + 1) & mask;
     }
-    T* value = slots_[i].value;
+    T* value = slots[i].value;
     // Backward shift: pull later members of the run into the hole when their home
     // slot does not lie cyclically in (hole, j].
     std::size_t hole = i;
-    for (std::size_t j = (i + 1) & mask; slots_[j].key != 0; j = (j + 1) & mask) {
-      std::size_t h = home(slots_[j].key);
+    for (std::size_t j = (i + 1) & mask; slots[j].key != 0; j = (j + 1) & mask) {
+      std::size_t h = home(slots[j].key);
       bool movable = hole <= j ? (h <= hole || h > j) : (h <= hole && h > j);
       if (movable) {
-        slots_[hole] = slots_[j];
+        slots[hole] = slots[j];
         hole = j;
       }
     }
-    slots_[hole] = Slot{};
+    slots[hole] = Slot{};
     --size_;
     return value;
   }
-
   template <typename F>
   void for_each(F&& f) const {
-    for (const Slot& s : slots_)
-      if (s.key != 0) f(s.key, s.value);
+    for (std::size_t i = 0; i <= mask_; ++i)
+      if (slots_[i].key != 0) f(slots_[i].key, slots_[i].value);
   }
 
  private:
+  static constexpr std::size_t kInitialCapacity = 16;
   struct Slot {
     std::uintptr_t key = 0;
     T* value = nullptr;
   };
-
   std::size_t home(std::uintptr_t key) const {
     // Blocks are 512-byte aligned: drop the zero bits, then mix (Fibonacci hashing).
     std::uint64_t h = static_cast<std::uint64_t>(key >> 9) * 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>(h >> 32) & (slots_.size() - 1);
+    return static_cast<std::size_t>(h >> 32) & mask_;
   }
-
   void place(std::uintptr_t key, T* value) {
-    std::size_t mask = slots_.size() - 1;
     std::size_t i = home(key);
-    while (slots_[i].key != 0) i = (i + 1) & mask;
+    while (slots_[i].key != 0) i = (i + 1) & mask_;
     slots_[i] = Slot{key, value};
   }
-
-  void grow() {
-    std::vector<Slot> old(slots_.size() * 2);
+  RESERVOIR_COLD void grow() {
+    const std::size_t old_capacity = mask_ + 1;
+    std::unique_ptr<Slot[]> old(new Slot[old_capacity * 2]());
     old.swap(slots_);
-    for (const Slot& s : old)
-      if (s.key != 0) place(s.key, s.value);
+    mask_ = old_capacity * 2 - 1;
+    grow_at_ = (mask_ + 1) * 3 / 4 + 1;
+    for (std::size_t i = 0; i < old_capacity; ++i)
+      if (old[i].key != 0) place(old[i].key, old[i].value);
   }
 
-  std::vector<Slot> slots_;
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t mask_ = kInitialCapacity - 1;
+  std::size_t grow_at_ = kInitialCapacity * 3 / 4 + 1;
   std::size_t size_ = 0;
 };
 

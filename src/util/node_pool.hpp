@@ -9,6 +9,8 @@
 #include <new>
 #include <vector>
 
+#include "util/compiler.hpp"
+
 namespace reservoir::detail {
 
 class NodePool {
@@ -21,8 +23,9 @@ class NodePool {
     for (void* slab : slabs_) ::operator delete(slab);
   }
 
-  void* get() {
-    if (free_ == nullptr) refill();
+  // Inline: every split takes a Block from here; refilling is out of line.
+  RESERVOIR_INLINE void* get() {
+    if (RESERVOIR_UNLIKELY(free_ == nullptr)) refill();
     void* chunk = free_;
     free_ = *static_cast<void**>(free_);
     return chunk;
@@ -34,7 +37,7 @@ class NodePool {
   std::size_t chunk_size() const { return chunk_size_; }
 
  private:
-  void refill() {
+  RESERVOIR_COLD void refill() {
     constexpr std::size_t kPerSlab = 256;
     std::size_t stride =
         (chunk_size_ + alignof(std::max_align_t) - 1) & ~(alignof(std::max_align_t) - 1);

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "engine/block.hpp"
 #include "engine/segment_map.hpp"
@@ -92,6 +93,88 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   ledger.read(&out);
   EXPECT_EQ(out.allocated_bytes.all().current, a + b);
   EXPECT_EQ(out.allocated_bytes.all().peak, peak);
+}
+
+// The guards of on_allocate and on_split_change skip compares that cannot fire: every
+// peak of the seven quantities they raise stays exact, whatever the mix of pools,
+// shards, deferred frees, splits and merges.
+TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
+  StatLedger ledger;
+  ShardCounters shards[2];
+  for (ShardCounters& s : shards) ledger.attach(&s);
+  struct Live {
+    int shard, pool;
+    std::int64_t bytes, requested;
+    bool pending;
+  };
+  std::vector<Live> live;
+  // Reference values per quantity (allocation, active, allocated, active bytes,
+  // requested, inactive split, its bytes) and scope (0 all, 1 small, 2 large), and
+  // their peaks.
+  std::int64_t value[7][3] = {}, peak[7][3] = {};
+  auto change = [&](int pool, const std::int64_t(&d)[7]) {
+    for (int q = 0; q < 7; ++q)
+      for (int scope : {0, 1 + pool}) {
+        value[q][scope] += d[q];
+        peak[q][scope] = std::max(peak[q][scope], value[q][scope]);
+      }
+  };
+  auto apply = [&](const Live& l, std::int64_t alloc, std::int64_t act, std::int64_t req) {
+    change(l.pool, {alloc, act, alloc * l.bytes, act * l.bytes, req * l.requested, 0, 0});
+  };
+  // Split blocks per shard and pool (each of 512 bytes), as splits and merges leave them.
+  std::int64_t splits[2][2] = {};
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 40000; ++i) {
+    const int r = static_cast<int>(rng() % 12);
+    if (r >= 10) {  // a split (+1 block) or a merge (-1 block, if any)
+      const int shard = static_cast<int>(rng() % 2), pool = static_cast<int>(rng() % 2);
+      const std::int64_t d = r == 10 || splits[shard][pool] == 0 ? 1 : -1;
+      splits[shard][pool] += d;
+      shards[shard].on_split_change(pool, d, 512 * d);
+      change(pool, {0, 0, 0, 0, 0, d, 512 * d});
+    } else if (r < 5 || live.empty()) {
+      Live l{static_cast<int>(rng() % 2), static_cast<int>(rng() % 2),
+             512 * static_cast<std::int64_t>(1 + rng() % 64), 0, false};
+      l.requested = 1 + static_cast<std::int64_t>(rng() % l.bytes);
+      shards[l.shard].on_allocate(l.pool, l.bytes, l.requested);
+      apply(l, 1, 1, 1);
+      live.push_back(l);
+    } else {
+      const std::size_t k = rng() % live.size();
+      Live& l = live[k];
+      ShardCounters& s = shards[l.shard];
+      if (!l.pending && r == 9) {  // the free waits for another stream
+        s.on_defer(l.pool, l.bytes);
+        apply(l, -1, 0, 0);
+        l.pending = true;
+      } else {
+        if (l.pending) {  // the deferred free completes
+          s.on_pending_done(l.pool, l.bytes, l.requested);
+          apply(l, 0, -1, -1);
+        } else {
+          s.on_free(l.pool, l.bytes, l.requested);
+          apply(l, -1, -1, -1);
+        }
+        live[k] = live.back();
+        live.pop_back();
+      }
+    }
+    for (ShardCounters& s : shards) {
+      if (s.over) ledger.rebalance(&s);
+      ASSERT_TRUE(s.guards_hold()) << "operation " << i;
+    }
+  }
+  DeviceStats out;
+  ledger.read(&out);
+  const StatArray* arrays[7] = {
+      &out.allocation,      &out.active,         &out.allocated_bytes,     &out.active_bytes,
+      &out.requested_bytes, &out.inactive_split, &out.inactive_split_bytes};
+  for (int q = 0; q < 7; ++q)
+    for (int scope = 0; scope < 3; ++scope) {
+      EXPECT_EQ(arrays[q]->pool[scope].current, value[q][scope]) << q << " " << scope;
+      EXPECT_EQ(arrays[q]->pool[scope].peak, peak[q][scope]) << q << " " << scope;
+    }
 }
 
 TEST(Lock, ExcludesConcurrentThreads) {
