@@ -1,0 +1,75 @@
+// Instructions per request pattern, for callgrind (the stable figure on a noisy
+// machine; docs/benchmarks.md). Runs N alloc+free pairs of one size through
+// reservoir::Allocator on the simulated device, or N steps of the log-uniform
+// pattern of engine_bench.cpp (free a random one of 512 live blocks, allocate
+// 256 B-64 MiB), after a warm-up, inside run_pattern() alone:
+//   valgrind --tool=callgrind --toggle-collect='*run_pattern*' reservoir_pair_instructions 512 20000
+// Instructions per pair: the difference of the totals of two N, divided by their
+// difference (scripts/pair-instructions.sh does both runs).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reservoir/allocator.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace {
+
+using reservoir::Allocator;
+
+// Sizes and picks of the log-uniform pattern, drawn before anything is measured.
+struct LogUniform {
+  std::vector<std::size_t> sizes;
+  std::vector<int> picks;
+  std::vector<void*> live;
+};
+
+__attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUniform* lu, int n) {
+  for (int i = 0; i < n; ++i) {
+    if (lu) {
+      void*& slot = lu->live[static_cast<std::size_t>(lu->picks[i % lu->picks.size()])];
+      a.deallocate(slot);
+      slot = a.allocate(lu->sizes[static_cast<std::size_t>(i) % lu->sizes.size()], 2, 0);
+    } else {
+      void* p = a.allocate(size, 1, 0);
+      asm volatile("" : : "r"(p) : "memory");
+      a.deallocate(p);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s SIZE|logu PAIRS\n", argv[0]);
+    return 2;
+  }
+  reservoir::SimOptions options;
+  options.capacity = std::size_t{141} << 30;
+  Allocator a(std::make_shared<reservoir::SimBackend>(options), reservoir::Config{});
+  const int n = std::atoi(argv[2]);
+  if (std::string(argv[1]) == "logu") {
+    LogUniform lu;
+    std::mt19937_64 rng(42);
+    std::uniform_int_distribution<int> pick(0, 511);
+    std::uniform_real_distribution<double> lg(8.0, 26.0);
+    lu.sizes.resize(1 << 16);
+    for (auto& z : lu.sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
+    lu.picks.resize(1 << 16);
+    for (auto& p : lu.picks) p = pick(rng);
+    for (std::size_t i = 0; i < 512; ++i) lu.live.push_back(a.allocate(lu.sizes[i], 2, 0));
+    run_pattern(a, 0, &lu, 5000);  // warm-up: the cache reaches its working set
+    run_pattern(a, 0, &lu, n);
+    for (void* p : lu.live) a.deallocate(p);
+    return 0;
+  }
+  const std::size_t size = std::strtoull(argv[1], nullptr, 10);
+  run_pattern(a, size, nullptr, 100);
+  run_pattern(a, size, nullptr, n);
+  return 0;
+}
