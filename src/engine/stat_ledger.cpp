@@ -80,14 +80,16 @@ void ShardCounters::unguarded(int pool) noexcept {
 
 bool ShardCounters::guards_hold() const noexcept {
   const std::uint64_t epoch = limits_epoch.load(std::memory_order_acquire);
-  // Stale (recomputed before use), or a rebalance is due (it makes them stale).
-  if (epoch != guard_epoch || over) return true;
+  // Stale (recomputed before use), a limit being written (odd), or a rebalance due
+  // (it makes them stale).
+  if (epoch != guard_epoch || (epoch & 1) != 0 || over) return true;
   bool ok = true;
   for (int u = 0; u < kGuardUnits; ++u)
     for (int scope = 0; scope < 3; ++scope)
       ok &= guard[u][scope] >= 0 && guard[u][scope] <= headroom(*this, u, scope);
   // A limit written meanwhile (another shard's rebalance) makes the check moot.
-  return ok || limits_epoch.load(std::memory_order_acquire) != epoch;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return ok || limits_epoch.load(std::memory_order_relaxed) != epoch;
 }
 
 void StatLedger::attach(ShardCounters* shard) {
@@ -109,7 +111,7 @@ void StatLedger::rebalance(ShardCounters* trigger) {
   // The trigger's guards may have been credited past a limit during the operation
   // (a quantity over its limit, then lowered): they are recomputed, whether or not a
   // limit changes below.
-  trigger->limits_epoch.fetch_add(1, std::memory_order_release);
+  trigger->limits_epoch.fetch_add(2, std::memory_order_release);  // stays even
   for (int q = 0; q < kReportedKinds; ++q)
     for (int p = 0; p < 3; ++p)
       if (reported_all(trigger, q, p) > trigger->limit[q][p].load(std::memory_order_relaxed))
@@ -154,8 +156,12 @@ void StatLedger::rebalance_one(int q, int p) {
       else
         extra = static_cast<std::int64_t>(static_cast<int128>(want_[i]) * headroom / wanted);
     }
+    // The epoch is odd while the limit is being written (as a sequence lock's): a
+    // guard computed meanwhile is stale at the second increment, and guards_hold()
+    // does not judge a pair of limit and value it may have read half-way. A shard
+    // that sees the new (even) epoch sees the new limit (release).
+    shards_[i]->limits_epoch.fetch_add(1, std::memory_order_acq_rel);
     shards_[i]->limit[q][p].store(cur_[i] + extra, std::memory_order_relaxed);
-    // After the limit (release): a shard that sees the new epoch sees the new limit.
     shards_[i]->limits_epoch.fetch_add(1, std::memory_order_release);
   }
 }
