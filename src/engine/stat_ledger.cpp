@@ -62,6 +62,27 @@ static std::int64_t headroom(const ShardCounters& s, int u, int scope) {
   return h;
 }
 
+// The guarded quantities, each with its unit, and their values in one pool: the
+// refresh reads each counter once (it runs after every rebalance that touched the
+// shard's limits).
+constexpr int kGuardedQuantities = 7;
+constexpr int kQuantity[kGuardedQuantities] = {rAllocation,        rActive,         rAllocatedBytes,
+                                               rActiveBytes,       rRequestedBytes, rInactiveSplit,
+                                               rInactiveSplitBytes};
+constexpr int kUnitOf[kGuardedQuantities] = {kGuardBlocks,    kGuardBlocks,    kGuardBytes,
+                                             kGuardBytes,     kGuardRequested, kGuardSplitBlocks,
+                                             kGuardSplitBytes};
+static void guarded_values(const ShardCounters& s, int pool, std::int64_t out[]) {
+  const std::int64_t blocks = s.get(kAllocation, pool), bytes = s.get(kAllocatedBytes, pool);
+  out[0] = blocks;
+  out[1] = blocks + s.get(kPending, pool);
+  out[2] = bytes;
+  out[3] = bytes + s.get(kPendingBytes, pool);
+  out[4] = s.get(kRequestedBytes, pool);
+  out[5] = s.get(kInactiveSplit, pool);
+  out[6] = s.get(kInactiveSplitBytes, pool);
+}
+
 void ShardCounters::unguarded(int pool) noexcept {
   // The exact check, as every raise does it (pool and overall, each guarded quantity),
   // then the guards of both scopes from the same headrooms.
@@ -70,12 +91,21 @@ void ShardCounters::unguarded(int pool) noexcept {
     for (auto& unit : guard) unit[0] = unit[1] = unit[2] = 0;
     guard_epoch = epoch;
   }
-  for (int u = 0; u < kGuardUnits; ++u)
-    for (int scope : {1 + pool, 0}) {
-      const std::int64_t h = headroom(*this, u, scope);
-      if (h < 0) over = true;
-      guard[u][scope] = std::max<std::int64_t>(0, h);
-    }
+  std::int64_t mine[kGuardedQuantities], other[kGuardedQuantities];
+  guarded_values(*this, pool, mine);
+  guarded_values(*this, pool ^ 1, other);
+  std::int64_t in_pool[kGuardUnits], overall[kGuardUnits];
+  for (int u = 0; u < kGuardUnits; ++u) in_pool[u] = overall[u] = INT64_MAX;
+  for (int i = 0; i < kGuardedQuantities; ++i) {
+    const int q = kQuantity[i], u = kUnitOf[i];
+    in_pool[u] = std::min(in_pool[u], lim(q, 1 + pool) - mine[i]);
+    overall[u] = std::min(overall[u], lim(q, 0) - mine[i] - other[i]);
+  }
+  for (int u = 0; u < kGuardUnits; ++u) {
+    if (in_pool[u] < 0 || overall[u] < 0) over = true;
+    guard[u][1 + pool] = std::max<std::int64_t>(0, in_pool[u]);
+    guard[u][0] = std::max<std::int64_t>(0, overall[u]);
+  }
 }
 
 bool ShardCounters::guards_hold() const noexcept {
