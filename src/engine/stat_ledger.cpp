@@ -147,7 +147,8 @@ void StatLedger::rebalance(ShardCounters* trigger) {
   // The trigger's guards may have been credited past a limit during the operation
   // (a quantity over its limit, then lowered): they are recomputed, whether or not a
   // limit changes below.
-  trigger->limits_epoch.fetch_add(2, std::memory_order_release);  // stays even
+  trigger->limits_epoch.store(trigger->limits_epoch.load(std::memory_order_relaxed) + 2,
+                              std::memory_order_release);  // stays even
   for (int q = 0; q < kReportedKinds; ++q)
     for (int p = 0; p < 3; ++p)
       if (reported_all(trigger, q, p) > trigger->limit[q][p].load(std::memory_order_relaxed))
@@ -201,9 +202,12 @@ void StatLedger::rebalance_one(int q, int p) {
     ShardCounters* shard = shards_[i];
     const std::int64_t next = cur_[i] + extra;
     if (next < shard->limit[q][p].load(std::memory_order_relaxed)) {
-      shard->limits_epoch.fetch_add(1, std::memory_order_acq_rel);
+      // Only the ledger writes epochs (under mutex_): plain stores, no locked RMW.
+      const std::uint64_t epoch = shard->limits_epoch.load(std::memory_order_relaxed);
+      shard->limits_epoch.store(epoch + 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_release);
       shard->limit[q][p].store(next, std::memory_order_relaxed);
-      shard->limits_epoch.fetch_add(1, std::memory_order_release);
+      shard->limits_epoch.store(epoch + 2, std::memory_order_release);
     } else {
       shard->limit[q][p].store(next, std::memory_order_relaxed);
     }
