@@ -3,7 +3,8 @@
 // reservoir::Allocator on the simulated device, or N steps of the log-uniform
 // pattern of engine_bench.cpp (free a random one of 512 live blocks, allocate
 // 256 B-64 MiB), after a warm-up, inside run_pattern() alone:
-//   valgrind --tool=callgrind --toggle-collect='*run_pattern*' reservoir_pair_instructions 512 20000
+//   valgrind --tool=callgrind --toggle-collect='*run_pattern*'
+//       reservoir_pair_instructions 512 20000   (one command line)
 // Instructions per pair: the difference of the totals of two N, divided by their
 // difference (scripts/pair-instructions.sh does both runs).
 #include <cmath>
