@@ -96,7 +96,7 @@ struct alignas(64) ShardCounters {
   bool over = false;
   // Owner-only, per unit and scope s (as limit's: 0 all, 1 small, 2 large). With
   // h(q, s) = limit[q][s] - (q's value in scope s) and while guard_epoch ==
-  // limits_epoch (no limit written since they were computed):
+  // limits_epoch (no limit lowered since they were computed):
   //   0 <= guard[kGuardBlocks][s] <= min(h(rAllocation, s), h(rActive, s)),
   //   0 <= guard[kGuardBytes][s] <= min(h(rAllocatedBytes, s), h(rActiveBytes, s)),
   //   0 <= guard[kGuardRequested][s] <= h(rRequestedBytes, s),
@@ -106,7 +106,10 @@ struct alignas(64) ShardCounters {
   // pool takes from (or gives back to) both. Checked by guards_hold() (the validator).
   std::int64_t guard[kGuardUnits][3] = {};
   std::uint64_t guard_epoch = ~std::uint64_t{0};  // none computed yet
-  // Bumped by the ledger (release) after it wrote this shard's limits.
+  // Written by the ledger only, under its mutex: +1 before and +1 after it lowers one
+  // of this shard's limits (odd while it writes: a sequence lock), +2 when the shard
+  // triggers a rebalance (its guards may have been credited past a limit meanwhile).
+  // A raised limit leaves it: guards that fit the old headroom fit the new one.
   std::atomic<std::uint64_t> limits_epoch{0};
   // Cold: accumulation bases, own high-water marks as last observed by the ledger
   // (the budget a shard claims), and the ledger epoch of its last rebalance (a shard
