@@ -33,7 +33,8 @@
 # FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
 # Every step's status is printed at the end; a failed step does not stop the others.
 # Env: CLI11_INCLUDE_DIR (CLI11 headers for reservoir-replay), FUZZER, FUZZ_WORKERS
-# (default 7), FUZZ_SECONDS (default 450).
+# (default 7), FUZZ_SECONDS (default 450); compact: DRIVER_CALLS=0 skips the driver-call
+# benchmark; train: TRAIN_MODELS, TRAIN_ROUNDS (train_bench.py --rounds, default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
@@ -185,8 +186,10 @@ case $phase in
         build/gpu/tools/replay/reservoir-replay "$f" --device cuda --calls \
           --config policy:compact >"$0/calls-$(basename "$f" .trace.gz).txt" || exit 1
       done' "$out"
-    step driver-calls build/gpu/bench/gpu/reservoir_driver_call_bench --benchmark_min_time=0.1s \
-      --benchmark_out="$out/driver-calls.json"
+    if [ "${DRIVER_CALLS:-1}" = 1 ]; then
+      step driver-calls build/gpu/bench/gpu/reservoir_driver_call_bench --benchmark_min_time=0.1s \
+        --benchmark_out="$out/driver-calls.json"
+    fi
     ;;
   train)
     # PyTorch training under policy:compact next to PyTorch's allocator (both
@@ -197,7 +200,7 @@ case $phase in
       cmake --build build/gpu -j16 --target reservoir reservoir_gpu_bench; } \
       >"$out/build.txt" 2>&1 || echo "build FAILED"
     step train-bench "${py[@]}" python3 bench/python/train_bench.py \
-      --models gpt2,resnet50,multistream \
+      --models "${TRAIN_MODELS:-gpt2,resnet50,multistream}" --rounds "${TRAIN_ROUNDS:-1}" \
       --variants pytorch,pytorch:expandable_segments:True,reservoir:policy:compact \
       --deterministic --json "$out/train_bench.json"
     step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
