@@ -34,7 +34,8 @@
 # Every step's status is printed at the end; a failed step does not stop the others.
 # Env: CLI11_INCLUDE_DIR (CLI11 headers for reservoir-replay), FUZZER, FUZZ_WORKERS
 # (default 7), FUZZ_SECONDS (default 450); compact: DRIVER_CALLS=0 skips the driver-call
-# benchmark; train: TRAIN_MODELS, TRAIN_ROUNDS (train_bench.py --rounds, default 1).
+# benchmark; train: TRAIN_MODELS, TRAIN_ROUNDS (train_bench.py --rounds, default 1),
+# TRAIN_STEPS (--steps; default per model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
@@ -201,6 +202,7 @@ case $phase in
       >"$out/build.txt" 2>&1 || echo "build FAILED"
     step train-bench "${py[@]}" python3 bench/python/train_bench.py \
       --models "${TRAIN_MODELS:-gpt2,resnet50,multistream}" --rounds "${TRAIN_ROUNDS:-1}" \
+      ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} \
       --variants pytorch,pytorch:expandable_segments:True,reservoir:policy:compact \
       --deterministic --json "$out/train_bench.json"
     step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"

@@ -27,6 +27,15 @@ struct Api {
   bool slow;                         // cudaMalloc: fewer iterations, as anchor_bench does
   void (*reset)();                   // cold start: return cached memory, reset peaks
   std::uint64_t (*peak_reserved)();  // 0 when the allocator cannot say
+  // Before a stream the allocator saw is destroyed (Reservoir's release_stream);
+  // nullptr: nothing to do.
+  void (*release_stream)(cudaStream_t) = nullptr;
 };
+
+// Destroys a stream a's calls used, telling a first.
+inline void destroy_stream(const Api& a, cudaStream_t s) {
+  if (a.release_stream) a.release_stream(s);
+  CK(cudaStreamDestroy(s));
+}
 
 }  // namespace reservoir_bench

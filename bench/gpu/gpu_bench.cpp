@@ -78,9 +78,14 @@ std::uint64_t reservoir_peak() {
   return static_cast<std::uint64_t>(g_reservoir[I]->stats(0).reserved_bytes.all().peak);
 }
 template <int I>
+void reservoir_release_stream(cudaStream_t s) {
+  g_reservoir[I]->release_stream(reinterpret_cast<reservoir::StreamHandle>(s), 0);
+}
+template <int I>
 std::unique_ptr<Api> reservoir_api(const char* name) {
   return std::make_unique<Api>(Api{name, reservoir_alloc<I>, reservoir_free<I>, false,
-                                   reservoir_reset<I>, reservoir_peak<I>});
+                                   reservoir_reset<I>, reservoir_peak<I>,
+                                   reservoir_release_stream<I>});
 }
 
 void* async_alloc(std::size_t n, cudaStream_t s) {
@@ -171,7 +176,7 @@ double bench_threads(const Api& a, int threads, std::size_t size, int iters) {
   for (auto& x : th) x.join();
   auto t1 = clk::now();
   for (auto& s : ss) CK(cudaStreamSynchronize(s));
-  for (auto& s : ss) CK(cudaStreamDestroy(s));
+  for (auto& s : ss) reservoir_bench::destroy_stream(a, s);
   return std::chrono::duration<double, std::nano>(t1 - t0).count() /
          (static_cast<double>(iters) * threads);
 }
@@ -465,7 +470,7 @@ int main(int argc, char** argv) {
         std::vector<cudaStream_t> ss(t.streams);
         for (auto& x : ss) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
         ReplayResult r = replay(a, t, ss);
-        for (auto& x : ss) CK(cudaStreamDestroy(x));
+        for (auto& x : ss) reservoir_bench::destroy_stream(a, x);
         row("replay " + t.name + " (ns/event)").value[c] = r.ns_per_event;
         if (r.peak_reserved > 0 && r.peak_requested > 0) {
           row("ratio " + t.name, true).value[c] =
@@ -477,6 +482,8 @@ int main(int argc, char** argv) {
       // Give the memory back so the next allocator starts from an empty device.
       a.reset();
     }
+    for (const auto& a : apis)
+      if (a && a->release_stream) a->release_stream(s);
     CK(cudaStreamDestroy(s));
 
     std::printf("\n");

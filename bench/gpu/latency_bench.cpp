@@ -125,7 +125,7 @@ std::vector<LatencyRow> measure_latency(const Api& a, const std::string& allocat
     a.reset();
     std::vector<const CallTimes*> allocs, frees;
     for (Worker& w : workers) {
-      CK(cudaStreamDestroy(w.stream));
+      reservoir_bench::destroy_stream(a, w.stream);
       allocs.push_back(&w.alloc_ns);
       frees.push_back(&w.free_ns);
     }

@@ -421,6 +421,7 @@ def main(argv=None):
                 per_allocator.setdefault(variant, []).append(result)
         # Per variant: the first round's result, its median over every round's steps.
         merged = {}
+        runs_of = per_allocator
         for variant, runs in per_allocator.items():
             r = dict(runs[0])
             r["median_step_s"] = statistics.median(
@@ -429,6 +430,14 @@ def main(argv=None):
             r["peak_reserved"] = max(run["peak_reserved"] for run in runs)
             r["losses_agree"] = all(run["losses"] == runs[0]["losses"] for run in runs)
             merged[variant] = r
+        # Step by step against the baseline's same step of the same round: every
+        # variant sees the same inputs at step i (sequence length, batch size), so the
+        # median of these ratios is free of the spread between steps.
+        base_runs = runs_of[variants[0]]
+        for variant in variants:
+            ratios = [a / b for run, base_run in zip(runs_of[variant], base_runs)
+                      for a, b in zip(run["step_times"][warmup:], base_run["step_times"][warmup:])]
+            merged[variant]["paired_ratio"] = statistics.median(ratios)
         per_allocator = merged
         base = per_allocator[variants[0]]
         for variant in variants:
@@ -437,6 +446,7 @@ def main(argv=None):
                 model, variant,
                 "%.2f ms" % (r["median_step_s"] * 1e3),
                 "%.3fx" % (r["median_step_s"] / base["median_step_s"]),
+                "%.3fx" % r["paired_ratio"],
                 _mib(r["peak_reserved"]),
                 "%.3fx" % (r["peak_reserved"] / base["peak_reserved"]),
                 _mib(r["peak_allocated"]),
@@ -446,9 +456,10 @@ def main(argv=None):
             ))
         same = all(per_allocator[v]["losses"] == base["losses"] and per_allocator[v]["losses_agree"]
                    for v in variants)
-        rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", "", ""))
+        rows.append((model, "losses equal", "yes" if same else "no", "", "", "", "", "", "", "", ""))
 
-    header = ("model", "allocator", "median step", "vs torch", "peak reserved", "vs torch",
+    header = ("model", "allocator", "median step", "vs torch", "step by step", "peak reserved",
+              "vs torch",
               "peak allocated", "device allocs", "final loss", "round medians (ms)")
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
     print()
@@ -458,8 +469,10 @@ def main(argv=None):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     if results:
         print("\n%s, torch %s; median over steps after warm-up (of %d round(s), interleaved); "
-              "peak reserved: torch.cuda.max_memory_reserved() vs reservoir "
-              "reserved_bytes.all.peak" % (results[0]["device"], results[0]["torch"], args.rounds))
+              "step by step: median of each step's time over the baseline's same step (same "
+              "inputs) in the same round; peak reserved: torch.cuda.max_memory_reserved() vs "
+              "reservoir reserved_bytes.all.peak"
+              % (results[0]["device"], results[0]["torch"], args.rounds))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)

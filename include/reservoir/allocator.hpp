@@ -24,8 +24,8 @@
 #include "reservoir/export.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/hooks.hpp"
-#include "reservoir/pools.hpp"
 #include "reservoir/ipc.hpp"
+#include "reservoir/pools.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -60,6 +60,13 @@ class RESERVOIR_API Allocator {
   void record_stream(void* ptr, StreamHandle stream);
   // Tells the allocator (and the trace recorder) that the host waited for stream.
   void notify_host_wait(StreamHandle stream, int device = -1);
+  // Call before destroying a stream that memory was allocated or freed on: under
+  // policy:compact, Reservoir records on a stream, lazily, the event that later
+  // reuse of its memory waits for, and recording on a destroyed stream is undefined
+  // in CUDA. Records what it owes there now; no effect under other settings, and the
+  // stream may be used again afterwards; a stream Reservoir never saw is no error.
+  // Throws DeviceError when the event cannot be recorded.
+  void release_stream(StreamHandle stream, int device = -1);
 
   // ---- Cache control ----
   // Returns every unused cached segment to the device (all devices).

@@ -58,6 +58,11 @@ RESERVOIR_C_API reservoir_status reservoir_record_stream(void* ptr, uintptr_t st
  * synchronize, cudaDeviceSynchronize for each stream): frees pending on it complete
  * now, and a trace being recorded gets an "s,STREAM" line. device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, int device);
+/* Call before destroying a stream that memory was allocated or freed on: under
+ * policy:compact the event that later reuse of its memory waits for is recorded on
+ * the stream lazily, and recording on a destroyed stream is undefined in CUDA; this
+ * records it now (no effect under other settings). device -1 = current. */
+RESERVOIR_C_API reservoir_status reservoir_release_stream(uintptr_t stream, int device);
 RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);
 RESERVOIR_C_API reservoir_status reservoir_get_memory_fraction(int device, double* fraction);

@@ -122,6 +122,7 @@ enum class SimOp {
   export_shareable,
   import_shareable,
   process_memory,
+  synchronize_device,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -205,6 +206,10 @@ class RESERVOIR_API SimBackend final : public Backend {
   std::size_t pending_events(StreamHandle stream) const;
   // Models a kernel launch on stream: work that an event recorded later captures.
   void submit_work(StreamHandle stream);
+  // Models cudaStreamDestroy: work already submitted still completes; a later call
+  // naming the stream (record_event, stream_wait_event as the waiter,
+  // synchronize_stream) answers error — undefined in CUDA, where the driver may crash.
+  void destroy_stream(StreamHandle stream);
 
   // ---- Graph capture (cudaStreamBeginCapture in global mode, modeled) ----
   // While any stream captures, the calls a capture forbids answer error ("sim: ...

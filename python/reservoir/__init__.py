@@ -93,6 +93,7 @@ __all__ = [
     "raw_free",
     "record_history",
     "record_stream",
+    "release_stream",
     "record_trace",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
@@ -275,6 +276,15 @@ def notify_host_wait(stream=0, device=None):
     "s,STREAM" line."""
     handle = _args.stream_handle(stream)
     _lib.check(_lib.load().reservoir_notify_host_wait(handle, _device_index(device)))
+
+
+def release_stream(stream, device=None):
+    """Call before destroying a stream that memory was allocated or freed on (a CuPy
+    or CUDA stream the program created and drops): under policy:compact Reservoir
+    records on a stream, lazily, the event that later reuse of its memory waits for;
+    this records it now, while the stream exists. No effect under other settings."""
+    handle = _args.stream_handle(stream)
+    _lib.check(_lib.load().reservoir_release_stream(handle, _device_index(device)))
 
 
 def base_allocation(ptr):

@@ -108,6 +108,7 @@ _SIGNATURES = {
     ),
     "reservoir_close_shared": (ctypes.c_int, [ctypes.c_void_p]),
     "reservoir_notify_host_wait": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
+    "reservoir_release_stream": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
     "reservoir_empty_cache": (ctypes.c_int, []),
     "reservoir_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
     "reservoir_get_memory_fraction": (

@@ -49,7 +49,7 @@ constexpr std::array<const char*, kOpCount> kOpNames = {
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
     "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
-    "import_shareable", "process_memory"};
+    "import_shareable", "process_memory", "synchronize_device"};
 // clang-format on
 
 const SimOptions& validated(const SimOptions& o) {
@@ -330,6 +330,7 @@ DeviceStatus SimBackend::record_event(int device, EventHandle event, StreamHandl
     State::Event* e = s.find_event("record_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
     State::Stream& st = s.streams[stream];
+    if (st.destroyed) return s.destroyed_stream("record_event", stream);
     e->captured = s.capturing.count(stream) != 0;
     e->recorded = true;
     e->stream = stream;
@@ -376,9 +377,10 @@ DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, Even
   return s.call(device, SimOp::stream_wait_event, [&](State::Device&) {
     const State::Event* e = s.find_event("stream_wait_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
+    State::Stream& waiter = s.streams[stream];
+    if (waiter.destroyed) return s.destroyed_stream("stream_wait_event", stream);
     ++s.counters.stream_waits;
     if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
-    State::Stream& waiter = s.streams[stream];
     std::uint64_t& w = waiter.waited[e->stream];
     w = std::max(w, e->position);
     if (s.streams[e->stream].completed < e->position)
@@ -392,6 +394,8 @@ DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
   return s.call(device, SimOp::synchronize_stream, [&](State::Device&) {
     if (auto refused = s.refused_by_capture("synchronize_stream")) return *refused;
     auto it = s.streams.find(stream);
+    if (it != s.streams.end() && it->second.destroyed)
+      return s.destroyed_stream("synchronize_stream", stream);
     if (it != s.streams.end()) it->second.completed = it->second.submitted;
     ++s.counters.stream_syncs;
     s.apply_release_thresholds(device);
@@ -401,7 +405,7 @@ DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
 
 DeviceStatus SimBackend::synchronize_device(int device) {
   State& s = *state_;
-  return s.call(device, std::nullopt, [&](State::Device&) {
+  return s.call(device, SimOp::synchronize_device, [&](State::Device&) {
     if (auto refused = s.refused_by_capture("synchronize_device")) return *refused;
     s.complete_all();  // streams are not per device: all of them finish
     ++s.counters.device_syncs;
@@ -653,6 +657,11 @@ void SimBackend::submit_work(StreamHandle stream) {
   State::Stream& st = state_->streams[stream];
   ++st.submitted;
   if (state_->eager) st.completed = st.submitted;
+}
+
+void SimBackend::destroy_stream(StreamHandle stream) {
+  std::lock_guard lock(state_->mutex);
+  state_->streams[stream].destroyed = true;  // its work still completes, as in CUDA
 }
 
 void SimBackend::fail_allocation_number(std::uint64_t n) {

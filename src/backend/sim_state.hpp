@@ -36,7 +36,7 @@ namespace sim {
 inline constexpr std::uintptr_t kBase = 0x7f0000000000;
 inline constexpr std::size_t kSmallAlignment = 512;
 inline constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::process_memory) + 1;
+inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::synchronize_device) + 1;
 
 inline std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -109,6 +109,7 @@ struct SimBackend::State {
   struct Stream {
     std::uint64_t submitted = 0;
     std::uint64_t completed = 0;
+    bool destroyed = false;  // destroy_stream: calls naming it answer error
     std::vector<Wait> waits;
     std::map<StreamHandle, std::uint64_t> waited;
   };
@@ -185,6 +186,12 @@ struct SimBackend::State {
     if (!e.captured) return std::nullopt;
     ++capture_violations;
     return sim::error(std::string("sim: ") + op + ": the event was recorded during a capture");
+  }
+  // The error of a call naming a destroyed stream (undefined in CUDA: the driver may
+  // crash; the simulated device says so).
+  DeviceStatus destroyed_stream(const char* op, StreamHandle stream) {
+    return sim::error(std::string("sim: ") + op + " on stream " + std::to_string(stream) +
+                      ", which was destroyed");
   }
   void complete_all() {
     for (auto& [handle, stream] : streams) {

@@ -71,6 +71,10 @@ void CachingAllocator::record_stream(void* ptr, StreamHandle stream) {
         [&](BlockOwner& o) { return o.record_use(address, stream); });
 }
 
+void CachingAllocator::release_stream(StreamHandle stream, int device) {
+  engine(device).release_stream(stream);
+}
+
 void CachingAllocator::notify_host_wait(StreamHandle stream, int device) {
   engine(device).host_waited(stream);
 }

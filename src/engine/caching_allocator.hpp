@@ -49,6 +49,7 @@ class CachingAllocator final : public BlockResource {
   }
   void record_stream(void* ptr, StreamHandle stream) override;
   void notify_host_wait(StreamHandle stream, int device) override;
+  void release_stream(StreamHandle stream, int device) override;
   BaseAllocation base_allocation(void* ptr) override;
   std::size_t block_size(void* ptr) override;
   std::size_t requested_size(void* ptr) override;

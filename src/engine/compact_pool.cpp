@@ -754,6 +754,11 @@ void CompactPool::host_waited(StreamHandle stream) {
   fences_.host_waited(stream);
 }
 
+void CompactPool::release_stream(StreamHandle stream) {
+  Guard guard(lock_);
+  fences_.release(stream);
+}
+
 std::size_t CompactPool::release_free_pages(bool give_back) {
   Guard guard(lock_);
   fences_.synchronize_all();

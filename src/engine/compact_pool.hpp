@@ -69,6 +69,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   // kept as spare pages for the retry (nothing is released).
   std::size_t release_free_pages(bool give_back);
   void host_waited(StreamHandle stream);
+  // The program is about to destroy stream (StreamEvents::release).
+  void release_stream(StreamHandle stream);
 
   // ---- BlockOwner ----
   bool free(std::uintptr_t address) override;

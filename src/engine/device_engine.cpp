@@ -68,6 +68,12 @@ void DeviceEngine::empty_cache() {
   if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
 }
 
+void DeviceEngine::release_stream(StreamHandle stream) {
+  // Only policy:compact defers work to a stream's later calls (its markers); the
+  // PyTorch-exact pools record what they need at the free.
+  if (CompactPool* c = compact_if_made()) c->release_stream(stream);
+}
+
 void DeviceEngine::host_waited(StreamHandle stream) {
   pool(stream).process_events_now();
   if (CompactPool* c = compact_if_made()) c->host_waited(stream);

@@ -88,6 +88,8 @@ class DeviceEngine {
   void empty_cache();
   // The host waited for stream: pending frees and fences on it are complete.
   void host_waited(StreamHandle stream);
+  // The program is about to destroy stream: what is owed on it is recorded now.
+  void release_stream(StreamHandle stream);
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
   std::size_t largest_cached_block();

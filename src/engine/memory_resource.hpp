@@ -33,6 +33,9 @@ class BlockResource : public MemoryResource {
   virtual std::size_t requested_size(void* ptr) = 0;
   virtual void empty_cache(int device) = 0;
   virtual std::size_t largest_cached_block(int device) = 0;
+  // The program is about to destroy stream (Allocator::release_stream): nothing may be
+  // left to record on it. Only the caching core defers work to a stream's later calls.
+  virtual void release_stream(StreamHandle, int) {}
 };
 
 }  // namespace reservoir::detail

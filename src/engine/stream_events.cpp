@@ -131,18 +131,25 @@ void StreamEvents::host_waited(StreamHandle stream) {
   }
 }
 
+void StreamEvents::release(StreamHandle stream) {
+  for (Timeline& t : timelines_)
+    if (t.stream == stream) record(t);
+}
+
 void StreamEvents::synchronize_all() {
+  if (timelines_.empty()) return;
+  if (backend_.synchronize_device(device_) != DeviceStatus::ok)
+    throw DeviceError("reservoir: waiting for device " + std::to_string(device_) +
+                      " (the out-of-memory ladder) failed: " + backend_.last_error());
   for (Timeline& t : timelines_) {
-    record(t);
-    while (!t.pending.empty()) {
-      auto [seq, event] = t.pending.front();
-      if (backend_.synchronize_event(device_, event) != DeviceStatus::ok)
-        throw DeviceError("reservoir: waiting for an event on device " + std::to_string(device_) +
-                          " failed: " + backend_.last_error());
+    for (auto& [seq, event] : t.pending) {
       t.completed = seq;
-      t.pending.pop_front();
       events_.release(event);
     }
+    t.pending.clear();
+    if (t.wanted != 0) t.completed = t.wanted;
+    t.wanted = 0;
+    t.deferred = 0;
   }
 }
 

@@ -14,6 +14,11 @@
 // must. A marker recorded later than the free it stands for only covers more work: it
 // may wait longer, never too little.
 //
+// A marker is recorded on its stream when a fence first needs it, whichever stream's
+// request that is: so a stream must exist until nothing is owed on it — the program
+// calls Allocator::release_stream before destroying a stream it allocated or freed on
+// (undefined otherwise, as any CUDA call on a destroyed stream).
+//
 // Invariants: per timeline, pending_ holds recorded, not yet known complete markers in
 //   increasing seq order, all > completed; wanted > completed means a marker is owed
 //   (its seq is wanted, not yet recorded), and then 0 <= deferred < kSettleEvery
@@ -108,7 +113,12 @@ class StreamEvents {
   int order_after(StreamHandle stream, const Fence& fence);
   // The host waited for stream: its markers are checked (queried) now.
   void host_waited(StreamHandle stream);
-  // Waits on the host for every marker of every stream (the out-of-memory ladder).
+  // The program is about to destroy stream: the marker owed there is recorded now,
+  // while it exists (later fences wait on recorded events only, which outlive it).
+  void release(StreamHandle stream);
+  // Waits on the host for all work on the device (the out-of-memory ladder): every
+  // marker, owed ones too, has completed then — one wait, which also covers streams
+  // destroyed since (no event can be recorded there). Throws DeviceError.
   void synchronize_all();
   // Streams seen so far.
   std::size_t streams() const noexcept { return timelines_.size(); }

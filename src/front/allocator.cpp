@@ -224,6 +224,10 @@ void Allocator::notify_host_wait(StreamHandle stream, int device) {
   impl_->top.load(std::memory_order_acquire)->notify_host_wait(stream, impl_->resolve(device));
 }
 
+void Allocator::release_stream(StreamHandle stream, int device) {
+  impl_->base->release_stream(stream, impl_->resolve(device));
+}
+
 // ---------------------------------------------------------------- cache control
 
 void Allocator::empty_cache() {

@@ -256,6 +256,11 @@ reservoir_status reservoir_notify_host_wait(uintptr_t stream, int device) {
                  [&] { Allocator::instance().notify_host_wait(stream, device); });
 }
 
+reservoir_status reservoir_release_stream(uintptr_t stream, int device) {
+  return guarded("reservoir_release_stream",
+                 [&] { Allocator::instance().release_stream(stream, device); });
+}
+
 reservoir_status reservoir_empty_cache(void) {
   return guarded("reservoir_empty_cache", [] { Allocator::instance().empty_cache(); });
 }

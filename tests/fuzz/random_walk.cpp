@@ -338,11 +338,18 @@ void Walker::op_advance() {
 void Walker::op_sync() {
   const std::uint8_t kind = in_.u8();
   if (kind % 3 == 1) {
+    const bool release = kind & 0x20;  // release_stream (the stream stays usable)
     try {
-      alloc_->notify_host_wait((kind >> 2) % 4, (kind >> 4) & 1);
+      if (release)
+        alloc_->release_stream((kind >> 2) % 4, (kind >> 4) & 1);
+      else
+        alloc_->notify_host_wait((kind >> 2) % 4, (kind >> 4) & 1);
     } catch (const DeviceError& e) {
-      // It completes pending frees: a failing event query surfaces (documented).
-      WALK_CHECK(device_error_ok_, std::string("DeviceError in notify_host_wait: ") + e.what());
+      // It completes pending frees or records an owed marker: a failing event query
+      // or record surfaces (documented).
+      WALK_CHECK(device_error_ok_, std::string("DeviceError in ") +
+                                       (release ? "release_stream: " : "notify_host_wait: ") +
+                                       e.what());
     }
     return;
   }

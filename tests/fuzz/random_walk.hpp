@@ -31,18 +31,19 @@ enum Op : std::uint8_t {
   kOpBadInput = 16,      // kind, arg            -> a call that must be refused
   kOpRecordStream = 17,  // index, stream
   kOpAdvance = 18,       // 18-19: stream        -> SimBackend::advance
-  kOpSync = 20,          // kind                 -> advance_all / notify_host_wait / device sync
-  kOpEager = 21,         //                      -> toggles SimBackend::set_eager
-  kOpEmptyCache = 22,    // which
-  kOpFraction = 23,      // device, fraction
-  kOpConfig = 24,        // row                  -> update_config (valid and invalid rows)
-  kOpFault = 25,         // kind, arg            -> injected failure for the next step
-  kOpResetStats = 26,    // kind
-  kOpCapacity = 27,      // device, size
-  kOpCallback = 28,      //                      -> toggles the free-memory callback
-  kOpQuery = 29,         // index                -> sizes, base, largest block, summary
-  kOpFreeAll = 30,       // selector
-  kOpDevice = 31,        // device               -> set the current device
+  kOpSync =
+      20,  // kind                 -> advance_all / notify_host_wait / release_stream / device sync
+  kOpEager = 21,       //                      -> toggles SimBackend::set_eager
+  kOpEmptyCache = 22,  // which
+  kOpFraction = 23,    // device, fraction
+  kOpConfig = 24,      // row                  -> update_config (valid and invalid rows)
+  kOpFault = 25,       // kind, arg            -> injected failure for the next step
+  kOpResetStats = 26,  // kind
+  kOpCapacity = 27,    // device, size
+  kOpCallback = 28,    //                      -> toggles the free-memory callback
+  kOpQuery = 29,       // index                -> sizes, base, largest block, summary
+  kOpFreeAll = 30,     // selector
+  kOpDevice = 31,      // device               -> set the current device
 };
 
 // Runs the walk that data encodes. Returns "" when every step behaved, else a

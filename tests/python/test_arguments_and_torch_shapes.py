@@ -34,6 +34,8 @@ class ArgumentTest(unittest.TestCase):
             self.assertIn(str(bad), str(caught.exception))
             with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
                 reservoir.notify_host_wait(bad)
+            with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+                reservoir.release_stream(bad)
         with self.assertRaises(TypeError):
             reservoir.raw_alloc(4096, stream="0")
         self.assertEqual(reservoir.memory_stats()["allocation.all.current"], before)
@@ -68,6 +70,7 @@ class ArgumentTest(unittest.TestCase):
             ptr = reservoir.raw_alloc(MiB, stream=stream)
             reservoir.record_stream(ptr, stream)
             reservoir.raw_free(ptr)
+            reservoir.release_stream(stream)  # before the program destroys it
 
     # NEEDS THE ENGINE FIX from the lead's branch (the stream table's empty-slot
     # marker): until it is merged this test crashes the interpreter it runs in, so it

@@ -171,6 +171,30 @@ TEST_F(BadInput, CallsAfterShutdown) {
   a_.validate();
 }
 
+// policy:compact records the event that reuse of a stream's memory waits for on the
+// stream itself, lazily: a stream destroyed without release_stream while one is owed
+// there is named again when another stream reuses that memory. Undefined in CUDA; the
+// simulated device refuses the call, and the request fails with a DeviceError naming
+// the event record, consistent, its statistics unchanged.
+TEST(BadInputCompact, AStreamDestroyedWithoutReleaseStream) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("policy:compact"));
+  void* p = a.allocate(8 * MiB, 1, 0);
+  sim->submit_work(1);
+  a.deallocate(p);
+  sim->destroy_stream(1);
+  const std::vector<std::int64_t> before = stats_vector(a);
+  try {
+    void* q = a.allocate(8 * MiB, 2, 0);
+    ADD_FAILURE() << "served " << q << " after naming a destroyed stream";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("recording an event"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("destroyed"), std::string::npos) << e.what();
+  }
+  a.validate();
+  EXPECT_EQ(stats_vector(a), before);
+}
+
 // ---- malformed configuration: every key with a bad value ----
 
 struct BadConfig {

@@ -259,7 +259,7 @@ const Plan kPlans[] = {
     {"CompactRecordEvent", kCompact, SimOp::record_event, kError, SimOp::map, 0, -1},
     {"CompactQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1},
     {"CompactStreamWait", kCompact, SimOp::stream_wait_event, kError, SimOp::map, 0, 1},
-    {"CompactSynchronizeEvent", kCompact, SimOp::synchronize_event, kError, SimOp::map, 0, -1},
+    {"CompactSynchronizeDevice", kCompact, SimOp::synchronize_device, kError, SimOp::map, 0, -1},
     // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
     {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
     {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,

@@ -69,6 +69,31 @@ TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
 
 // When the device keeps up (every event completes as recorded), the other stream's
 // work is known to be done: no wait is inserted.
+// A stream the program destroys: release_stream records what Reservoir still owes
+// there first, so reusing its memory on another stream later waits on an event that
+// exists and names only live streams; empty_cache never names a stream (one wait for
+// the whole device), whether or not the program released them.
+TEST(Compact, AReleasedStreamIsNeverCalledAgain) {
+  SimAllocator s("policy:compact", sim());
+  void* p = s.a.allocate(8 * MiB, 1, 0);
+  s.sim->submit_work(1);
+  const std::uint64_t used_until = s.sim->submitted(1);
+  s.a.deallocate(p);      // its marker is owed on stream 1
+  s.a.release_stream(1);  // and recorded now
+  s.sim->destroy_stream(1);
+  void* q = s.a.allocate(8 * MiB, 2, 0);  // a call naming stream 1 would throw
+  EXPECT_EQ(q, p);
+  EXPECT_TRUE(s.sim->ordered_after(2, 1, used_until));
+  s.a.deallocate(q);
+  void* r = s.a.allocate(4 * MiB, 3, 0);
+  s.a.deallocate(r);
+  s.sim->destroy_stream(3);  // not released: only empty_cache follows
+  s.a.empty_cache();
+  EXPECT_EQ(s.sim->used(0), 0u);
+  s.a.validate();
+  s.a.release_stream(99);  // a stream never seen: nothing to do
+}
+
 TEST(Compact, NoWaitWhenTheOtherStreamsWorkHasCompleted) {
   SimOptions o = sim();
   o.eager = true;
