@@ -100,6 +100,21 @@ finish_fuzz() {
 # The GPU steps keep the first cores.
 gpu_cores="0-$(($(nproc) - ${FUZZ_WORKERS:-7} - 1))"
 
+# Configures build/gpu (Release; CLI11_INCLUDE_DIR when set; with --torch, PyTorch's
+# c10 for the side-by-side benchmark) and builds the targets; the log goes to
+# OUT/build.txt. A failed build is reported, and the steps then fail on their own.
+build_targets() {  # [--torch] target...
+  local torch_dir=
+  if [ "$1" = --torch ]; then
+    shift
+    torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
+  fi
+  { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
+      ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
+    cmake --build build/gpu -j16 --target "$@"; } >"$out/build.txt" 2>&1 ||
+    echo "build of $* FAILED (log: build.txt)"
+}
+
 case $phase in
   check)
     start_fuzz
@@ -109,9 +124,8 @@ case $phase in
     ;;
   torch)
     start_fuzz
-    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release && cmake --build build/gpu -j8 --target \
-        reservoir gpu_cuda_backend_test gpu_cuda_allocator_test gpu_compact_test gpu_conformance; } \
-      >/dev/null 2>&1 || echo "build of $lib FAILED"
+    build_targets reservoir gpu_cuda_backend_test gpu_cuda_allocator_test gpu_compact_test \
+      gpu_conformance
     # The GPU tests that failed in the check phase, after their fixes (fabric handles
     # off unless asked for; the cuMemFree message), with memcheck.
     cs="compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3"
@@ -135,9 +149,7 @@ case $phase in
   pytorch)
     # The PyTorch drop-in alone (issues 13 and 14): the native cacheInfo part, the
     # memory API, CUDA graphs and torch.compile, cuDNN's benchmark mode.
-    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release && cmake --build build/gpu -j16 --target \
-        reservoir reservoir-replay gpu_conformance; } >"$out/build.txt" 2>&1 ||
-      echo "build of $lib FAILED"
+    build_targets reservoir reservoir-replay gpu_conformance
     step torch-native "${py[@]}" RESERVOIR_CACHE_DIR="$out/native-cache" python3 -m \
       reservoir._torch_native -v
     export RESERVOIR_CACHE_DIR="$out/native-cache" RESERVOIR_TEST_LOG_DIR="$out/logs"
@@ -158,11 +170,7 @@ case $phase in
   final)
     # The engine's figures after a change (issues 11 and 12): the conformance suite and
     # its memcheck, the side-by-side benchmark, every trace replayed on GPU and sim.
-    torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
-    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
-        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
-      cmake --build build/gpu -j16 --target reservoir reservoir-replay gpu_conformance \
-        reservoir_gpu_bench; } >"$out/build.txt" 2>&1 || echo "build FAILED"
+    build_targets --torch reservoir reservoir-replay gpu_conformance reservoir_gpu_bench
     g=build/gpu/tests/gpu
     step gpu-conformance $g/gpu_conformance
     step memcheck-conformance compute-sanitizer --tool memcheck --leak-check full \
@@ -174,10 +182,7 @@ case $phase in
     # policy:compact's proof (issue 12): its GPU test and memcheck, every trace replayed
     # on GPU and sim (peaks equal, host ns/event), each trace's device calls timed on
     # the GPU (reservoir-replay --calls), the driver calls' costs by size.
-    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release \
-        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
-      cmake --build build/gpu -j16 --target reservoir reservoir-replay gpu_compact_test \
-        reservoir_driver_call_bench; } >"$out/build.txt" 2>&1 || echo "build FAILED"
+    build_targets reservoir reservoir-replay gpu_compact_test reservoir_driver_call_bench
     g=build/gpu/tests/gpu
     step compact-test $g/gpu_compact_test
     step memcheck-compact compute-sanitizer --tool memcheck --leak-check full \
@@ -195,11 +200,7 @@ case $phase in
   train)
     # PyTorch training under policy:compact next to PyTorch's allocator (both
     # settings), then the side-by-side host-cost benchmark.
-    torch_dir=$(python3 -c "import torch,os;print(os.path.dirname(torch.__file__))" 2>/dev/null)
-    { cmake -S . -B build/gpu -DCMAKE_BUILD_TYPE=Release ${torch_dir:+-DTORCH_DIR=$torch_dir} \
-        ${CLI11_INCLUDE_DIR:+-DCLI11_INCLUDE_DIR=$CLI11_INCLUDE_DIR} &&
-      cmake --build build/gpu -j16 --target reservoir reservoir_gpu_bench; } \
-      >"$out/build.txt" 2>&1 || echo "build FAILED"
+    build_targets --torch reservoir reservoir_gpu_bench
     step train-bench "${py[@]}" python3 bench/python/train_bench.py \
       --models "${TRAIN_MODELS:-gpt2,resnet50,multistream}" --rounds "${TRAIN_ROUNDS:-1}" \
       ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} \
