@@ -717,13 +717,16 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
 }
 
 bool CompactPool::free(std::uintptr_t address) {
+  // The history flag read once (as StreamPool::free): the context gathered before the
+  // lock and the records under it agree.
+  const bool traced = services_.history.active();
   Context context;
-  if (services_.history.active()) context = services_.history.gather(ContextLevel::all);
+  if (traced) context = services_.history.gather(ContextLevel::all);
   Guard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   Arena& a = *arena_of(b);
-  if (services_.history.active()) {
+  if (traced) {
     services_.trace(TraceAction::free_requested, b->address, b->requested, b->stream,
                     context ? context : b->context());
     services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream, b->context());

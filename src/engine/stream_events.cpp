@@ -13,8 +13,7 @@ StreamEvents::~StreamEvents() {
 }
 
 StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
-  for (Timeline& t : timelines_)
-    if (t.stream == stream) return t;
+  if (Timeline* t = find(stream)) return *t;
   timelines_.emplace_back();
   timelines_.back().stream = stream;
   return timelines_.back();
@@ -42,12 +41,14 @@ void StreamEvents::record(Timeline& t) {
   t.deferred = 0;
 }
 
-void StreamEvents::settle(StreamHandle stream) {
+StreamEvents::Timeline* StreamEvents::find(StreamHandle stream) {
   for (Timeline& t : timelines_)
-    if (t.stream == stream) {
-      if (t.wanted != 0 && ++t.deferred == kSettleEvery) record(t);
-      return;
-    }
+    if (t.stream == stream) return &t;
+  return nullptr;
+}
+
+void StreamEvents::settle(StreamHandle stream) {
+  if (Timeline* t = find(stream); t && t->wanted != 0 && ++t->deferred == kSettleEvery) record(*t);
 }
 
 void StreamEvents::poll(Timeline& t) {
@@ -124,16 +125,14 @@ std::string StreamEvents::problem() const {
 void StreamEvents::host_waited(StreamHandle stream) {
   // The program says the host waited for stream: its markers have likely completed.
   // They are queried, not assumed (a wrong hint must never let memory move early).
-  for (Timeline& t : timelines_) {
-    if (t.stream != stream) continue;
-    record(t);
-    poll(t);
+  if (Timeline* t = find(stream)) {
+    record(*t);
+    poll(*t);
   }
 }
 
 void StreamEvents::release(StreamHandle stream) {
-  for (Timeline& t : timelines_)
-    if (t.stream == stream) record(t);
+  if (Timeline* t = find(stream)) record(*t);
 }
 
 void StreamEvents::synchronize_all() {

@@ -135,9 +135,10 @@ class StreamEvents {
     std::uint32_t deferred = 0;   // allocations that left the owed marker unrecorded
     std::deque<std::pair<std::uint64_t, EventHandle>> pending;
   };
-  Timeline& timeline(StreamHandle stream);
-  void record(Timeline& t);  // records the owed marker
-  void poll(Timeline& t);    // retires completed markers (queries)
+  Timeline* find(StreamHandle stream);      // nullptr: never seen
+  Timeline& timeline(StreamHandle stream);  // made when first seen
+  void record(Timeline& t);                 // records the owed marker
+  void poll(Timeline& t);                   // retires completed markers (queries)
   bool done(Timeline& t, std::uint64_t seq);
   EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
 
