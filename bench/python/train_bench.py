@@ -441,15 +441,16 @@ def main(argv=None):
         # variant sees the same inputs at step i (sequence length, batch size), so the
         # median of these ratios is free of the spread between steps.
         base_runs = runs_of[variants[0]]
+
+        def paired(runs, key):  # median of step i over the baseline's step i, every round
+            ratios = [a / b for run, base_run in zip(runs, base_runs)
+                      for a, b in zip(run.get(key, [])[warmup:], base_run.get(key, [])[warmup:])
+                      if b > 0]
+            return statistics.median(ratios) if ratios else float("nan")
+
         for variant in variants:
-            ratios = [a / b for run, base_run in zip(runs_of[variant], base_runs)
-                      for a, b in zip(run["step_times"][warmup:], base_run["step_times"][warmup:])]
-            merged[variant]["paired_ratio"] = statistics.median(ratios)
-            gpu_ratios = [a / b for run, base_run in zip(runs_of[variant], base_runs)
-                          for a, b in zip(run.get("gpu_step_times", [])[warmup:],
-                                          base_run.get("gpu_step_times", [])[warmup:]) if b > 0]
-            merged[variant]["gpu_paired_ratio"] = (statistics.median(gpu_ratios)
-                                                   if gpu_ratios else float("nan"))
+            merged[variant]["paired_ratio"] = paired(runs_of[variant], "step_times")
+            merged[variant]["gpu_paired_ratio"] = paired(runs_of[variant], "gpu_step_times")
         per_allocator = merged
         base = per_allocator[variants[0]]
         for variant in variants:
