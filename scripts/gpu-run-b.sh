@@ -35,7 +35,8 @@
 # Env: CLI11_INCLUDE_DIR (CLI11 headers for reservoir-replay), FUZZER, FUZZ_WORKERS
 # (default 7), FUZZ_SECONDS (default 450); compact: DRIVER_CALLS=0 skips the driver-call
 # benchmark; train: TRAIN_MODELS, TRAIN_ROUNDS (train_bench.py --rounds, default 1),
-# TRAIN_STEPS (--steps; default per model).
+# TRAIN_STEPS (--steps; default per model), TRAIN_LOCKSTEP (default 1: the variants side by
+# side, step by step, train_bench.py --lockstep), TRAIN_VARIANTS (--variants).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
@@ -201,10 +202,12 @@ case $phase in
     # PyTorch training under policy:compact next to PyTorch's allocator (both
     # settings), then the side-by-side host-cost benchmark.
     build_targets --torch reservoir reservoir_gpu_bench
+    lockstep=()
+    [ "${TRAIN_LOCKSTEP:-1}" = 1 ] && lockstep=(--lockstep)
     step train-bench "${py[@]}" python3 bench/python/train_bench.py \
       --models "${TRAIN_MODELS:-gpt2,resnet50,multistream}" --rounds "${TRAIN_ROUNDS:-1}" \
-      ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} \
-      --variants pytorch,pytorch:expandable_segments:True,reservoir:policy:compact \
+      ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} "${lockstep[@]}" \
+      --variants "${TRAIN_VARIANTS:-pytorch,pytorch:expandable_segments:True,reservoir:policy:compact}" \
       --deterministic --json "$out/train_bench.json"
     step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
     ;;

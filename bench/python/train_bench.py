@@ -185,7 +185,9 @@ def _live_state_bytes(torch, model, optimizer):
     return sum(storages.values())
 
 
-def run_worker(args):
+def setup_worker(args):
+    """Builds the model of args in this process (Reservoir installed first when asked);
+    returns what the steps and the final report need."""
     if args.deterministic:
         # Read when cuBLAS creates its handle, so before any CUDA work.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -206,23 +208,63 @@ def run_worker(args):
     build = {"gpt2": _gpt2, "resnet50": _resnet50, "multistream": _multistream}[args.model]
     model, optimizer, step, info = build(torch, args, device)
     model.train()
-    stats = _stats_function(torch, args.allocator)
-
-    losses, times, gpu_times = [], [], []
     torch.cuda.synchronize()
-    for _ in range(args.steps):
-        # The GPU's own time for the step (current stream), beside the host's: host
-        # noise does not reach it, and an allocator's device-side waits do.
-        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start = time.perf_counter()
-        began.record()
-        loss = step()
-        ended.record()
-        losses.append(loss.item())  # waits for the step
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        gpu_times.append(began.elapsed_time(ended) / 1e3)
-        del loss
+    return {"torch": torch, "device": device, "model": model, "optimizer": optimizer,
+            "step": step, "info": info, "stats": _stats_function(torch, args.allocator),
+            "losses": [], "times": [], "gpu_times": []}
+
+
+def timed_step(ctx):
+    """One training step, timed by the host (until the GPU is done) and by the GPU."""
+    torch = ctx["torch"]
+    # The GPU's own time for the step (current stream), beside the host's: host
+    # noise does not reach it, and an allocator's device-side waits do.
+    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start = time.perf_counter()
+    began.record()
+    loss = ctx["step"]()
+    ended.record()
+    value = loss.item()  # waits for the step
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    gpu = began.elapsed_time(ended) / 1e3
+    del loss
+    ctx["losses"].append(value)
+    ctx["times"].append(elapsed)
+    ctx["gpu_times"].append(gpu)
+    return value, elapsed, gpu
+
+
+LOCKSTEP = "LOCKSTEP "  # the prefix of the protocol's lines on a lockstep worker's stdout
+
+
+def run_worker(args):
+    ctx = setup_worker(args)
+    if args.lockstep:
+        # Steps on command (run_lockstep): "step" runs one and answers with its
+        # figures, "end" finishes; meanwhile this process waits on its standard input,
+        # idle, while the other allocators' workers take their steps.
+        print(LOCKSTEP + "ready", flush=True)
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "end":
+                break
+            if command != "step":
+                raise SystemExit("lockstep worker: unknown command %r" % command)
+            loss, elapsed, gpu = timed_step(ctx)
+            print(LOCKSTEP + json.dumps({"loss": loss, "time": elapsed, "gpu_time": gpu}),
+                  flush=True)
+    else:
+        for _ in range(args.steps):
+            timed_step(ctx)
+    finish_worker(args, ctx)
+
+
+def finish_worker(args, ctx):
+    """The end of a run: statistics, the probe, the result file."""
+    torch, model, optimizer, stats = ctx["torch"], ctx["model"], ctx["optimizer"], ctx["stats"]
+    device, info = ctx["device"], ctx["info"]
+    losses, times, gpu_times = ctx["losses"], ctx["times"], ctx["gpu_times"]
     torch.cuda.synchronize()
     gc.collect()
 
@@ -251,7 +293,7 @@ def run_worker(args):
     result = {
         "model": args.model,
         "allocator": args.allocator,
-        "steps": args.steps,
+        "steps": len(losses),
         "seed": args.seed,
         "deterministic": args.deterministic,
         "torch": torch.__version__,
@@ -329,30 +371,44 @@ def child_environment():
     return env
 
 
+def _worker_command(model, allocator, out, steps, seed, deterministic, attn, config, batch,
+                    cudnn_benchmark, lockstep=False):
+    command = [
+        sys.executable, os.path.abspath(__file__), "--worker",
+        "--model", model, "--allocator", allocator,
+        "--steps", str(steps or DEFAULT_STEPS[model]),
+        "--seed", str(seed), "--attn", attn, "--out", out,
+    ]
+    if deterministic:
+        command.append("--deterministic")
+    if cudnn_benchmark:
+        command.append("--cudnn-benchmark")
+    if config:
+        command += ["--config", config]
+    if batch:
+        command += ["--batch", str(batch)]
+    if lockstep:
+        command.append("--lockstep")
+    return command
+
+
+def _worker_environment(deterministic, extra_env):
+    env = child_environment()
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    env.update(extra_env or {})
+    return env
+
+
 def run_training(model, allocator, steps=None, seed=1234, deterministic=False, attn="default",
                  config=None, batch=None, timeout=1200, extra_env=None, cudnn_benchmark=False):
     """Runs one training in a fresh interpreter; returns the worker's result dict.
     Raises RuntimeError with the worker's output when it fails."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        command = [
-            sys.executable, os.path.abspath(__file__), "--worker",
-            "--model", model, "--allocator", allocator,
-            "--steps", str(steps or DEFAULT_STEPS[model]),
-            "--seed", str(seed), "--attn", attn, "--out", out,
-        ]
-        if deterministic:
-            command.append("--deterministic")
-        if cudnn_benchmark:
-            command.append("--cudnn-benchmark")
-        if config:
-            command += ["--config", config]
-        if batch:
-            command += ["--batch", str(batch)]
-        env = child_environment()
-        if deterministic:
-            env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        env.update(extra_env or {})
+        command = _worker_command(model, allocator, out, steps, seed, deterministic, attn, config,
+                                  batch, cudnn_benchmark)
+        env = _worker_environment(deterministic, extra_env)
         proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(
@@ -361,6 +417,103 @@ def run_training(model, allocator, steps=None, seed=1234, deterministic=False, a
             )
         with open(out) as handle:
             return json.load(handle)
+
+
+class LockstepWorker:
+    """One worker process of a lockstep comparison, driven over its standard input."""
+
+    def __init__(self, name, command, env, log_path):
+        self.name = name
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(command, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     bufsize=1)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout, self.log):
+            try:
+                if stream:
+                    stream.close()
+            except BrokenPipeError:
+                pass
+
+    def _fail(self, what):
+        self.close()
+        with open(self.log_path) as handle:
+            tail = handle.read()[-8000:]
+        raise RuntimeError("lockstep worker %s: %s (exit %s):\n%s"
+                           % (self.name, what, self.proc.returncode, tail))
+
+    def reply(self):
+        """The next protocol line's text (other output of the worker is skipped)."""
+        for line in self.proc.stdout:
+            if line.startswith(LOCKSTEP):
+                return line[len(LOCKSTEP):].strip()
+        self._fail("ended before answering")
+
+    def command(self, text):
+        try:
+            self.proc.stdin.write(text + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._fail("gone")
+
+    def finish(self, timeout):
+        self.command("end")
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._fail("did not finish")
+        if code != 0:
+            self._fail("failed")
+        self.close()
+
+
+def lockstep_order(names, step):
+    """The order in which the workers take step `step`: rotated by one each step, so
+    that every allocator comes first, second, ... equally often."""
+    k = step % len(names)
+    return names[k:] + names[:k]
+
+
+def run_lockstep(specs, steps, timeout=1200):
+    """Runs one training per spec in lockstep: every worker process is started and
+    builds its model, then step i is taken by each worker in turn (lockstep_order)
+    while the others wait, idle, on their standard input. A slow spell of the host
+    or the GPU thus falls on every allocator's same step alike, and the ratio of two
+    workers' step i compares the same inputs moments apart.
+
+    specs: [(name, command, env)] where command runs a worker with --lockstep and
+    --out PATH. Returns {name: result dict} (the worker's result file, whose step
+    times are those it reported)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        workers = {}
+        try:
+            for name, command, env in specs:
+                workers[name] = LockstepWorker(
+                    name, command, env, os.path.join(tmp, "%d.log" % len(workers)))
+            for worker in workers.values():  # the models are built concurrently
+                if worker.reply() != "ready":
+                    worker._fail("no ready line")
+            names = [name for name, _, _ in specs]
+            for i in range(steps):
+                for name in lockstep_order(names, i):
+                    workers[name].command("step")
+                    json.loads(workers[name].reply())
+            results = {}
+            for name, command, _ in specs:
+                workers[name].finish(timeout)
+                with open(command[command.index("--out") + 1]) as handle:
+                    results[name] = json.load(handle)
+            return results
+        finally:
+            for worker in workers.values():
+                worker.close()
 
 
 def _mib(value):
@@ -385,6 +538,11 @@ def main(argv=None):
                         help="runs of each variant, interleaved (A B C A B C ...): the median "
                              "is over the steps of all rounds, so that a slow spell of the host "
                              "or the GPU falls on every variant alike")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="run the variants' workers side by side, taking each step in "
+                             "turn (the others idle meanwhile), so that the step-by-step ratio "
+                             "compares the same step moments apart; in worker mode: take steps "
+                             "on command")
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--json", default=None, help="write all results to this file")
     # Worker mode.
@@ -410,22 +568,47 @@ def main(argv=None):
         warmup = args.warmup if args.warmup is not None else DEFAULT_WARMUP[model]
         warmup = min(warmup, steps - 1)
         per_allocator = {}
+        def settings(variant):  # allocator, its Reservoir config, its environment
+            allocator, _, setting = variant.partition(":")
+            extra_env = ({"PYTORCH_CUDA_ALLOC_CONF": setting}
+                         if allocator == "pytorch" and setting else None)
+            config = (setting or args.config) if allocator == "reservoir" else None
+            return allocator, config, extra_env
+
+        def keep(result, variant, round_index):
+            result["median_step_s"] = statistics.median(result["step_times"][warmup:])
+            result["variant"] = variant
+            result["round"] = round_index
+            result["lockstep"] = args.lockstep
+            results.append(result)
+            per_allocator.setdefault(variant, []).append(result)
+
         for round_index in range(max(1, args.rounds)):
+            if args.lockstep:
+                print("running %s on %s in lockstep (%d steps, round %d of %d)..."
+                      % (model, ", ".join(variants), steps, round_index + 1, args.rounds),
+                      flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    specs = []
+                    for k, variant in enumerate(variants):
+                        allocator, config, extra_env = settings(variant)
+                        out = os.path.join(tmp, "result-%d.json" % k)
+                        specs.append((variant, _worker_command(
+                            model, allocator, out, steps, args.seed, args.deterministic,
+                            args.attn, config, None, False, lockstep=True),
+                            _worker_environment(args.deterministic, extra_env)))
+                    by_variant = run_lockstep(specs, steps)
+                for variant in variants:
+                    keep(by_variant[variant], variant, round_index)
+                continue
             for variant in variants:
-                allocator, _, setting = variant.partition(":")
+                allocator, config, extra_env = settings(variant)
                 print("running %s on %s (%d steps, round %d of %d)..."
                       % (model, variant, steps, round_index + 1, args.rounds), flush=True)
-                extra_env = ({"PYTORCH_CUDA_ALLOC_CONF": setting}
-                             if allocator == "pytorch" and setting else None)
-                config = (setting or args.config) if allocator == "reservoir" else None
                 result = run_training(model, allocator, steps=steps, seed=args.seed,
                                       deterministic=args.deterministic, attn=args.attn,
                                       config=config, extra_env=extra_env)
-                result["median_step_s"] = statistics.median(result["step_times"][warmup:])
-                result["variant"] = variant
-                result["round"] = round_index
-                results.append(result)
-                per_allocator.setdefault(variant, []).append(result)
+                keep(result, variant, round_index)
         # Per variant: the first round's result, its median over every round's steps.
         merged = {}
         runs_of = per_allocator
@@ -483,12 +666,14 @@ def main(argv=None):
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
     if results:
-        print("\n%s, torch %s; median over steps after warm-up (of %d round(s), interleaved); "
+        print("\n%s, torch %s; median over steps after warm-up (of %d round(s), interleaved%s); "
               "step by step: median of each step's time over the baseline's same step (same "
               "inputs) in the same round (GPU: the same with the GPU's time of the step, CUDA "
               "events on the current stream); peak reserved: torch.cuda.max_memory_reserved() vs "
               "reservoir reserved_bytes.all.peak"
-              % (results[0]["device"], results[0]["torch"], args.rounds))
+              % (results[0]["device"], results[0]["torch"], args.rounds,
+                 "; lockstep: the variants' processes side by side, each step taken by "
+                 "each in turn, the order rotated every step" if args.lockstep else ""))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)
