@@ -43,6 +43,21 @@ void BM_Pair(benchmark::State& state) {
 }
 BENCHMARK(BM_Pair)->Arg(512)->Arg(1 << 20)->Arg(64 << 20);
 
+// The same pair through allocate's default device argument (-1, the current device),
+// as the README's example calls it: with one device it costs what device 0 costs.
+void BM_PairCurrentDevice(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const auto size = static_cast<std::size_t>(state.range(0));
+  for (int i = 0; i < 100; ++i) a.deallocate(a.allocate(size, 1));
+  for (auto _ : state) {
+    void* p = a.allocate(size, 1);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_PairCurrentDevice)->Arg(512);
+
 // The peer: glibc's malloc+free of the same size (its thread cache serves 512 B).
 void BM_GlibcPair(benchmark::State& state) {
   const auto size = static_cast<std::size_t>(state.range(0));

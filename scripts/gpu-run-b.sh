@@ -20,9 +20,11 @@
 #                                    build, the memory API test, CUDA graphs and
 #                                    torch.compile, cudnn_bench, the GPU conformance
 #                                    suite and its memcheck (no fuzz campaign)
-#   scripts/gpu-run-b.sh final OUT   the conformance suite and its memcheck, every trace
+#   scripts/gpu-run-b.sh final OUT   policy:compact's GPU test and its memcheck, every trace
 #                                    replayed on GPU and sim (scripts/gpu-replays.sh), the
-#                                    side-by-side benchmark (no fuzz campaign)
+#                                    side-by-side benchmark (BENCH_EXPANDABLE=1: again with
+#                                    Reservoir and c10 under expandable segments), the
+#                                    conformance suite and its memcheck (no fuzz campaign)
 #   scripts/gpu-run-b.sh compact OUT policy:compact: its GPU test and memcheck, the
 #                                    replays, each trace's device calls timed on the GPU,
 #                                    the driver calls' costs (reservoir_driver_call_bench)
@@ -171,13 +173,25 @@ case $phase in
   final)
     # The engine's figures after a change (issues 11 and 12): the conformance suite and
     # its memcheck, the side-by-side benchmark, every trace replayed on GPU and sim.
-    build_targets --torch reservoir reservoir-replay gpu_conformance reservoir_gpu_bench
+    # policy:compact's GPU test and its memcheck first (fast), then the benchmarks, then
+    # the longer conformance suite (the deadline skips what no longer fits).
+    build_targets --torch reservoir reservoir-replay gpu_conformance gpu_compact_test \
+      reservoir_gpu_bench
     g=build/gpu/tests/gpu
+    step compact-test $g/gpu_compact_test
+    step memcheck-compact compute-sanitizer --tool memcheck --leak-check full \
+      --error-exitcode 3 $g/gpu_compact_test
+    step replays scripts/gpu-replays.sh build/gpu/tools/replay/reservoir-replay "$out/replays"
+    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
+    if [ "${BENCH_EXPANDABLE:-0}" = 1 ]; then
+      # Reservoir and c10 both under expandable segments (each reads its own variable).
+      step gpu-bench-expandable env RESERVOIR_ALLOC_CONF=expandable_segments:True \
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+        build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench-expandable.md"
+    fi
     step gpu-conformance $g/gpu_conformance
     step memcheck-conformance compute-sanitizer --tool memcheck --leak-check full \
       --error-exitcode 3 --report-api-errors no $g/gpu_conformance --gtest_filter='*/cuda*'
-    step replays scripts/gpu-replays.sh build/gpu/tools/replay/reservoir-replay "$out/replays"
-    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
     ;;
   compact)
     # policy:compact's proof (issue 12): its GPU test and memcheck, every trace replayed

@@ -32,7 +32,7 @@ CompactPool::CompactPool(PoolServices& services)
     : services_(services),
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
-      free_(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_)),
+      free_(&set_nodes_),
       fences_(services.backend, services.device, services.events) {
   if (services.backend.granularity(services.device, &page_) != DeviceStatus::ok || page_ == 0)
     throw DeviceError(
@@ -98,18 +98,11 @@ void CompactPool::delete_block(Block* b) {
 
 void CompactPool::index_free(Block* b) {
   b->state = BlockState::free;
-  b->free_at = free_.insert(b).first;
+  free_.insert(b);
 }
 
 void CompactPool::reposition_free(Block* b) {
-  if (free_.size() == 1) return;
-  BySizeThenAddress less;
-  auto it = b->free_at;
-  if ((it == free_.begin() || less(*std::prev(it), b)) &&
-      (std::next(it) == free_.end() || less(b, *std::next(it))))
-    return;
-  free_.erase(it);
-  b->free_at = free_.insert(b).first;
+  free_.reposition(b);
 }
 
 // b (allocated until now, in no index) becomes free, merged with free neighbours.
@@ -126,7 +119,7 @@ Block* CompactPool::coalesce_free(Block* b) {
   if (b->next && b->next->state == BlockState::free) {
     Block* next = b->next;
     if (keep) {
-      free_.erase(next->free_at);
+      free_.erase(next);
       b->size += next->size;
       b->next = next->next;
       if (b->next) b->next->prev = b;
@@ -630,7 +623,7 @@ std::size_t CompactPool::unbacked_pages(const Block* b, std::size_t size) const 
 // larger free block already has all its memory, the latter: moving memory costs
 // device calls every time the program's layout drifts, while the address space a
 // larger block leaves free costs nothing.
-Block* CompactPool::choose(FreeSet::iterator best, std::size_t size) const {
+Block* CompactPool::choose(FreeIndex::iterator best, std::size_t size) const {
   Block* chosen = *best;
   std::size_t fewest = unbacked_pages(chosen, size);
   int looked = 0;
@@ -652,7 +645,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   Guard guard(lock_);
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
-  auto it = free_.lower_bound(SizeKey{size});
+  auto it = free_.lower_bound(size);
   Block* b;
   if (it != free_.end()) {
     // Under a memory fraction every byte counts: best fit. Without one, moving memory
@@ -697,7 +690,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
     b->size -= taken;
     reposition_free(b);
   } else {
-    free_.erase(b->free_at);
+    free_.erase(b);
     out = b;
     out->state = BlockState::allocated;
   }
@@ -809,7 +802,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
         ++it;
         continue;
       }
-      free_.erase(head->free_at);
+      free_.erase(head);
       delete_block(head);
       counters_.add<kSegment>(kLargePool, -1);
       services_.segments.recycle(a.segment);

@@ -41,6 +41,7 @@
 
 #include "engine/block.hpp"
 #include "engine/block_owner.hpp"
+#include "engine/free_index.hpp"
 #include "engine/pool_services.hpp"
 #include "engine/stat_ledger.hpp"
 #include "engine/stream_events.hpp"
@@ -135,7 +136,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   Block* coalesce_free(Block* b);
   Arena* new_arena(std::size_t at_least);
   std::size_t unbacked_pages(const Block* b, std::size_t size) const;
-  Block* choose(FreeSet::iterator best, std::size_t size) const;
+  Block* choose(FreeIndex::iterator best, std::size_t size) const;
   void grow_pages(Arena& a, std::size_t end);
   // Physical memory for the unmapped pages under [address, address + size) of a, and
   // access to all of them: all or nothing.
@@ -173,7 +174,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
-  FreeSet free_;
+  FreeIndex free_;
   AddressMap<Block> allocated_;
   StreamEvents fences_;
   std::vector<std::unique_ptr<Arena>> arenas_;

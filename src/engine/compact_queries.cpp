@@ -167,8 +167,7 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       tiled += b->size;
       if (b->state == BlockState::free) {
         ++free_blocks;
-        RESERVOIR_CHECK(free_.count(b) == 1 && *b->free_at == b,
-                        where + " is free but not in the free set");
+        RESERVOIR_CHECK(free_.holds(b), where + " is free but not in the free set");
         continue;
       }
       RESERVOIR_CHECK(b->state == BlockState::allocated, where + " is neither free nor allocated");

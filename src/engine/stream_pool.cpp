@@ -24,8 +24,7 @@ StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
       stream_(stream),
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
-      free_{FreeSet(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_)),
-            FreeSet(BySizeThenAddress{}, PoolAllocator<Block*>(&set_nodes_))},
+      free_{FreeIndex(&set_nodes_), FreeIndex(&set_nodes_)},
       unmapped_{AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_)),
                 AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
 
@@ -58,17 +57,6 @@ StreamPool::~StreamPool() {
 
 // ---------------------------------------------------------------- blocks and indexes
 
-void StreamPool::reinsert_free(Block* b) {
-  FreeSet& set = free_[b->pool()];
-  BySizeThenAddress less;
-  auto it = b->free_at;
-  if ((it == set.begin() || less(*std::prev(it), b)) &&
-      (std::next(it) == set.end() || less(b, *std::next(it))))
-    return;
-  set.erase(it);
-  b->free_at = set.insert(b).first;
-}
-
 void StreamPool::link_segment(Segment* seg) {
   seg->prev_in_pool = nullptr;
   seg->next_in_pool = segments_;
@@ -87,10 +75,10 @@ void StreamPool::unlink_segment(Segment* seg) {
 // ---------------------------------------------------------------- allocation
 
 RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) {
-  FreeSet& set = free_[pool];
+  FreeIndex& set = free_[pool];
   if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();
   if (set.empty()) return nullptr;
-  auto it = set.lower_bound(SizeKey{size});
+  auto it = set.lower_bound(size);
   if (it == set.end()) return nullptr;
   if ((*it)->segment->expandable) {
     if (policy().expandable()) {
@@ -505,7 +493,7 @@ std::size_t StreamPool::release_cached() {
   std::size_t released = 0;
   std::vector<Segment*> whole;
   std::vector<Block*> expandable;
-  for (FreeSet& set : free_)
+  for (FreeIndex& set : free_)
     for (Block* b : set) {
       if (b->segment->expandable)
         expandable.push_back(b);
@@ -534,9 +522,9 @@ bool StreamPool::release_oversize(std::size_t requested) {
   if (!p.has_max_split_size()) return false;
   Guard guard(lock_);
   const std::size_t size = p.round(requested);
-  FreeSet& set = free_[SizePolicy::pool_for(size)];
+  FreeIndex& set = free_[SizePolicy::pool_for(size)];
   const std::size_t key = std::max(size, p.max_split_size());
-  auto it = set.lower_bound(SizeKey{key});
+  auto it = set.lower_bound(key);
   std::vector<Segment*> victims;
   bool enough;
   if (it != set.end() && !(*it)->segment->expandable) {

@@ -3,7 +3,7 @@
 //
 // It owns, under one Lock:
 //   - the segments allocated for its stream, and their blocks (block.hpp);
-//   - free blocks per pool in best-fit order (FreeSet) and, for expandable
+//   - free blocks per pool in best-fit order (FreeIndex) and, for expandable
 //     segments, unmapped blocks by address (AddressSet);
 //   - the allocated blocks by address (AddressMap);
 //   - pending frees: blocks freed by the program but used on other streams, in one
@@ -38,6 +38,7 @@
 
 #include "engine/block.hpp"
 #include "engine/block_owner.hpp"
+#include "engine/free_index.hpp"
 #include "engine/pool_services.hpp"
 #include "engine/stat_ledger.hpp"
 #include "reservoir/history.hpp"
@@ -161,9 +162,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
   void delete_block(Block* b);
   void index_free(Block* b);  // b becomes free: into its pool's free set
-  void unindex_free(Block* b) { free_[b->pool()].erase(b->free_at); }
+  void unindex_free(Block* b) { free_[b->pool()].erase(b); }
   void reposition_free(Block* b);  // b's size or address changed while in the free set
-  void reinsert_free(Block* b);    // reposition_free's slow case
   void index_unmapped(Block* b);
   void unindex_unmapped(Block* b) { unmapped_[b->pool()].erase(b->unmapped_at); }
   // b (in no index) enters state (free or unmapped): merges with neighbours in that
@@ -218,7 +218,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;
-  FreeSet free_[kPoolCount];
+  FreeIndex free_[kPoolCount];
   AddressSet unmapped_[kPoolCount];  // unmapped blocks of expandable segments, by address
   AddressMap<Block> allocated_;
   Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
@@ -253,14 +253,14 @@ RESERVOIR_INLINE void StreamPool::delete_block(Block* b) {
 RESERVOIR_INLINE void StreamPool::index_free(Block* b) {
   b->state = BlockState::free;
   b->gc_stamp = services_.gc.now();
-  b->free_at = free_[b->pool()].insert(b).first;
+  free_[b->pool()].insert(b);
 }
 
 // Keeps b's node when the order still holds (the common case of splitting or merging
 // the same block), else re-inserts it.
 RESERVOIR_INLINE void StreamPool::reposition_free(Block* b) {
   b->gc_stamp = services_.gc.now();
-  if (free_[b->pool()].size() != 1) reinsert_free(b);  // a lone block is always in order
+  free_[b->pool()].reposition(b);
 }
 
 RESERVOIR_INLINE void StreamPool::index_unmapped(Block* b) {

@@ -11,14 +11,14 @@ namespace reservoir::detail {
 
 std::size_t StreamPool::largest_free_block(PoolIndex pool) {
   Guard guard(lock_);
-  const FreeSet& set = free_[pool];
-  return set.empty() ? 0 : (*set.rbegin())->size;
+  const FreeIndex& set = free_[pool];
+  return set.empty() ? 0 : set.largest()->size;
 }
 
 std::size_t StreamPool::cached_bytes() {
   Guard guard(lock_);
   std::size_t total = 0;
-  for (const FreeSet& set : free_)
+  for (const FreeIndex& set : free_)
     for (const Block* b : set) total += b->size;
   return total;
 }

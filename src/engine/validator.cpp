@@ -62,8 +62,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
       switch (b->state) {
         case BlockState::free:
           ++free_blocks[pool];
-          RESERVOIR_CHECK(free_[pool].count(b) == 1 && *b->free_at == b,
-                          where + " is free but not in its pool's free set");
+          RESERVOIR_CHECK(free_[pool].holds(b), where + " is free but not in its pool's free set");
           if (b->is_split() && !seg->expandable) {
             expected[kInactiveSplit][pool] += 1;
             expected[kInactiveSplitBytes][pool] += size;

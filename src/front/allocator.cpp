@@ -45,6 +45,9 @@ bool env_flag(const char* name) {
 struct Allocator::Impl {
   std::shared_ptr<Backend> backend;
   int device_count = 0;
+  // What device -1 ("the current device") means without asking the backend: 0 when
+  // there is one device (the only device that can be current), else -1 (ask).
+  int implicit_device = -1;
   std::unique_ptr<detail::CachingAllocator> core;       // the engine: always there
   std::unique_ptr<detail::UncachedAllocator> uncached;  // RESERVOIR_NO_CACHING=1
   std::unique_ptr<detail::AsyncPoolAllocator> async;    // backend:cudaMallocAsync
@@ -126,6 +129,7 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
   if (im.backend->device_count(&count) != DeviceStatus::ok)
     throw DeviceError("reservoir: counting devices failed: " + im.backend->last_error());
   im.device_count = count;
+  im.implicit_device = count == 1 ? 0 : -1;
   im.config = config;
   im.core = std::make_unique<detail::CachingAllocator>(*im.backend, config, count);
   if (env_flag("RESERVOIR_NO_CACHING")) {
@@ -195,6 +199,8 @@ Allocator& Allocator::instance() {
 
 void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   Impl& im = *impl_;
+  // The default argument (-1, the current device) needs no backend call with one device.
+  if (device == -1) device = im.implicit_device;
   // The common call in one test: a size in (0, 1 EiB) (one compare for both ends), a
   // device index that needs no resolving, and no layer around the engine.
   if (RESERVOIR_LIKELY(size - 1 < kOneEiB - 1 &&
