@@ -7,7 +7,7 @@
 // No two neighbouring blocks are both free, nor both unmapped: they are merged when
 // the second one enters that state (coalesce() in stream_pool.cpp).
 // Every block is in exactly one of these places, by state:
-//   free      -> its owner's FreeIndex for the segment's pool (free_at valid)
+//   free      -> its owner's FreeIndex for the segment's pool (free_leaf valid)
 //   allocated -> its owner's AddressMap of allocated blocks
 //   pending   -> freed by the program, waiting for events on other streams
 //                (event_count > 0, stranded after a device error, or deferred until
@@ -36,31 +36,16 @@ struct Segment;
 class BlockOwner;
 class ExpandableSegment;
 
-// An entry of a FreeIndex (free_index.hpp): a free block and a copy of its key, so
-// that searches compare entries without loading the block. size and address are
-// mutable: FreeIndex::reposition refreshes them in place when the order still holds.
-struct FreeEntry {
-  mutable std::size_t size;
-  mutable std::uintptr_t address;
-  Block* block;
-};
-// Best fit: smallest size first, ties by lowest address. Transparent, so a lookup
-// by size needs no entry.
-struct SizeKey {
+// A free block's key in its owner's FreeIndex (free_index.hpp): best fit takes the
+// smallest size first, ties by lowest address.
+struct FreeKey {
   std::size_t size;
+  std::uintptr_t address;
 };
-struct BySizeThenAddress {
-  using is_transparent = void;
-  bool operator()(const FreeEntry& a, const FreeEntry& b) const noexcept {
-    return a.size != b.size ? a.size < b.size : a.address < b.address;
-  }
-  bool operator()(const FreeEntry& a, SizeKey k) const noexcept { return a.size < k.size; }
-  bool operator()(SizeKey k, const FreeEntry& b) const noexcept { return k.size < b.size; }
-};
+struct FreeLeaf;  // a leaf of a FreeIndex
 struct ByAddress {
   bool operator()(const Block* a, const Block* b) const noexcept;
 };
-using FreeSet = std::set<FreeEntry, BySizeThenAddress, PoolAllocator<FreeEntry>>;
 using AddressSet = std::set<Block*, ByAddress, PoolAllocator<Block*>>;
 
 enum class BlockState : std::uint8_t { free, allocated, pending, unmapped };
@@ -88,7 +73,7 @@ struct Block {
   BlockState state;
   bool oversize;                        // counted in oversize_allocations when handed out
   std::uint32_t event_count;            // outstanding events while pending
-  FreeSet::const_iterator free_at;      // its FreeIndex entry, valid while state == free
+  FreeLeaf* free_leaf;                  // its leaf in the FreeIndex, valid while state == free
   AddressSet::iterator unmapped_at;     // valid while state == unmapped
   std::uint64_t gc_stamp;               // garbage-collection clock when it became free
   StreamHandle stream;                  // allocated on (policy:compact; a StreamPool knows its own)

@@ -11,7 +11,6 @@
 namespace reservoir::detail {
 
 namespace {
-constexpr std::size_t kSetNodeSize = 64;
 // Reclaimable extents examined for each run of pages a request lacks, before new
 // memory is taken instead: the oldest are the likeliest to have completed their fences.
 constexpr int kReclaimProbes = 16;
@@ -30,9 +29,7 @@ constexpr std::size_t kMinPublishedPages = 512;
 
 CompactPool::CompactPool(PoolServices& services)
     : services_(services),
-      set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
-      free_(&set_nodes_),
       fences_(services.backend, services.device, services.events) {
   if (services.backend.granularity(services.device, &page_) != DeviceStatus::ok || page_ == 0)
     throw DeviceError(

@@ -172,7 +172,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   PoolServices& services_;
   Lock lock_;
   ShardCounters counters_;
-  NodePool set_nodes_;
   NodePool block_nodes_;
   FreeIndex free_;
   AddressMap<Block> allocated_;

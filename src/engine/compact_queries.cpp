@@ -257,6 +257,8 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   const std::size_t held = held_extents * page_;
   totals->reserved += held;
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
+  const std::string index_problem = free_.problem();
+  RESERVOIR_CHECK(index_problem.empty(), index_problem);
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
                   "the allocated map holds blocks that are not allocated");
   RESERVOIR_CHECK(

@@ -1,30 +1,66 @@
 // FreeIndex: the free blocks of one pool in best-fit order — smallest size first, ties
 // by lowest address (PyTorch's order, so the default stays byte-exact).
 //
-// Each entry keeps a copy of its block's key (size, address) beside the pointer, so a
-// search compares tree nodes only and never loads a Block: one dependent load per
-// level of the tree instead of two, which is most of the cost of a best-fit search
-// once the pool holds a few hundred free blocks.
+// A B+tree of keys (size, address): up to kSlots keys per node, each key beside its
+// block in the leaves, the leaves in a list. A search reads a few nodes of a few
+// cache lines each and never loads a Block, where a red-black tree of a few hundred
+// free blocks walks ten nodes and, to compare, the block behind each. Deletion is
+// relaxed: a node is removed when it empties, never merged with a sibling (the height
+// only grows when a full root splits).
 //
-// Invariants (checked by holds(), which validators call):
-//   for every entry e: e.size == e.block->size, e.address == e.block->address,
-//     e.block->state == free and e.block->free_at designates e;
-//   entries are ordered by (size, address), no two equal.
+// Invariants (problem() checks them; validators call it and holds()):
+//   keys strictly increase along the leaf list, and size() == the number of keys;
+//   every leaf but a lone root holds at least one key, so every subtree of an inner
+//     node with separators holds keys (with one key in all, no separator is above it);
+//   in an inner node with separators s[0..n-1] and children c[0..n], every key of
+//     c[i] lies in [s[i-1], s[i]) (no bound beyond the ends), parent pointers agree;
+//   for every indexed block b: b->state == free, b->free_leaf is the leaf holding it,
+//     and its key there == (b->size, b->address) outside of a change that ends in
+//     reposition().
 // The owner changes a free block's size or address only by then calling reposition()
-// (or erase() before and insert() after), so the copies never go stale between calls.
+// (or erase() before and insert() after).
 // Not thread-safe: the owner's lock guards it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <string>
 
 #include "engine/block.hpp"
 #include "util/compiler.hpp"
+#include "util/node_pool.hpp"
 
 namespace reservoir::detail {
 
+// The nodes of a FreeIndex (its machinery; FreeLeaf is named by Block::free_leaf).
+struct FreeEntry {  // a key beside its block: a hit reads one cache line
+  FreeKey key;
+  Block* block;
+};
+struct FreeInner;
+struct FreeNode {
+  static constexpr int kSlots = 14;  // keys per node: a leaf is six cache lines
+  FreeInner* parent = nullptr;
+  int count = 0;  // keys
+  bool leaf = true;
+};
+struct FreeLeaf : FreeNode {
+  FreeLeaf* prev = nullptr;
+  FreeLeaf* next = nullptr;
+  FreeEntry entries[kSlots];  // each block's free_leaf is this leaf
+};
+struct FreeInner : FreeNode {
+  FreeKey keys[kSlots];            // separators
+  FreeNode* children[kSlots + 1];  // count + 1 of them
+};
+
 class FreeIndex {
+  static constexpr int kSlots = FreeNode::kSlots;
+  using Node = FreeNode;
+  using Leaf = FreeLeaf;
+  using Inner = FreeInner;
+
  public:
   // Walks the free blocks in best-fit order; dereferences to the Block.
   class iterator {
@@ -35,91 +71,144 @@ class FreeIndex {
     using pointer = Block* const*;
     using reference = Block*;
     iterator() = default;
-    explicit iterator(FreeSet::const_iterator it) : it_(it) {}
-    Block* operator*() const { return it_->block; }
+    Block* operator*() const { return leaf_->entries[slot_].block; }
     iterator& operator++() {
-      ++it_;
+      if (++slot_ == leaf_->count) {
+        leaf_ = leaf_->next;
+        slot_ = 0;
+      }
       return *this;
     }
     iterator operator++(int) {
       iterator old = *this;
-      ++it_;
+      ++*this;
       return old;
     }
     iterator& operator--() {
-      --it_;
+      if (leaf_ == nullptr) {
+        leaf_ = index_->last_;
+        slot_ = leaf_->count - 1;
+      } else if (slot_-- == 0) {
+        leaf_ = leaf_->prev;
+        slot_ = leaf_->count - 1;
+      }
       return *this;
     }
     iterator operator--(int) {
       iterator old = *this;
-      --it_;
+      --*this;
       return old;
     }
-    bool operator==(const iterator& o) const { return it_ == o.it_; }
-    bool operator!=(const iterator& o) const { return it_ != o.it_; }
-    // The block's size and address as the index holds them (no Block load).
-    std::size_t size() const { return it_->size; }
-    std::uintptr_t address() const { return it_->address; }
+    bool operator==(const iterator& o) const { return leaf_ == o.leaf_ && slot_ == o.slot_; }
+    bool operator!=(const iterator& o) const { return !(*this == o); }
+    // The block's size as the index holds it (no Block load).
+    std::size_t size() const { return leaf_->entries[slot_].key.size; }
 
    private:
-    FreeSet::const_iterator it_;
+    friend class FreeIndex;
+    iterator(const FreeIndex* index, Leaf* leaf, int slot)
+        : index_(index), leaf_(leaf), slot_(slot) {}
+    const FreeIndex* index_ = nullptr;
+    Leaf* leaf_ = nullptr;  // nullptr: end()
+    int slot_ = 0;
   };
 
-  explicit FreeIndex(NodePool* nodes)
-      : set_(BySizeThenAddress{}, PoolAllocator<FreeEntry>(nodes)) {}
+  FreeIndex();
+  ~FreeIndex() { clear(); }
+  FreeIndex(const FreeIndex&) = delete;
+  FreeIndex& operator=(const FreeIndex&) = delete;
 
-  std::size_t size() const noexcept { return set_.size(); }
-  bool empty() const noexcept { return set_.empty(); }
-  iterator begin() const { return iterator(set_.begin()); }
-  iterator end() const { return iterator(set_.end()); }
-  void clear() { set_.clear(); }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  iterator begin() const { return size_ ? iterator(this, first_, 0) : end(); }
+  iterator end() const { return iterator(this, nullptr, 0); }
+  void clear();
   // The largest free block (pre: !empty()).
-  Block* largest() const { return std::prev(set_.end())->block; }
+  Block* largest() const { return last_->entries[last_->count - 1].block; }
   // The first block of at least size bytes in best-fit order (end() when none).
   RESERVOIR_INLINE iterator lower_bound(std::size_t size) const {
-    return iterator(set_.lower_bound(SizeKey{size}));
+    if (size_ == 1)  // the one block (in the first leaf) fits or none does
+      return first_->entries[0].key.size >= size ? iterator(this, first_, 0) : end();
+    const FreeKey key{size, 0};
+    Leaf* leaf = descend(key);
+    int j = 0;
+    while (j < leaf->count && less(leaf->entries[j].key, key)) ++j;
+    if (j == leaf->count) return iterator(this, leaf->next, 0);  // next leaf's first, or end
+    return iterator(this, leaf, j);
   }
 
-  // b (free) enters the index.
-  void insert(Block* b) { b->free_at = set_.insert(FreeEntry{b->size, b->address, b}).first; }
+  // b (free) enters the index under its key (size, address).
+  void insert(Block* b);
   // b leaves the index.
-  void erase(Block* b) { set_.erase(b->free_at); }
-  // b's size or address changed while in the index: keeps its entry when the order
-  // still holds (the common case of splitting or merging the same block), else moves
-  // it.
+  void erase(Block* b);
+  // b's size or address changed while in the index: its key is updated in place when
+  // the order still holds (the common case of splitting or merging the same block),
+  // else it moves.
   RESERVOIR_INLINE void reposition(Block* b) {
-    const FreeEntry& e = *b->free_at;
-    if (set_.size() == 1 || in_order(b)) {
-      e.size = b->size;
-      e.address = b->address;
+    const FreeKey key{b->size, b->address};
+    Leaf* leaf = b->free_leaf;
+    if (size_ == 1) {  // b alone, under no separator (see problem())
+      leaf->entries[0].key = key;
       return;
     }
-    move(b);
-  }
-
-  // Whether b is indexed as the invariants say (validators).
-  bool holds(const Block* b) const {
-    const FreeEntry& e = *b->free_at;
-    if (e.block != b || e.size != b->size || e.address != b->address) return false;
-    auto it = set_.find(e);
-    return it != set_.end() && it == b->free_at;
-  }
-
- private:
-  // Whether b's new key still lies between its neighbours' keys.
-  bool in_order(const Block* b) const {
-    const FreeEntry key{b->size, b->address, nullptr};
-    BySizeThenAddress less;
-    auto it = b->free_at;
-    return (it == set_.begin() || less(*std::prev(it), key)) &&
-           (std::next(it) == set_.end() || less(key, *std::next(it)));
-  }
-  void move(Block* b) {
-    set_.erase(b->free_at);
+    const int j = slot_of(leaf, b);
+    // In place while the key stays between its neighbours in the leaf; at the leaf's
+    // edge only where no separator bounds it (the first or last leaf).
+    const bool down = less(key, leaf->entries[j].key);
+    const bool fits =
+        down ? (j > 0 ? less(leaf->entries[j - 1].key, key) : leaf == first_)
+             : (j + 1 < leaf->count ? less(key, leaf->entries[j + 1].key) : leaf == last_);
+    if (RESERVOIR_LIKELY(fits)) {
+      leaf->entries[j].key = key;
+      return;
+    }
+    remove_at(leaf, j);
     insert(b);
   }
 
-  FreeSet set_;
+  // Whether b is indexed under its own key (validators).
+  bool holds(const Block* b) const;
+  // The first broken invariant of the tree, or "" (validators).
+  std::string problem() const;
+
+  static bool less(const FreeKey& a, const FreeKey& b) noexcept {
+    return a.size != b.size ? a.size < b.size : a.address < b.address;
+  }
+
+ private:
+  // The leaf whose range holds key.
+  RESERVOIR_INLINE Leaf* descend(const FreeKey& key) const {
+    Node* n = root_;
+    while (!n->leaf) {
+      const Inner* in = static_cast<const Inner*>(n);
+      int i = 0;
+      while (i < in->count && !less(key, in->keys[i])) ++i;
+      n = in->children[i];
+    }
+    return static_cast<Leaf*>(n);
+  }
+  // b's slot in leaf (pre: b is there).
+  static int slot_of(const Leaf* leaf, const Block* b) {
+    int j = 0;
+    while (leaf->entries[j].block != b) ++j;
+    return j;
+  }
+  void remove_at(Leaf* leaf, int slot);
+  void insert_separator(Node* left, const FreeKey& key, Node* right);
+  void remove_child(Inner* parent, Node* child);
+  template <typename T>
+  T* make();
+  void release(Node* n);
+  void clear_below(Node* n);
+  std::string problem_below(const Node* n, const FreeKey* low, const FreeKey* high,
+                            std::size_t* keys, const Leaf** previous) const;
+
+  // Hot fields first (a cache hit reads root_, first_ and size_), the node pool after.
+  Node* root_;
+  Leaf* first_;
+  Leaf* last_;
+  std::size_t size_ = 0;
+  NodePool nodes_;
 };
 
 }  // namespace reservoir::detail

@@ -24,7 +24,6 @@ StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
       stream_(stream),
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
-      free_{FreeIndex(&set_nodes_), FreeIndex(&set_nodes_)},
       unmapped_{AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_)),
                 AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
 

@@ -133,6 +133,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                                                  "requested_bytes",  "oversize_allocations",
                                                  "oversize_segments"};
   for (int pool = 0; pool < kPoolCount; ++pool) {
+    const std::string index_problem = free_[pool].problem();
+    RESERVOIR_CHECK(index_problem.empty(), "pool " + std::to_string(pool) + ": " + index_problem);
     RESERVOIR_CHECK(unmapped_blocks[pool] == unmapped_[pool].size(),
                     "unmapped set holds blocks that are not unmapped");
     RESERVOIR_CHECK(free_blocks[pool] == free_[pool].size(),

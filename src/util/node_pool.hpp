@@ -15,8 +15,10 @@ namespace reservoir::detail {
 
 class NodePool {
  public:
-  explicit NodePool(std::size_t chunk_size)
-      : chunk_size_(chunk_size < sizeof(void*) ? sizeof(void*) : chunk_size) {}
+  // per_slab: chunks fetched from the system at a time.
+  explicit NodePool(std::size_t chunk_size, std::size_t per_slab = 256)
+      : chunk_size_(chunk_size < sizeof(void*) ? sizeof(void*) : chunk_size),
+        per_slab_(per_slab == 0 ? 1 : per_slab) {}
   NodePool(const NodePool&) = delete;
   NodePool& operator=(const NodePool&) = delete;
   ~NodePool() {
@@ -38,15 +40,15 @@ class NodePool {
 
  private:
   RESERVOIR_COLD void refill() {
-    constexpr std::size_t kPerSlab = 256;
     std::size_t stride =
         (chunk_size_ + alignof(std::max_align_t) - 1) & ~(alignof(std::max_align_t) - 1);
-    char* slab = static_cast<char*>(::operator new(stride* kPerSlab));
+    char* slab = static_cast<char*>(::operator new(stride* per_slab_));
     slabs_.push_back(slab);
-    for (std::size_t i = kPerSlab; i-- > 0;) put(slab + i * stride);
+    for (std::size_t i = per_slab_; i-- > 0;) put(slab + i * stride);
   }
 
   std::size_t chunk_size_;
+  std::size_t per_slab_;
   void* free_ = nullptr;
   std::vector<void*> slabs_;
 };
