@@ -63,7 +63,9 @@ class RESERVOIR_API Allocator {
   // Call before destroying a stream that memory was allocated or freed on: under
   // policy:compact, Reservoir records on a stream, lazily, the event that later
   // reuse of its memory waits for, and recording on a destroyed stream is undefined
-  // in CUDA. Records what it owes there now; no effect under other settings, and the
+  // in CUDA: this records what it owes there now. With expandable segments, giving
+  // free pages back (empty_cache, out of memory) synchronizes the stream that used
+  // them, as PyTorch does: from now on it waits for the whole device instead. The
   // stream may be used again afterwards; a stream Reservoir never saw is no error.
   // Throws DeviceError when the event cannot be recorded.
   void release_stream(StreamHandle stream, int device = -1);

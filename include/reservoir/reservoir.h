@@ -61,7 +61,9 @@ RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, in
 /* Call before destroying a stream that memory was allocated or freed on: under
  * policy:compact the event that later reuse of its memory waits for is recorded on
  * the stream lazily, and recording on a destroyed stream is undefined in CUDA; this
- * records it now (no effect under other settings). device -1 = current. */
+ * records it now. With expandable segments, giving free pages back synchronizes the
+ * stream that used them; after this call it waits for the device instead.
+ * device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_release_stream(uintptr_t stream, int device);
 RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);

@@ -282,7 +282,9 @@ def release_stream(stream, device=None):
     """Call before destroying a stream that memory was allocated or freed on (a CuPy
     or CUDA stream the program created and drops): under policy:compact Reservoir
     records on a stream, lazily, the event that later reuse of its memory waits for;
-    this records it now, while the stream exists. No effect under other settings."""
+    this records it now, while the stream exists. With expandable segments, giving
+    free pages back synchronizes the stream that used them; after this call it waits
+    for the device instead."""
     handle = _args.stream_handle(stream)
     _lib.check(_lib.load().reservoir_release_stream(handle, _device_index(device)))
 

@@ -69,8 +69,11 @@ void DeviceEngine::empty_cache() {
 }
 
 void DeviceEngine::release_stream(StreamHandle stream) {
-  // Only policy:compact defers work to a stream's later calls (its markers); the
-  // PyTorch-exact pools record what they need at the free.
+  // policy:compact defers work to a stream's later calls (its markers); the
+  // PyTorch-exact pools record what they need at the free, but unmapping expandable
+  // pages synchronizes the pool's stream: from now on they wait for the device.
+  for (StreamPool* p : all_pools_snapshot())
+    if (p->stream() == stream) p->release_stream();
   if (CompactPool* c = compact_if_made()) c->release_stream(stream);
 }
 

@@ -163,9 +163,14 @@ bool StreamPool::unmap_block(Block* b) {
   auto inner = seg->vm->inner_pages(b->address, b->size);
   if (inner.second == 0) return false;
   // Unmapping does not wait for the device: work on this stream may still use the
-  // pages (freed blocks are reused in stream order), so wait for it.
-  if (services_.backend.synchronize_stream(services_.device, stream_) != DeviceStatus::ok)
-    throw DeviceError("reservoir: synchronizing the stream before unmapping on device " +
+  // pages (freed blocks are reused in stream order), so wait for it; for the whole
+  // device once the program has said it destroys the stream (release_stream).
+  const DeviceStatus synced = stream_released_
+                                  ? services_.backend.synchronize_device(services_.device)
+                                  : services_.backend.synchronize_stream(services_.device, stream_);
+  if (synced != DeviceStatus::ok)
+    throw DeviceError(std::string("reservoir: synchronizing the ") +
+                      (stream_released_ ? "device" : "stream") + " before unmapping on device " +
                       std::to_string(services_.device) +
                       " failed: " + services_.backend.last_error());
   std::string error;

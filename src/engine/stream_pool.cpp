@@ -387,6 +387,11 @@ void StreamPool::process_events(bool wait) {
   }
 }
 
+void StreamPool::release_stream() {
+  Guard guard(lock_);
+  stream_released_ = true;
+}
+
 void StreamPool::process_events_now() {
   Guard guard(lock_);
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);

@@ -114,6 +114,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   void gc_scan(std::uint64_t now, GcTally* tally);
   void gc_release(std::uint64_t now, double age_threshold, GcTally* tally);
   void add_peer(int device);  // grants device access to every mapped expandable page
+  // The program is about to destroy this pool's stream (Allocator::release_stream):
+  // from now on, unmapping expandable pages waits for the whole device instead of
+  // naming the stream (a destroyed stream cannot be synchronized; its handle may even
+  // come back as another stream's). Never undone: a device-wide wait is always safe.
+  void release_stream();
   // Records the events of frees deferred while a capture was under way (call once
   // none is). Throws DeviceError after trying every block.
   void flush_capture_deferred();
@@ -214,7 +219,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   const StreamHandle stream_;
   Lock lock_;
   std::size_t pending_blocks_ = 0;
-  bool no_split_ = false;  // read by every hand_out: kept on the lock's line
+  bool no_split_ = false;         // read by every hand_out: kept on the lock's line
+  bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
   ShardCounters counters_;
   NodePool set_nodes_;
   NodePool block_nodes_;

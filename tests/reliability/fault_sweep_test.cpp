@@ -30,14 +30,15 @@ using testing_util::MiB;
 using testing_util::Rig;
 
 struct Op {
-  enum Kind { alloc, free, record, advance, empty_cache } kind;
+  enum Kind { alloc, free, record, advance, empty_cache, release } kind;
   std::size_t size = 0;     // alloc
-  StreamHandle stream = 0;  // alloc, record, advance
+  StreamHandle stream = 0;  // alloc, record, advance, release
   std::size_t slot = 0;     // alloc, free, record
 };
 
 // A few hundred deterministic operations on streams 1-3: small, medium and large
-// sizes, frees, record_stream across streams, stream progress and empty_cache.
+// sizes, frees, record_stream across streams, stream progress, empty_cache, and
+// release_stream (the stream stays in use: later calls may name it).
 std::vector<Op> make_workload() {
   std::mt19937_64 rng(7);
   std::vector<Op> ops;
@@ -48,6 +49,8 @@ std::vector<Op> make_workload() {
     const StreamHandle stream = 1 + rng() % 3;
     if (i % 97 == 96) {
       ops.push_back({Op::empty_cache});
+    } else if (i % 61 == 60) {
+      ops.push_back({Op::release, 0, stream});
     } else if (r < 45) {
       static constexpr std::size_t kMax[] = {MiB, 10 * MiB, 48 * MiB};
       const std::size_t max = kMax[rng() % 3];
@@ -118,6 +121,9 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
         break;
       case Op::empty_cache:
         guarded([&] { rig.a->empty_cache(); });
+        break;
+      case Op::release:
+        guarded([&] { rig.a->release_stream(op.stream, 0); });
         break;
     }
     rig.a->validate();
@@ -233,6 +239,9 @@ const Plan kPlans[] = {
     {"ReleaseRangeThenRetry", kExpandable, SimOp::release_address_range, kError,
      SimOp::release_address_range, 1, 1},
     {"SynchronizeStream", kExpandable, SimOp::synchronize_stream, kError, SimOp::unmap, 0, 1},
+    // The same wait for the whole device, once release_stream named the pool's stream.
+    {"SynchronizeDeviceAfterRelease", kExpandable, SimOp::synchronize_device, kError, SimOp::unmap,
+     0, 1},
     // Ordinary segments and events.
     {"Allocate", "", SimOp::allocate, kError, SimOp::map, 0, 1},
     {"DeallocateThenRetry", "", SimOp::deallocate, kError, SimOp::deallocate, 2, 1},

@@ -75,6 +75,49 @@ class AccessRecorder final : public Backend {
   }
 };
 
+// Giving free pages back synchronizes the stream that used them (as PyTorch does);
+// once the program said it destroys the stream (release_stream), the whole device is
+// waited for instead, so empty_cache never names the destroyed stream, and the pages
+// still wait for the work that used them.
+TEST(ExpandableOnSim, PagesOfAReleasedStreamWaitForTheDeviceNotTheStream) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(8 * MiB, 1, 0);
+  sim->submit_work(1);  // a kernel still using p
+  const std::uint64_t used_until = sim->submitted(1);
+  a.deallocate(p);
+  a.release_stream(1);
+  sim->destroy_stream(1);  // its work still completes, but naming it fails
+  a.empty_cache();         // a wait naming stream 1 would throw
+  EXPECT_GE(sim->completed(1), used_until);
+  EXPECT_EQ(a.stats(0).reserved_bytes.all().current, 0);
+  EXPECT_EQ(sim->used(0), 0u);
+  a.validate();
+}
+
+// Without release_stream the same empty_cache names the destroyed stream: undefined
+// on CUDA (docs/reliability.md); the simulated device refuses it, and the allocator
+// stays consistent with the pages still mapped and counted.
+TEST(ExpandableOnSim, AStreamDestroyedWithoutReleaseStreamFailsEmptyCacheConsistently) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  void* p = a.allocate(8 * MiB, 1, 0);
+  a.deallocate(p);
+  sim->destroy_stream(1);
+  const std::int64_t reserved = a.stats(0).reserved_bytes.all().current;
+  try {
+    a.empty_cache();
+    ADD_FAILURE() << "empty_cache synchronized a destroyed stream without an error";
+  } catch (const DeviceError& e) {
+    EXPECT_NE(std::string(e.what()).find("synchronizing the stream before unmapping"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("destroyed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.stats(0).reserved_bytes.all().current, reserved);
+  a.validate();
+}
+
 TEST(ExpandableOnSim, PhysicalMemoryExhaustedIsAnOutOfMemoryErrorAndConsistent) {
   auto sim = std::make_shared<SimBackend>();
   Allocator a(sim, Config::parse("expandable_segments:True"));
