@@ -38,7 +38,9 @@
 # (default 7), FUZZ_SECONDS (default 450); compact: DRIVER_CALLS=0 skips the driver-call
 # benchmark; train: TRAIN_MODELS, TRAIN_ROUNDS (train_bench.py --rounds, default 1),
 # TRAIN_STEPS (--steps; default per model), TRAIN_LOCKSTEP (default 1: the variants side by
-# side, step by step, train_bench.py --lockstep), TRAIN_VARIANTS (--variants).
+# side, step by step, train_bench.py --lockstep), TRAIN_VARIANTS (--variants), TRAIN_BENCH
+# (default: the benchmark after the training; expandable: it under expandable segments,
+# Reservoir's and c10's; none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
@@ -223,7 +225,14 @@ case $phase in
       ${TRAIN_STEPS:+--steps "$TRAIN_STEPS"} "${lockstep[@]}" \
       --variants "${TRAIN_VARIANTS:-pytorch,pytorch:expandable_segments:True,reservoir:policy:compact}" \
       --deterministic --json "$out/train_bench.json"
-    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md"
+    case "${TRAIN_BENCH:-default}" in
+      default) step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench.md" ;;
+      expandable)
+        step gpu-bench-expandable env RESERVOIR_ALLOC_CONF=expandable_segments:True \
+          PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+          build/gpu/bench/gpu/reservoir_gpu_bench --markdown "$out/gpu-bench-expandable.md"
+        ;;
+    esac
     ;;
   *)
     echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final|compact|train)"

@@ -32,9 +32,16 @@ struct Api {
   void (*release_stream)(cudaStream_t) = nullptr;
 };
 
-// Destroys a stream a's calls used, telling a first.
+// Destroys a stream a's calls used, telling a first. An allocator with no such call
+// (c10, whose expandable segments synchronize the stream that used their pages when
+// they give them back, as Reservoir's do) has its cache emptied first instead: no
+// later call of it names the destroyed stream. (PyTorch itself never destroys the
+// streams of its pool.)
 inline void destroy_stream(const Api& a, cudaStream_t s) {
-  if (a.release_stream) a.release_stream(s);
+  if (a.release_stream)
+    a.release_stream(s);
+  else
+    a.reset();
   CK(cudaStreamDestroy(s));
 }
 
