@@ -6,6 +6,8 @@
 #include <new>
 #include <type_traits>
 
+#include "util/checks.hpp"
+
 namespace reservoir::detail {
 
 namespace {
@@ -155,18 +157,14 @@ void FreeIndex::remove_at(Leaf* leaf, int slot) {
 }
 
 // child (emptied) leaves parent with one separator; a parent left with no child goes
-// too, and a root left with one child hands the root to it.
+// too. A root left with one child hands the root down (through inner nodes of one
+// child as well), so the root is a leaf or an inner node of two children or more.
 void FreeIndex::remove_child(Inner* parent, Node* child) {
   int at = 0;
   while (parent->children[at] != child) ++at;
   release(child);
-  if (parent->count == 0) {  // child was the only one
-    if (parent == root_) {   // unreachable: a root keeps two children or collapses
-      Leaf* leaf = make<Leaf>();
-      root_ = first_ = last_ = leaf;
-      release(parent);
-      return;
-    }
+  if (parent->count == 0) {  // child was the only one (so parent is not the root)
+    RESERVOIR_ASSERT(parent != root_);
     remove_child(parent->parent, parent);
     return;
   }
@@ -176,11 +174,15 @@ void FreeIndex::remove_child(Inner* parent, Node* child) {
   std::copy(parent->keys + key_at + 1, parent->keys + parent->count, parent->keys + key_at);
   std::copy(parent->children + at + 1, parent->children + parent->count + 1, parent->children + at);
   --parent->count;
-  if (parent == root_ && parent->count == 0) {
-    root_ = parent->children[0];
-    root_->parent = nullptr;
-    release(parent);
+  if (parent != root_ || parent->count > 0) return;
+  Node* n = parent;
+  while (!n->leaf && static_cast<Inner*>(n)->count == 0) {
+    Node* only = static_cast<Inner*>(n)->children[0];
+    release(n);
+    n = only;
   }
+  root_ = n;
+  root_->parent = nullptr;
 }
 
 bool FreeIndex::holds(const Block* b) const {
@@ -232,6 +234,7 @@ std::string FreeIndex::problem_below(const Node* n, const FreeKey* low, const Fr
 
 std::string FreeIndex::problem() const {
   if (root_->parent != nullptr) return "the root has a parent";
+  if (!root_->leaf && root_->count == 0) return "free index: the root has one child";
   std::size_t keys = 0;
   const Leaf* previous = nullptr;
   std::string p = problem_below(root_, nullptr, nullptr, &keys, &previous);

@@ -10,6 +10,7 @@
 //
 // Invariants (problem() checks them; validators call it and holds()):
 //   keys strictly increase along the leaf list, and size() == the number of keys;
+//   the root is a leaf or an inner node with two children or more;
 //   every leaf but a lone root holds at least one key, so every subtree of an inner
 //     node with separators holds keys (with one key in all, no separator is above it);
 //   in an inner node with separators s[0..n-1] and children c[0..n], every key of
