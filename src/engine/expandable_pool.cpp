@@ -220,13 +220,19 @@ bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->next && b->state == BlockState::unmapped && seg->mapped_bytes == 0);
   const std::size_t held = seg->vm->held_bytes();
+  // Out of the map before the address range goes back (see release_segment): once it
+  // is back, another thread's new segment may be given it and must be the one found
+  // there. Nothing of it is allocated (no page is mapped), so no free looks for it.
+  const std::size_t published = seg->vm->reach();
+  services_.segments.unpublish_part(seg, published);
   *error = seg->vm->release();
   count_held(seg, held, 0);
-  if (!error->empty()) return false;  // kept, with what it still holds counted
+  if (!error->empty()) {  // kept, with what it still holds counted, and found again
+    services_.segments.publish_part(seg, seg->base, published);
+    return false;
+  }
   unindex_unmapped(b);
   delete_block(b);
-  // Out of the map before the address range goes back (see release_segment).
-  services_.segments.unpublish_part(seg, seg->vm->reach());
   delete seg->vm;
   unlink_segment(seg);
   counters_.add<kSegment>(seg->pool, -1);

@@ -87,21 +87,24 @@ void ShardCounters::unguarded(int pool) noexcept {
   // The exact check, as every raise does it (pool and overall, each guarded quantity),
   // then the guards of both scopes from the same headrooms.
   const std::uint64_t epoch = limits_epoch.load(std::memory_order_acquire);
-  if (epoch != guard_epoch) {
-    for (auto& unit : guard) unit[0] = unit[1] = unit[2] = 0;
-    guard_epoch = epoch;
-  }
+  // A new epoch: a limit was lowered (by another shard's rebalance, from values of
+  // this shard it read without its lock), possibly below this shard's value in the
+  // other pool too. The other pool's guards are recomputed and checked as well, so no
+  // scope is left below its limit unnoticed (guards_hold).
+  const bool new_epoch = epoch != guard_epoch;
+  if (new_epoch) guard_epoch = epoch;
   std::int64_t mine[kGuardedQuantities], other[kGuardedQuantities];
   guarded_values(*this, pool, mine);
   guarded_values(*this, pool ^ 1, other);
-  std::int64_t in_pool[kGuardUnits], overall[kGuardUnits];
+  std::int64_t in_pool[kGuardUnits], in_other[kGuardUnits], overall[kGuardUnits];
   // Unrolled: with several shards near their limits this runs on most requests.
 #pragma GCC unroll 8
-  for (int u = 0; u < kGuardUnits; ++u) in_pool[u] = overall[u] = INT64_MAX;
+  for (int u = 0; u < kGuardUnits; ++u) in_pool[u] = in_other[u] = overall[u] = INT64_MAX;
 #pragma GCC unroll 8
   for (int i = 0; i < kGuardedQuantities; ++i) {
     const int q = kQuantity[i], u = kUnitOf[i];
     in_pool[u] = std::min(in_pool[u], lim(q, 1 + pool) - mine[i]);
+    in_other[u] = std::min(in_other[u], lim(q, 1 + (pool ^ 1)) - other[i]);
     overall[u] = std::min(overall[u], lim(q, 0) - mine[i] - other[i]);
   }
   int passed = 0;
@@ -110,6 +113,10 @@ void ShardCounters::unguarded(int pool) noexcept {
     passed |= static_cast<int>(in_pool[u] < 0) | static_cast<int>(overall[u] < 0);
     guard[u][1 + pool] = std::max<std::int64_t>(0, in_pool[u]);
     guard[u][0] = std::max<std::int64_t>(0, overall[u]);
+    if (new_epoch) {
+      passed |= static_cast<int>(in_other[u] < 0);
+      guard[u][1 + (pool ^ 1)] = std::max<std::int64_t>(0, in_other[u]);
+    }
   }
   if (passed) over = true;
 }
