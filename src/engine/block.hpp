@@ -71,7 +71,12 @@ struct Block {
   Segment* segment;
   std::size_t requested;  // bytes the program asked for (allocated or pending)
   BlockState state;
-  bool oversize;                        // counted in oversize_allocations when handed out
+  bool oversize;  // counted in oversize_allocations when handed out
+  // Copies of segment->pool and segment->expandable (fixed for a segment's life), so
+  // the hot path does not load the segment: pool_index == segment->pool,
+  // in_expandable == segment->expandable.
+  PoolIndex pool_index;
+  bool in_expandable;
   std::uint32_t event_count;            // outstanding events while pending
   FreeLeaf* free_leaf;                  // its leaf in the FreeIndex, valid while state == free
   AddressSet::iterator unmapped_at;     // valid while state == unmapped
@@ -136,7 +141,7 @@ struct alignas(64) Segment {
 };
 
 inline PoolIndex Block::pool() const noexcept {
-  return segment->pool;
+  return pool_index;
 }
 
 }  // namespace reservoir::detail

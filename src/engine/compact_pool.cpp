@@ -79,6 +79,8 @@ Block* CompactPool::new_block(std::uintptr_t address, std::size_t size, Segment*
   b->size = size;
   b->prev = b->next = nullptr;
   b->segment = segment;
+  b->pool_index = segment->pool;
+  b->in_expandable = segment->expandable;
   b->requested = 0;
   b->state = state;
   b->oversize = false;

@@ -159,6 +159,8 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       RESERVOIR_CHECK(b->segment == seg && b->address == seg->base + tiled && b->size > 0 &&
                           b->size % SizePolicy::kMinBlockSize == 0,
                       where + " breaks the tiling");
+      RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
+                      where + "'s copies of its arena's pool and kind are stale");
       if (b->next) {
         RESERVOIR_CHECK(b->next->prev == b, where + ": next->prev != block");
         RESERVOIR_CHECK(!(b->state == BlockState::free && b->next->state == BlockState::free),

@@ -85,6 +85,12 @@ enum Reported : int {
   kReportedKinds
 };
 
+// What a split or a merge does to a pool's inactive split blocks (either sign).
+struct SplitChange {
+  std::int64_t blocks = 0;
+  std::int64_t bytes = 0;
+};
+
 struct alignas(64) ShardCounters {
   // Written by the owning shard under its lock. added == current - base + removed
   // (base: current at the last reset_accumulated), so an increase costs one store.
@@ -144,21 +150,27 @@ struct alignas(64) ShardCounters {
     else if (delta < 0)
       lower<kind>(pool, -delta);
   }
-  // A block handed out / given back by the program: one delta per operation. The
-  // hot pair of the engine: three counter stores and, within the guards, three
-  // subtractions and one compare.
-  RESERVOIR_INLINE void on_allocate(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
-    current[kAllocation][pool].store(get(kAllocation, pool) + 1, std::memory_order_relaxed);
-    current[kAllocatedBytes][pool].store(get(kAllocatedBytes, pool) + bytes,
-                                         std::memory_order_relaxed);
-    current[kRequestedBytes][pool].store(get(kRequestedBytes, pool) + requested,
-                                         std::memory_order_relaxed);
+  // A block handed out / given back by the program, with what its split or merge did
+  // to the pool's inactive split blocks (either sign): one delta per operation. The
+  // hot pair of the engine: a store per changed counter and, within the guards, one
+  // subtraction per guard and one compare.
+  RESERVOIR_INLINE void on_allocate(int pool, std::int64_t bytes, std::int64_t requested,
+                                    SplitChange split = {}) noexcept {
+    rise<kAllocation>(pool, 1);
+    rise<kAllocatedBytes>(pool, bytes);
+    rise<kRequestedBytes>(pool, requested);
+    bump<kInactiveSplit>(pool, split.blocks);
+    bump<kInactiveSplitBytes>(pool, split.bytes);
     const int s = 1 + pool;
     const std::int64_t n = guard[kGuardBlocks][s] - 1, n0 = guard[kGuardBlocks][0] - 1;
     const std::int64_t b = guard[kGuardBytes][s] - bytes, b0 = guard[kGuardBytes][0] - bytes;
     const std::int64_t r = guard[kGuardRequested][s] - requested;
     const std::int64_t r0 = guard[kGuardRequested][0] - requested;
-    if (RESERVOIR_LIKELY((n | n0 | b | b0 | r | r0) >= 0 &&
+    const std::int64_t sn = guard[kGuardSplitBlocks][s] - split.blocks;
+    const std::int64_t sn0 = guard[kGuardSplitBlocks][0] - split.blocks;
+    const std::int64_t sb = guard[kGuardSplitBytes][s] - split.bytes;
+    const std::int64_t sb0 = guard[kGuardSplitBytes][0] - split.bytes;
+    if (RESERVOIR_LIKELY((n | n0 | b | b0 | r | r0 | sn | sn0 | sb | sb0) >= 0 &&
                          guard_epoch == limits_epoch.load(std::memory_order_relaxed))) {
       guard[kGuardBlocks][s] = n;
       guard[kGuardBlocks][0] = n0;
@@ -166,34 +178,37 @@ struct alignas(64) ShardCounters {
       guard[kGuardBytes][0] = b0;
       guard[kGuardRequested][s] = r;
       guard[kGuardRequested][0] = r0;
+      guard[kGuardSplitBlocks][s] = sn;
+      guard[kGuardSplitBlocks][0] = sn0;
+      guard[kGuardSplitBytes][s] = sb;
+      guard[kGuardSplitBytes][0] = sb0;
       return;
     }
     unguarded(pool);
   }
-  RESERVOIR_INLINE void on_free(int pool, std::int64_t bytes, std::int64_t requested) noexcept {
+  RESERVOIR_INLINE void on_free(int pool, std::int64_t bytes, std::int64_t requested,
+                                SplitChange split = {}) noexcept {
     lower<kAllocation>(pool, 1);
     lower<kAllocatedBytes>(pool, bytes);
     lower<kRequestedBytes>(pool, requested);
-    // Every guarded quantity fell by as much in the pool and overall (stale guards are
-    // recomputed from scratch, so crediting them is harmless).
+    bump<kInactiveSplit>(pool, split.blocks);
+    bump<kInactiveSplitBytes>(pool, split.bytes);
+    // Every guarded quantity moved by as much in the pool and overall (stale guards
+    // are recomputed from scratch, so crediting them is harmless); only a merge that
+    // left more inactive split memory than before rose.
     credit(kGuardBlocks, pool, 1);
     credit(kGuardBytes, pool, bytes);
     credit(kGuardRequested, pool, requested);
+    split_guards(pool, split);
+  }
+  // Inactive split blocks change alone (a pending free completing).
+  RESERVOIR_INLINE void on_split_change(int pool, SplitChange split) noexcept {
+    bump<kInactiveSplit>(pool, split.blocks);
+    bump<kInactiveSplitBytes>(pool, split.bytes);
+    split_guards(pool, split);
   }
   // Whether the guards' invariant holds (true while they are stale).
   bool guards_hold() const noexcept;
-  // Inactive split blocks change by blocks and bytes (a split or a merge; either
-  // sign): within the guards as cheap as a cache hit's counters.
-  RESERVOIR_INLINE void on_split_change(int pool, std::int64_t blocks,
-                                        std::int64_t bytes) noexcept {
-    const bool a = guarded_change<kInactiveSplit, kGuardSplitBlocks>(pool, blocks);
-    const bool b = guarded_change<kInactiveSplitBytes, kGuardSplitBytes>(pool, bytes);
-    if (RESERVOIR_UNLIKELY(
-            (a | b) && !((guard[kGuardSplitBlocks][1 + pool] | guard[kGuardSplitBlocks][0] |
-                          guard[kGuardSplitBytes][1 + pool] | guard[kGuardSplitBytes][0]) >= 0 &&
-                         guard_epoch == limits_epoch.load(std::memory_order_relaxed))))
-      unguarded(pool);
-  }
   // A freed block waits for other streams (allocation -> pending; its requested bytes
   // stay counted until the free completes), and completes.
   void on_defer(int pool, std::int64_t bytes) noexcept {
@@ -251,20 +266,30 @@ struct alignas(64) ShardCounters {
   int passed(int q, int pool, std::int64_t mine, std::int64_t all) const noexcept {
     return static_cast<int>(mine > lim(q, 1 + pool)) | static_cast<int>(all > lim(q, 0));
   }
-  // A change of a guarded kind by delta: a fall gives its guard back, a rise takes it
-  // (returns true; the guard may now be negative: the caller checks).
-  template <int kind, int unit>
-  RESERVOIR_INLINE bool guarded_change(int pool, std::int64_t delta) noexcept {
-    if (delta > 0) {
-      current[kind][pool].store(get(kind, pool) + delta, std::memory_order_relaxed);
-      credit(unit, pool, -delta);
-      return true;
-    }
-    if (delta < 0) {
-      lower<kind>(pool, -delta);
-      credit(unit, pool, -delta);
-    }
-    return false;
+  // Inactive split blocks change (a split or a merge; either sign), counters stored:
+  // the guards take or give back, and a rise past them takes the exact check.
+  RESERVOIR_INLINE void split_guards(int pool, SplitChange split) noexcept {
+    credit(kGuardSplitBlocks, pool, -split.blocks);
+    credit(kGuardSplitBytes, pool, -split.bytes);
+    if (RESERVOIR_UNLIKELY(
+            (split.blocks > 0 || split.bytes > 0) &&
+            !((guard[kGuardSplitBlocks][1 + pool] | guard[kGuardSplitBlocks][0] |
+               guard[kGuardSplitBytes][1 + pool] | guard[kGuardSplitBytes][0]) >= 0 &&
+              guard_epoch == limits_epoch.load(std::memory_order_relaxed))))
+      unguarded(pool);
+  }
+  // A counter's change (of either sign for bump), no limit checked (the guards cover
+  // it): a fall counts in removed too.
+  template <int kind>
+  RESERVOIR_INLINE void rise(int pool, std::int64_t delta) noexcept {  // delta >= 0
+    current[kind][pool].store(get(kind, pool) + delta, std::memory_order_relaxed);
+  }
+  template <int kind>
+  RESERVOIR_INLINE void bump(int pool, std::int64_t delta) noexcept {
+    rise<kind>(pool, delta);
+    if (delta < 0)
+      removed[kind][pool].store(removed[kind][pool].load(std::memory_order_relaxed) - delta,
+                                std::memory_order_relaxed);
   }
   // A guarded quantity of pool fell by delta (rose, if negative): in its pool and
   // overall alike.

@@ -79,7 +79,7 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
   if (set.empty()) return nullptr;
   auto it = set.lower_bound(size);
   if (it == set.end()) return nullptr;
-  if ((*it)->segment->expandable) {
+  if ((*it)->in_expandable) {
     if (policy().expandable()) {
       // Best fit counts the unmapped room after a block of an expandable segment:
       // prefer a block that would not grow into the segment's open end.
@@ -87,13 +87,13 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
         return b->size + (b->next && b->next->state == BlockState::unmapped ? b->next->size : 0);
       };
       for (auto next = std::next(it);
-           (*it)->segment->expandable && next != set.end() && room(*next) < room(*it); ++next)
+           (*it)->in_expandable && next != set.end() && room(*next) < room(*it); ++next)
         it = next;
     } else {
       // Expandable segments were switched off: their blocks are not handed out.
       do {
         ++it;
-      } while (it != set.end() && (*it)->segment->expandable);
+      } while (it != set.end() && (*it)->in_expandable);
       if (it == set.end()) return nullptr;
     }
   }
@@ -190,8 +190,9 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
                                                      std::size_t requested, const Context& context,
                                                      bool traced) {
   const PoolIndex pool = b->pool();
-  const bool counts_split = !b->segment->expandable;  // PyTorch counts none in expandable
+  const bool counts_split = !b->in_expandable;  // PyTorch counts none in expandable
   const bool already_split = b->is_split();
+  SplitChange split;
   Block* out;
   if (!no_split_ && policy().should_split(pool, b->size, size)) {
     out = new_block(b->address, size, b->segment, BlockState::allocated);
@@ -205,23 +206,19 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
     b->address += size;
     b->size -= size;
     reposition_free(b);
-    if (counts_split) {
-      if (already_split)
-        counters_.on_split_change(pool, 0, -static_cast<std::int64_t>(size));
-      else
-        counters_.on_split_change(pool, 1, static_cast<std::int64_t>(b->size));
-    }
+    if (counts_split)
+      split = already_split ? SplitChange{0, -static_cast<std::int64_t>(size)}
+                            : SplitChange{1, static_cast<std::int64_t>(b->size)};
   } else {
     unindex_free(b);
-    if (already_split && counts_split)
-      counters_.on_split_change(pool, -1, -static_cast<std::int64_t>(b->size));
+    if (already_split && counts_split) split = {-1, -static_cast<std::int64_t>(b->size)};
     out = b;
     out->state = BlockState::allocated;
   }
   out->requested = requested;
   allocated_.insert(out->address, out);
   counters_.on_allocate(pool, static_cast<std::int64_t>(out->size),
-                        static_cast<std::int64_t>(requested));
+                        static_cast<std::int64_t>(requested), split);
   out->oversize = out->size >= policy().max_split_size();
   if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
   if (RESERVOIR_UNLIKELY(traced)) {
@@ -265,8 +262,7 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced) {
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   if (RESERVOIR_LIKELY(!b->extras || b->extras->uses.empty())) {
-    counters_.on_free(pool, bytes, requested);
-    free_block(b, traced);
+    counters_.on_free(pool, bytes, requested, free_block(b, traced));
   } else {
     counters_.on_defer(pool, bytes);
     if (RESERVOIR_UNLIKELY(services_.capture.underway()))
@@ -280,25 +276,20 @@ void StreamPool::release_block_outlined(Block* b) {
   release_block(b, tracing());
 }
 
-// The block's memory is free for reuse on this stream (its counters are settled):
-// merge with free neighbours and put the result in the free set.
-RESERVOIR_INLINE void StreamPool::free_block(Block* b, bool traced) {
-  const PoolIndex pool = b->pool();
+// The block's memory is free for reuse on this stream: merge with free neighbours
+// and put the result in the free set. Returns what that did to the inactive split
+// blocks, for the caller's one statistics delta.
+RESERVOIR_INLINE SplitChange StreamPool::free_block(Block* b, bool traced) {
   if (RESERVOIR_UNLIKELY(traced))
     trace(TraceAction::free_completed, b->address, b->requested, b->context());
   if (b->extras) b->extras.reset();
   b->requested = 0;
   std::int64_t merged = 0, merged_bytes = 0;
   Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
-  if (!keep->segment->expandable) {
-    // The merged neighbours were inactive split blocks; the survivor is one if split.
-    std::int64_t split_blocks = -merged, split_bytes = -merged_bytes;
-    if (keep->is_split()) {
-      split_blocks += 1;
-      split_bytes += static_cast<std::int64_t>(keep->size);
-    }
-    counters_.on_split_change(pool, split_blocks, split_bytes);
-  }
+  if (keep->in_expandable) return {};  // PyTorch counts no split blocks there
+  // The merged neighbours were inactive split blocks; the survivor is one if split.
+  if (!keep->is_split()) return {-merged, -merged_bytes};
+  return {1 - merged, static_cast<std::int64_t>(keep->size) - merged_bytes};
 }
 
 // The program freed a block used on other streams: record an event on each and
@@ -353,9 +344,10 @@ void StreamPool::defer_free(Block* b) {
                       "); the block is kept unused");
   }
   if (b->event_count == 0) {
-    counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+    const PoolIndex pool = b->pool();
+    counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
                               static_cast<std::int64_t>(b->requested));
-    free_block(b, tracing());
+    counters_.on_split_change(pool, free_block(b, tracing()));
   } else {
     ++pending_blocks_;
   }
@@ -379,9 +371,10 @@ void StreamPool::process_events(bool wait) {
       Block* b = p.block;
       if (--b->event_count == 0) {
         --pending_blocks_;
-        counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+        const PoolIndex pool = b->pool();
+        counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
                                   static_cast<std::int64_t>(b->requested));
-        free_block(b, tracing());
+        counters_.on_split_change(pool, free_block(b, tracing()));
       }
     }
   }
@@ -438,9 +431,10 @@ void StreamPool::flush_capture_deferred() {
     for (StreamHandle s : x.capture_uses) std::erase(x.uses, s);
     x.capture_uses.clear();
     if (x.uses.empty()) {
-      counters_.on_pending_done(b->pool(), static_cast<std::int64_t>(b->size),
+      const PoolIndex pool = b->pool();
+      counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
                                 static_cast<std::int64_t>(b->requested));
-      free_block(b, tracing());
+      counters_.on_split_change(pool, free_block(b, tracing()));
       continue;
     }
     try {
@@ -499,7 +493,7 @@ std::size_t StreamPool::release_cached() {
   std::vector<Block*> expandable;
   for (FreeIndex& set : free_)
     for (Block* b : set) {
-      if (b->segment->expandable)
+      if (b->in_expandable)
         expandable.push_back(b);
       else if (!b->is_split())
         whole.push_back(b->segment);
@@ -531,7 +525,7 @@ bool StreamPool::release_oversize(std::size_t requested) {
   auto it = set.lower_bound(key);
   std::vector<Segment*> victims;
   bool enough;
-  if (it != set.end() && !(*it)->segment->expandable) {
+  if (it != set.end() && !(*it)->in_expandable) {
     if ((*it)->is_split()) return false;
     victims.push_back((*it)->segment);
     enough = true;
@@ -544,7 +538,7 @@ bool StreamPool::release_oversize(std::size_t requested) {
       Block* b = *it;
       bool first = it == set.begin();
       if (!first) --it;
-      if (!b->segment->expandable && !b->is_split()) {
+      if (!b->in_expandable && !b->is_split()) {
         victims.push_back(b->segment);
         released += b->size;
       }

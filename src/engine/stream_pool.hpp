@@ -199,7 +199,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block, bool traced);
   void release_block_outlined(Block* block);  // for the pool's other files
-  void free_block(Block* block, bool traced);
+  [[nodiscard]] SplitChange free_block(Block* block, bool traced);
   void defer_free(Block* block);
   RESERVOIR_COLD void defer_past_capture(Block* block);
   Segment* segment_at(std::uintptr_t base);
@@ -243,6 +243,8 @@ RESERVOIR_INLINE Block* StreamPool::new_block(std::uintptr_t address, std::size_
   b->size = size;
   b->prev = b->next = nullptr;
   b->segment = segment;
+  b->pool_index = segment->pool;
+  b->in_expandable = segment->expandable;
   b->requested = 0;
   b->state = state;
   b->oversize = false;

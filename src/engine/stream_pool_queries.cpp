@@ -121,7 +121,7 @@ std::string StreamPool::explain_not_allocated(std::uintptr_t address) {
 void StreamPool::gc_scan(std::uint64_t now, GcTally* tally) {
   Guard guard(lock_);
   for (const Block* b : free_[kLargePool]) {
-    if (b->is_split() || b->segment->expandable) continue;
+    if (b->is_split() || b->in_expandable) continue;
     tally->total_age += now - b->gc_stamp;
     tally->count += 1;
   }
@@ -131,7 +131,7 @@ void StreamPool::gc_release(std::uint64_t now, double age_threshold, GcTally* ta
   Guard guard(lock_);
   std::vector<Segment*> victims;
   for (const Block* b : free_[kLargePool]) {
-    if (b->is_split() || b->segment->expandable) continue;
+    if (b->is_split() || b->in_expandable) continue;
     std::uint64_t age = now - b->gc_stamp;
     if (static_cast<double>(age) >= age_threshold) {
       victims.push_back(b->segment);

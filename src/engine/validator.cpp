@@ -45,6 +45,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
       std::string where = "block " + at(b->address) + " of segment " + at(seg->base);
       const auto size = static_cast<std::int64_t>(b->size);
       RESERVOIR_CHECK(b->segment == seg, where + " points to another segment");
+      RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
+                      where + "'s copies of its segment's pool and kind are stale");
       RESERVOIR_CHECK(b->size > 0 && b->size % 512 == 0, where + " has a bad size");
       RESERVOIR_CHECK(b->address == seg->base + tiled, where + " leaves a gap or overlaps");
       if (b->next) {

@@ -125,20 +125,31 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
   // Split blocks per shard and pool (each of 512 bytes), as splits and merges leave them.
   std::int64_t splits[2][2] = {};
   std::mt19937_64 rng(11);
+  // A split change of shard in pool: +1, -1 (if any) or none, as an operation's split
+  // or merge leaves it; applied to the expected values.
+  auto split_change = [&](int shard, int pool) {
+    const int r = static_cast<int>(rng() % 3);
+    const std::int64_t d = r == 0 ? 1 : r == 1 && splits[shard][pool] > 0 ? -1 : 0;
+    splits[shard][pool] += d;
+    change(pool, {0, 0, 0, 0, 0, d, 512 * d});
+    return SplitChange{d, 512 * d};
+  };
   for (int i = 0; i < 40000; ++i) {
     const int r = static_cast<int>(rng() % 12);
     if (r >= 10) {  // a split (+1 block) or a merge (-1 block, if any)
       const int shard = static_cast<int>(rng() % 2), pool = static_cast<int>(rng() % 2);
       const std::int64_t d = r == 10 || splits[shard][pool] == 0 ? 1 : -1;
       splits[shard][pool] += d;
-      shards[shard].on_split_change(pool, d, 512 * d);
+      shards[shard].on_split_change(pool, {d, 512 * d});
       change(pool, {0, 0, 0, 0, 0, d, 512 * d});
     } else if (r < 5 || live.empty()) {
       Live l{static_cast<int>(rng() % 2), static_cast<int>(rng() % 2),
              512 * static_cast<std::int64_t>(1 + rng() % 64), 0, false};
       l.requested = 1 + static_cast<std::int64_t>(rng() % l.bytes);
-      shards[l.shard].on_allocate(l.pool, l.bytes, l.requested);
+      // The split of the block handed out lands in the same delta (apply first: within
+      // one operation each quantity changes once, so the order is free).
       apply(l, 1, 1, 1);
+      shards[l.shard].on_allocate(l.pool, l.bytes, l.requested, split_change(l.shard, l.pool));
       live.push_back(l);
     } else {
       const std::size_t k = rng() % live.size();
@@ -153,8 +164,8 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
           s.on_pending_done(l.pool, l.bytes, l.requested);
           apply(l, 0, -1, -1);
         } else {
-          s.on_free(l.pool, l.bytes, l.requested);
           apply(l, -1, -1, -1);
+          s.on_free(l.pool, l.bytes, l.requested, split_change(l.shard, l.pool));
         }
         live[k] = live.back();
         live.pop_back();
