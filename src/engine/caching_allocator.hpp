@@ -42,9 +42,12 @@ class CachingAllocator final : public BlockResource {
   }
   void deallocate(void* ptr) override {
     const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-    if (Segment* seg = segments_.find(address))
-      if (BlockOwner* owner = seg->owner_now())
-        if (owner->free(address)) return;
+    // One owner so far (one stream, one device, no private pool): no lookup.
+    if (BlockOwner* sole = segments_.sole_owner()) {
+      if (sole->free(address)) return;
+    } else if (Segment* seg = segments_.find(address)) {
+      if (BlockOwner* owner = seg->owner_now(); owner && owner->free(address)) return;
+    }
     free_slow(ptr);
   }
   void record_stream(void* ptr, StreamHandle stream) override;

@@ -40,6 +40,7 @@ CompactPool::CompactPool(PoolServices& services)
 }
 
 CompactPool::~CompactPool() {
+  services_.segments.owner_gone(this);
   // The engine is going away: every extent and range goes back, whatever it holds.
   for (auto& a : arenas_) {
     for (std::size_t i = 0; i < a->pages.size(); ++i) {

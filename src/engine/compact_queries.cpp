@@ -150,6 +150,9 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
     RESERVOIR_CHECK(a->pages.empty() || services_.segments.published(seg),
                     "arena " + at(seg->base) + " missing from the segment map");
+    const BlockOwner* sole = services_.segments.sole_owner();
+    RESERVOIR_CHECK(a->pages.empty() || sole == nullptr || sole == this,
+                    "arena " + at(seg->base) + " is findable, but frees go to another owner");
     RESERVOIR_CHECK(seg->head && seg->head->address == seg->base && !seg->head->prev,
                     "arena " + at(seg->base) + " does not start with its head block");
     std::vector<std::uint64_t> live(a->pages.size(), 0);

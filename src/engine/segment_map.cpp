@@ -52,9 +52,28 @@ void SegmentMap::erase(Segment* segment) {
 // Both walk the range a leaf at a time (one tree descent per 4096 pages), and erase
 // skips leaves never created: a range far larger than what is registered in it
 // costs a few steps per 8 GiB.
+void SegmentMap::owner_gone(BlockOwner* owner) {
+  std::lock_guard<std::mutex> guard(write_mutex_);
+  if (sole_.load(std::memory_order_relaxed) == owner) {
+    sole_.store(nullptr, std::memory_order_release);
+    owners_differ_ = true;
+  }
+}
+
 void SegmentMap::insert(Segment* segment, std::uintptr_t address, std::size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> guard(write_mutex_);
+  // Before the segment is findable (so before any pointer into it exists).
+  if (!owners_differ_) {
+    BlockOwner* owner = segment->owner_now();
+    BlockOwner* sole = sole_.load(std::memory_order_relaxed);
+    if (sole == nullptr) {
+      sole_.store(owner, std::memory_order_release);
+    } else if (sole != owner) {
+      sole_.store(nullptr, std::memory_order_release);
+      owners_differ_ = true;
+    }
+  }
   const std::uint64_t last = (address + bytes - 1) >> kPageBits;
   for (std::uint64_t page = address >> kPageBits; page <= last;) {
     const std::uint64_t leaf_last = std::min<std::uint64_t>(last, page | (kFanout - 1));

@@ -6,8 +6,14 @@
 // slot holds up to two segments (a segment need not start on a page boundary, so a
 // page can straddle the end of one and the start of the next).
 // Invariant: for every registered segment S and address a in [S.base, S.base+S.size),
-// find(a) == S. Nodes are never freed before the map, so concurrent readers are safe;
-// writers (segment creation and release) serialize on a mutex.
+// find(a) == S. sole_owner() == the owner of every segment ever registered while they
+// all had one and the same owner and it is alive, else nullptr.
+// A free needs no lookup while sole_owner() names an owner: a pointer handed out by
+// another owner was handed out after that owner's first segment was registered,
+// which cleared sole_ (under write_mutex_, before the pointer existed), so its free
+// sees nullptr; the sole owner refuses a pointer it did not hand out. Nodes are never freed before
+// the map, so concurrent readers are safe; writers (segment creation and release) serialize on a
+// mutex.
 #pragma once
 
 #include <atomic>
@@ -42,7 +48,11 @@ class SegmentMap {
     Segment* seg = s.second.load(std::memory_order_acquire);
     return seg && seg->holds(address) ? seg : nullptr;
   }
-  // pre: segment's range overlaps no registered segment.
+  // The owner of every segment so far while there has been one owner (see above).
+  BlockOwner* sole_owner() const noexcept { return sole_.load(std::memory_order_acquire); }
+  // owner is going away: it is no longer the sole owner (nor will any be).
+  void owner_gone(BlockOwner* owner);
+  // pre: segment's range overlaps no registered segment, segment->owner is set.
   void insert(Segment* segment);
   void erase(Segment* segment);
   // The same for the part [address, address + bytes) of segment's range: a segment
@@ -70,6 +80,8 @@ class SegmentMap {
 
   std::atomic<Middle*> root_[kFanout];
   std::mutex write_mutex_;
+  std::atomic<BlockOwner*> sole_{nullptr};
+  bool owners_differ_ = false;  // under write_mutex_: sole_ stays nullptr for good
 };
 
 }  // namespace reservoir::detail

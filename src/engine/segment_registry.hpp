@@ -73,6 +73,9 @@ class SegmentRegistry {
   void unpublish_part(Segment* segment, std::size_t published_bytes) {
     map_.erase(segment, segment->base, published_bytes);
   }
+  BlockOwner* sole_owner() const noexcept { return map_.sole_owner(); }
+  // An owner's destructor: the free path must no longer go to it directly.
+  void owner_gone(BlockOwner* owner) { map_.owner_gone(owner); }
   void recycle(Segment* segment) {
     std::lock_guard<std::mutex> guard(mutex_);
     spare_.push_back(segment);

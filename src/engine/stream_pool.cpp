@@ -28,6 +28,7 @@ StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
                 AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
 
 StreamPool::~StreamPool() {
+  services_.segments.owner_gone(this);
   // The engine is going away: return every segment, whatever its blocks hold.
   for (auto& q : pending_queues_)
     for (Pending& p : q.entries) services_.events.release(p.event);

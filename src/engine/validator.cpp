@@ -33,6 +33,9 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     // An expandable segment is registered only as far as it ever mapped pages
     // (ExpandableSegment::reach): not at all before its first page.
     const std::size_t registered = seg->expandable ? seg->vm->reach() : seg->size;
+    const BlockOwner* sole = services_.segments.sole_owner();
+    RESERVOIR_CHECK(registered == 0 || sole == nullptr || sole == this,
+                    "segment " + at(seg->base) + " is findable, but frees go to another owner");
     RESERVOIR_CHECK(services_.segments.published(seg) == (registered > 0),
                     "segment " + at(seg->base) +
                         (registered > 0 ? " missing from the segment map"

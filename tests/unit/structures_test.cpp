@@ -4,11 +4,13 @@
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/block.hpp"
+#include "engine/block_owner.hpp"
 #include "engine/segment_map.hpp"
 #include "engine/stat_ledger.hpp"
 #include "util/address_map.hpp"
@@ -41,6 +43,51 @@ TEST(AddressMap, MatchesAReferenceMapUnderRandomOperations) {
     ASSERT_LE(map.size() * 4, map.capacity());
   }
   for (auto& [k, v] : ref) ASSERT_EQ(map.find(k), v);
+}
+
+// An owner that owns nothing: the map only compares owners.
+class NoBlocks final : public BlockOwner {
+ public:
+  bool free(std::uintptr_t) override { return false; }
+  bool record_use(std::uintptr_t, StreamHandle) override { return false; }
+  bool block_sizes(std::uintptr_t, std::size_t*, std::size_t*) override { return false; }
+  bool segment_of(std::uintptr_t, BaseAllocation*) override { return false; }
+  std::string explain_not_allocated(std::uintptr_t) override { return ""; }
+};
+
+TEST(SegmentMap, NamesTheSoleOwnerUntilASecondOwnerOrItsEnd) {
+  NoBlocks first, second;
+  Segment a, b, c;
+  a.base = 0x7f0000000000;
+  b.base = a.base + (4 << 20);
+  c.base = b.base + (4 << 20);
+  a.size = b.size = c.size = 2 << 20;
+  a.set_owner(&first);
+  b.set_owner(&first);
+  c.set_owner(&second);
+  {
+    SegmentMap map;
+    EXPECT_EQ(map.sole_owner(), nullptr);  // no segment yet
+    map.insert(&a);
+    EXPECT_EQ(map.sole_owner(), &first);
+    map.insert(&b);
+    map.erase(&a);
+    EXPECT_EQ(map.sole_owner(), &first);  // every segment so far is first's
+    map.insert(&c);
+    EXPECT_EQ(map.sole_owner(), nullptr);  // second's pointers must be looked up
+    map.erase(&c);
+    EXPECT_EQ(map.sole_owner(), nullptr);  // and stay so: its frees may still come
+  }
+  {
+    SegmentMap map;
+    map.insert(&a);
+    map.owner_gone(&second);  // not the sole owner: nothing changes
+    EXPECT_EQ(map.sole_owner(), &first);
+    map.owner_gone(&first);
+    EXPECT_EQ(map.sole_owner(), nullptr);
+    map.insert(&b);  // never again a sole owner
+    EXPECT_EQ(map.sole_owner(), nullptr);
+  }
 }
 
 TEST(SegmentMap, FindsSegmentsIncludingUnalignedNeighbours) {
