@@ -101,6 +101,10 @@ StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
   StreamPool* pool = pools_.back().get();
   ledger_.attach(&pool->counters());
   table_.insert(stream, pool);
+  if (pools_.size() == 1) {
+    first_stream_ = stream;
+    first_pool_.store(pool, std::memory_order_release);
+  }
   return *pool;
 }
 
@@ -284,6 +288,10 @@ void DeviceEngine::validate(bool quiescent) {
     std::lock_guard<std::mutex> guard(create_mutex_);
     for (StreamPool* spare : spare_)
       RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
+    StreamPool* first = first_pool_.load(std::memory_order_acquire);
+    RESERVOIR_CHECK(first == (pools_.empty() ? nullptr : pools_[0].get()) &&
+                        (!first || table_.find(first_stream_) == first),
+                    "the first stream's pool is not the table's");
   }
   if (CompactPool* c = compact_if_made()) c->validate(&totals);
   if (quiescent) {

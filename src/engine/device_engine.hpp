@@ -10,6 +10,7 @@
 //     an operation that is between reserving budget and recording its segment;
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
 //   every pool in pools_ is reachable through table_ by its stream;
+//   first_pool_ == nullptr or first_pool_ == pools_[0] == table_.find(first_stream_);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
 //     spare (no segment) and listed in spare_.
 // Lock order: config_mutex_ -> pool locks (in creation order) -> ledger / segment map /
@@ -80,6 +81,10 @@ class DeviceEngine {
   }
   // The pool of stream, created on first use. Lock-free once created.
   StreamPool& pool(StreamHandle stream) {
+    // The first stream's pool without the table (a one-stream program's every request).
+    if (StreamPool* first = first_pool_.load(std::memory_order_acquire);
+        first && first_stream_ == stream)
+      return *first;
     StreamPool* p = table_.find(stream);
     return p ? *p : create_pool(stream);
   }
@@ -197,6 +202,9 @@ class DeviceEngine {
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;
   std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
+  // pools_[0] and its stream, set once (stream first, then the pool, released).
+  StreamHandle first_stream_ = 0;
+  std::atomic<StreamPool*> first_pool_{nullptr};
   PoolRegistry private_registry_{detours_, kDetourRouting};
   std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
   std::vector<StreamPool*> spare_;                          // under create_mutex_
