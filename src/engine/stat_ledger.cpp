@@ -72,6 +72,8 @@ constexpr int kQuantity[kGuardedQuantities] = {rAllocation,        rActive,     
 constexpr int kUnitOf[kGuardedQuantities] = {kGuardBlocks,    kGuardBlocks,    kGuardBytes,
                                              kGuardBytes,     kGuardRequested, kGuardSplitBlocks,
                                              kGuardSplitBytes};
+// Where each unit's stored kind (the value its ceilings bound) sits among them.
+constexpr int kStoredIndex[kGuardUnits] = {0, 2, 4, 5, 6};
 static void guarded_values(const ShardCounters& s, int pool, std::int64_t out[]) {
   const std::int64_t blocks = s.get(kAllocation, pool), bytes = s.get(kAllocatedBytes, pool);
   out[0] = blocks;
@@ -85,11 +87,12 @@ static void guarded_values(const ShardCounters& s, int pool, std::int64_t out[])
 
 void ShardCounters::unguarded(int pool) noexcept {
   // The exact check, as every raise does it (pool and overall, each guarded quantity),
-  // then the guards of both scopes from the same headrooms.
+  // then the ceilings of the pool and overall from the same headrooms (a stored kind's
+  // value plus its unit's headroom: the limits less the pending parts).
   const std::uint64_t epoch = limits_epoch.load(std::memory_order_acquire);
   // A new epoch: a limit was lowered (by another shard's rebalance, from values of
   // this shard it read without its lock), possibly below this shard's value in the
-  // other pool too. The other pool's guards are recomputed and checked as well, so no
+  // other pool too. The other pool's ceilings are recomputed and checked as well, so no
   // scope is left below its limit unnoticed (guards_hold).
   const bool new_epoch = epoch != guard_epoch;
   if (new_epoch) guard_epoch = epoch;
@@ -110,12 +113,13 @@ void ShardCounters::unguarded(int pool) noexcept {
   int passed = 0;
 #pragma GCC unroll 8
   for (int u = 0; u < kGuardUnits; ++u) {
+    const int i = kStoredIndex[u];
     passed |= static_cast<int>(in_pool[u] < 0) | static_cast<int>(overall[u] < 0);
-    guard[u][1 + pool] = std::max<std::int64_t>(0, in_pool[u]);
-    guard[u][0] = std::max<std::int64_t>(0, overall[u]);
+    ceiling[u][1 + pool] = mine[i] + in_pool[u];
+    ceiling[u][0] = mine[i] + other[i] + overall[u];
     if (new_epoch) {
       passed |= static_cast<int>(in_other[u] < 0);
-      guard[u][1 + (pool ^ 1)] = std::max<std::int64_t>(0, in_other[u]);
+      ceiling[u][1 + (pool ^ 1)] = other[i] + in_other[u];
     }
   }
   if (passed) over = true;
@@ -126,10 +130,17 @@ bool ShardCounters::guards_hold() const noexcept {
   // Stale (recomputed before use), a limit being written (odd), or a rebalance due
   // (it makes them stale).
   if (epoch != guard_epoch || (epoch & 1) != 0 || over) return true;
+  std::int64_t values[2][kGuardedQuantities];
+  guarded_values(*this, 0, values[0]);
+  guarded_values(*this, 1, values[1]);
   bool ok = true;
   for (int u = 0; u < kGuardUnits; ++u)
-    for (int scope = 0; scope < 3; ++scope)
-      ok &= guard[u][scope] >= 0 && guard[u][scope] <= headroom(*this, u, scope);
+    for (int scope = 0; scope < 3; ++scope) {
+      const int i = kStoredIndex[u];
+      const std::int64_t value = scope == 0 ? values[0][i] + values[1][i] : values[scope - 1][i];
+      // Within its ceiling, and the ceiling within the limits (value + headroom).
+      ok &= value <= ceiling[u][scope] && ceiling[u][scope] <= value + headroom(*this, u, scope);
+    }
   // A limit written meanwhile (another shard's rebalance) makes the check moot.
   std::atomic_thread_fence(std::memory_order_acquire);
   return ok || limits_epoch.load(std::memory_order_relaxed) != epoch;
@@ -151,9 +162,8 @@ void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
   trigger->over = false;
   trigger->last_trigger = ++epoch_;
-  // The trigger's guards may have been credited past a limit during the operation
-  // (a quantity over its limit, then lowered): they are recomputed, whether or not a
-  // limit changes below.
+  // The trigger's ceilings were passed during the operation: they are recomputed from
+  // the limits below, whether or not one changes.
   trigger->limits_epoch.store(trigger->limits_epoch.load(std::memory_order_relaxed) + 2,
                               std::memory_order_release);  // stays even
   for (int q = 0; q < kReportedKinds; ++q)

@@ -23,13 +23,15 @@
 //
 // Guards: the seven quantities a cache hit and its split raise (allocation, active,
 // allocated_bytes, active_bytes, requested_bytes, inactive_split and its bytes) are not
-// compared with their fourteen limits on every operation. Each shard keeps, per pool,
-// how far they may still rise in five units (blocks, bytes, requested bytes, split
-// blocks, split bytes) before one could pass a limit; an allocation that stays within
-// them costs three subtractions and one compare, and only one that would not does the
-// exact check (which sets `over` as before) and recomputes them. A free or a merge
-// gives back what it lowered. The limits themselves, and so the peaks, are exactly
-// those of the exact check: the guards only skip compares that cannot fire.
+// compared with their fourteen limits on every operation. Each shard keeps, for the
+// five stored kinds behind them (blocks, bytes, requested bytes, split blocks, split
+// bytes), a ceiling per pool and one over both pools: the value up to which none of
+// the kind's quantities can pass a limit (the derived ones' pending parts folded in).
+// An allocation compares its new values with them, and only one that passes a ceiling
+// does the exact check (which sets `over` as before) and recomputes them. Ceilings do
+// not depend on the values, so a free or a merge, which only lowers values, touches no
+// guard. The limits themselves, and so the peaks, are exactly those of the exact
+// check: the guards only skip compares that cannot fire.
 #pragma once
 
 #include <atomic>
@@ -101,20 +103,20 @@ struct alignas(64) ShardCounters {
   // Set when a quantity passed its limit during the current operation.
   bool over = false;
   // Owner-only, per unit and scope s (as limit's: 0 all, 1 small, 2 large). With
-  // h(q, s) = limit[q][s] - (q's value in scope s) and while guard_epoch ==
-  // limits_epoch (no limit lowered since they were computed):
-  //   0 <= guard[kGuardBlocks][s] <= min(h(rAllocation, s), h(rActive, s)),
-  //   0 <= guard[kGuardBytes][s] <= min(h(rAllocatedBytes, s), h(rActiveBytes, s)),
-  //   0 <= guard[kGuardRequested][s] <= h(rRequestedBytes, s),
-  //   0 <= guard[kGuardSplitBlocks][s] <= h(rInactiveSplit, s),
-  //   0 <= guard[kGuardSplitBytes][s] <= h(rInactiveSplitBytes, s),
-  // so a rise within guard[u][1 + pool] and guard[u][0] passes no limit; a change in
-  // pool takes from (or gives back to) both. Checked by guards_hold() (the validator).
-  std::int64_t guard[kGuardUnits][3] = {};
+  // L(q, s) = limit[q][s] and P(s), PB(s) the pending blocks and bytes in scope s, and
+  // while guard_epoch == limits_epoch (no limit lowered, no pending rise since):
+  //   ceiling[kGuardBlocks][s] <= min(L(rAllocation, s), L(rActive, s) - P(s)),
+  //   ceiling[kGuardBytes][s] <= min(L(rAllocatedBytes, s), L(rActiveBytes, s) - PB(s)),
+  //   ceiling[kGuardRequested][s] <= L(rRequestedBytes, s),
+  //   ceiling[kGuardSplitBlocks][s] <= L(rInactiveSplit, s),
+  //   ceiling[kGuardSplitBytes][s] <= L(rInactiveSplitBytes, s),
+  // so a stored kind at or below its ceilings in its pool and over both pools passes
+  // no limit. Checked by guards_hold() (the validator).
+  std::int64_t ceiling[kGuardUnits][3] = {};
   std::uint64_t guard_epoch = ~std::uint64_t{0};  // none computed yet
   // Written by the ledger only, under its mutex: +1 before and +1 after it lowers one
   // of this shard's limits (odd while it writes: a sequence lock), +2 when the shard
-  // triggers a rebalance (its guards may have been credited past a limit meanwhile).
+  // triggers a rebalance (its ceilings were passed: they are recomputed from the new limits).
   // A raised limit leaves it: guards that fit the old headroom fit the new one.
   std::atomic<std::uint64_t> limits_epoch{0};
   // Cold: accumulation bases, own high-water marks as last observed by the ledger
@@ -152,60 +154,44 @@ struct alignas(64) ShardCounters {
   }
   // A block handed out / given back by the program, with what its split or merge did
   // to the pool's inactive split blocks (either sign): one delta per operation. The
-  // hot pair of the engine: a store per changed counter and, within the guards, one
-  // subtraction per guard and one compare.
+  // hot pair of the engine: a store per changed counter and, within the guards, two
+  // compares per stored kind (its pool, both pools) and one branch.
   RESERVOIR_INLINE void on_allocate(int pool, std::int64_t bytes, std::int64_t requested,
                                     SplitChange split = {}) noexcept {
-    rise<kAllocation>(pool, 1);
-    rise<kAllocatedBytes>(pool, bytes);
-    rise<kRequestedBytes>(pool, requested);
-    bump<kInactiveSplit>(pool, split.blocks);
-    bump<kInactiveSplitBytes>(pool, split.bytes);
-    const int s = 1 + pool;
-    const std::int64_t n = guard[kGuardBlocks][s] - 1, n0 = guard[kGuardBlocks][0] - 1;
-    const std::int64_t b = guard[kGuardBytes][s] - bytes, b0 = guard[kGuardBytes][0] - bytes;
-    const std::int64_t r = guard[kGuardRequested][s] - requested;
-    const std::int64_t r0 = guard[kGuardRequested][0] - requested;
-    const std::int64_t sn = guard[kGuardSplitBlocks][s] - split.blocks;
-    const std::int64_t sn0 = guard[kGuardSplitBlocks][0] - split.blocks;
-    const std::int64_t sb = guard[kGuardSplitBytes][s] - split.bytes;
-    const std::int64_t sb0 = guard[kGuardSplitBytes][0] - split.bytes;
-    if (RESERVOIR_LIKELY((n | n0 | b | b0 | r | r0 | sn | sn0 | sb | sb0) >= 0 &&
-                         guard_epoch == limits_epoch.load(std::memory_order_relaxed))) {
-      guard[kGuardBlocks][s] = n;
-      guard[kGuardBlocks][0] = n0;
-      guard[kGuardBytes][s] = b;
-      guard[kGuardBytes][0] = b0;
-      guard[kGuardRequested][s] = r;
-      guard[kGuardRequested][0] = r0;
-      guard[kGuardSplitBlocks][s] = sn;
-      guard[kGuardSplitBlocks][0] = sn0;
-      guard[kGuardSplitBytes][s] = sb;
-      guard[kGuardSplitBytes][0] = sb0;
-      return;
-    }
-    unguarded(pool);
+    const std::int64_t n = rise<kAllocation>(pool, 1);
+    const std::int64_t b = rise<kAllocatedBytes>(pool, bytes);
+    const std::int64_t r = rise<kRequestedBytes>(pool, requested);
+    const std::int64_t sn = bump<kInactiveSplit>(pool, split.blocks);
+    const std::int64_t sb = bump<kInactiveSplitBytes>(pool, split.bytes);
+    const int s = 1 + pool, o = pool ^ 1;
+    const int past =
+        static_cast<int>(n > ceiling[kGuardBlocks][s]) |
+        static_cast<int>(n + get(kAllocation, o) > ceiling[kGuardBlocks][0]) |
+        static_cast<int>(b > ceiling[kGuardBytes][s]) |
+        static_cast<int>(b + get(kAllocatedBytes, o) > ceiling[kGuardBytes][0]) |
+        static_cast<int>(r > ceiling[kGuardRequested][s]) |
+        static_cast<int>(r + get(kRequestedBytes, o) > ceiling[kGuardRequested][0]) |
+        static_cast<int>(sn > ceiling[kGuardSplitBlocks][s]) |
+        static_cast<int>(sn + get(kInactiveSplit, o) > ceiling[kGuardSplitBlocks][0]) |
+        static_cast<int>(sb > ceiling[kGuardSplitBytes][s]) |
+        static_cast<int>(sb + get(kInactiveSplitBytes, o) > ceiling[kGuardSplitBytes][0]);
+    if (RESERVOIR_UNLIKELY(
+            past | static_cast<int>(guard_epoch != limits_epoch.load(std::memory_order_relaxed))))
+      unguarded(pool);
   }
   RESERVOIR_INLINE void on_free(int pool, std::int64_t bytes, std::int64_t requested,
                                 SplitChange split = {}) noexcept {
     lower<kAllocation>(pool, 1);
     lower<kAllocatedBytes>(pool, bytes);
     lower<kRequestedBytes>(pool, requested);
-    bump<kInactiveSplit>(pool, split.blocks);
-    bump<kInactiveSplitBytes>(pool, split.bytes);
-    // Every guarded quantity moved by as much in the pool and overall (stale guards
-    // are recomputed from scratch, so crediting them is harmless); only a merge that
-    // left more inactive split memory than before rose.
-    credit(kGuardBlocks, pool, 1);
-    credit(kGuardBytes, pool, bytes);
-    credit(kGuardRequested, pool, requested);
-    split_guards(pool, split);
+    // Falls pass no ceiling; only a merge that left more inactive split memory rose.
+    split_guards(pool, split, bump<kInactiveSplit>(pool, split.blocks),
+                 bump<kInactiveSplitBytes>(pool, split.bytes));
   }
   // Inactive split blocks change alone (a pending free completing).
   RESERVOIR_INLINE void on_split_change(int pool, SplitChange split) noexcept {
-    bump<kInactiveSplit>(pool, split.blocks);
-    bump<kInactiveSplitBytes>(pool, split.bytes);
-    split_guards(pool, split);
+    split_guards(pool, split, bump<kInactiveSplit>(pool, split.blocks),
+                 bump<kInactiveSplitBytes>(pool, split.bytes));
   }
   // Whether the guards' invariant holds (true while they are stale).
   bool guards_hold() const noexcept;
@@ -266,36 +252,34 @@ struct alignas(64) ShardCounters {
   int passed(int q, int pool, std::int64_t mine, std::int64_t all) const noexcept {
     return static_cast<int>(mine > lim(q, 1 + pool)) | static_cast<int>(all > lim(q, 0));
   }
-  // Inactive split blocks change (a split or a merge; either sign), counters stored:
-  // the guards take or give back, and a rise past them takes the exact check.
-  RESERVOIR_INLINE void split_guards(int pool, SplitChange split) noexcept {
-    credit(kGuardSplitBlocks, pool, -split.blocks);
-    credit(kGuardSplitBytes, pool, -split.bytes);
-    if (RESERVOIR_UNLIKELY(
-            (split.blocks > 0 || split.bytes > 0) &&
-            !((guard[kGuardSplitBlocks][1 + pool] | guard[kGuardSplitBlocks][0] |
-               guard[kGuardSplitBytes][1 + pool] | guard[kGuardSplitBytes][0]) >= 0 &&
-              guard_epoch == limits_epoch.load(std::memory_order_relaxed))))
+  // Inactive split blocks changed (a split or a merge; either sign) to blocks and
+  // bytes in pool: a rise past a ceiling takes the exact check.
+  RESERVOIR_INLINE void split_guards(int pool, SplitChange split, std::int64_t blocks,
+                                     std::int64_t bytes) noexcept {
+    if (RESERVOIR_LIKELY(split.blocks <= 0 && split.bytes <= 0)) return;
+    const int s = 1 + pool, o = pool ^ 1;
+    if (RESERVOIR_UNLIKELY(blocks > ceiling[kGuardSplitBlocks][s] ||
+                           blocks + get(kInactiveSplit, o) > ceiling[kGuardSplitBlocks][0] ||
+                           bytes > ceiling[kGuardSplitBytes][s] ||
+                           bytes + get(kInactiveSplitBytes, o) > ceiling[kGuardSplitBytes][0] ||
+                           guard_epoch != limits_epoch.load(std::memory_order_relaxed)))
       unguarded(pool);
   }
   // A counter's change (of either sign for bump), no limit checked (the guards cover
-  // it): a fall counts in removed too.
+  // it): a fall counts in removed too. Both return the new value.
   template <int kind>
-  RESERVOIR_INLINE void rise(int pool, std::int64_t delta) noexcept {  // delta >= 0
-    current[kind][pool].store(get(kind, pool) + delta, std::memory_order_relaxed);
+  RESERVOIR_INLINE std::int64_t rise(int pool, std::int64_t delta) noexcept {  // delta >= 0
+    const std::int64_t v = get(kind, pool) + delta;
+    current[kind][pool].store(v, std::memory_order_relaxed);
+    return v;
   }
   template <int kind>
-  RESERVOIR_INLINE void bump(int pool, std::int64_t delta) noexcept {
-    rise<kind>(pool, delta);
+  RESERVOIR_INLINE std::int64_t bump(int pool, std::int64_t delta) noexcept {
+    const std::int64_t v = rise<kind>(pool, delta);
     if (delta < 0)
       removed[kind][pool].store(removed[kind][pool].load(std::memory_order_relaxed) - delta,
                                 std::memory_order_relaxed);
-  }
-  // A guarded quantity of pool fell by delta (rose, if negative): in its pool and
-  // overall alike.
-  RESERVOIR_INLINE void credit(int unit, int pool, std::int64_t delta) noexcept {
-    guard[unit][1 + pool] += delta;
-    guard[unit][0] += delta;
+    return v;
   }
   template <int kind>
   void raise(int pool, std::int64_t delta) noexcept {
