@@ -105,7 +105,7 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
 
 std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context,
                                            bool traced) {
-  Guard guard(lock_);
+  ScopedGuard guard(lock_);
   // No event queries while a capture is under way (illegal then): pending frees wait.
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
@@ -234,7 +234,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
 
 bool StreamPool::free(std::uintptr_t address) {
   if (RESERVOIR_UNLIKELY(tracing())) return free_traced(address);
-  Guard guard(lock_);
+  ScopedGuard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   release_block(b, false);

@@ -147,6 +147,8 @@ class alignas(64) StreamPool final : public BlockOwner {
 
  private:
   using Guard = std::unique_lock<Lock>;
+  // The two hot paths, which never unlock early: no ownership flag to keep.
+  using ScopedGuard = std::lock_guard<Lock>;
   struct Pending {
     EventHandle event;
     Block* block;
