@@ -4,7 +4,8 @@
 // streams while the simulator's streams advance, and empty the cache now and
 // then. Blocks live in host-backed memory and carry their owner's pattern, so a
 // block handed out twice shows up as a corrupted pattern (and, under TSan, as a
-// data race). Bounded: 20,000 operations in all, well under 10 s under TSan.
+// data race). Bounded: 20,000 operations in all, well under 10 s under TSan. A second
+// test keeps eight threads on one stream, across the end of the sole-owner free path.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -155,6 +156,61 @@ TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
   EXPECT_EQ(s.reserved_bytes.all().current, 0);
   EXPECT_EQ(sim->used(0), 0u);
   EXPECT_GT(s.allocation.all().allocated, kThreads * kOpsPerThread / 4);
+}
+
+// Eight threads on one stream free each other's blocks: every free goes straight to
+// the segment map's sole owner and the first stream's pool is found without the
+// table, until, half way, one thread allocates on a second stream and frees must
+// take the lookup again while others are in flight. Nothing may be lost or handed
+// out twice across that switch.
+TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
+  constexpr int kOne = 8, kOps = 1500;
+  SimOptions o;
+  o.capacity = std::size_t{4} << 30;
+  o.host_backed = true;
+  auto sim = std::make_shared<SimBackend>(o);
+  Allocator a(sim, Config::parse(GetParam()));
+  Exchange exchange;
+  std::atomic<int> corrupted{0}, errors{0};
+  std::latch start(kOne);
+  auto worker = [&](int t) {
+    start.arrive_and_wait();
+    std::mt19937_64 rng(2000 + t);
+    try {
+      for (int i = 0; i < kOps; ++i) {
+        const StreamHandle s = t == 0 && i == kOps / 2 ? 7 : 5;  // the second stream, once
+        const std::size_t size = (std::size_t{256} << (rng() % 14)) + rng() % 2048;
+        Block b{a.allocate(size, s, 0), size, static_cast<std::uint8_t>(rng())};
+        fill(b);
+        exchange.put(b);
+        Block other;
+        if (rng() % 3 != 0 && exchange.take(&other)) {
+          if (!intact(other)) ++corrupted;
+          a.deallocate(other.ptr);
+        }
+      }
+    } catch (const std::exception&) {
+      ++errors;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kOne; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  Block b;
+  while (exchange.take(&b)) {
+    if (!intact(b)) ++corrupted;
+    a.deallocate(b.ptr);
+  }
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(corrupted.load(), 0) << "a live block was overwritten: handed out twice?";
+  a.validate();
+  const DeviceStats st = a.stats(0);
+  EXPECT_EQ(st.allocation.all().current, 0);
+  EXPECT_EQ(st.allocation.all().allocated, kOne * kOps);
+  EXPECT_EQ(st.allocation.all().freed, kOne * kOps);
+  a.empty_cache();
+  EXPECT_EQ(a.stats(0).reserved_bytes.all().current, 0);
+  EXPECT_EQ(sim->used(0), 0u);
 }
 
 std::string config_name(const ::testing::TestParamInfo<const char*>& info) {
