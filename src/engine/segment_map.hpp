@@ -11,9 +11,9 @@
 // A free needs no lookup while sole_owner() names an owner: a pointer handed out by
 // another owner was handed out after that owner's first segment was registered,
 // which cleared sole_ (under write_mutex_, before the pointer existed), so its free
-// sees nullptr; the sole owner refuses a pointer it did not hand out. Nodes are never freed before
-// the map, so concurrent readers are safe; writers (segment creation and release) serialize on a
-// mutex.
+// sees nullptr; the sole owner refuses a pointer it did not hand out.
+// Nodes are never freed before the map, so concurrent readers are safe; writers
+// (segment creation and release) serialize on a mutex.
 #pragma once
 
 #include <atomic>

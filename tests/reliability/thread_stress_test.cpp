@@ -61,19 +61,42 @@ class Exchange {
     blocks_.pop_back();
     return true;
   }
+  // Frees every block left; returns how many had lost their pattern.
+  int drain(Allocator& a) {
+    int corrupted = 0;
+    Block b;
+    while (take(&b)) {
+      if (!intact(b)) ++corrupted;
+      a.deallocate(b.ptr);
+    }
+    return corrupted;
+  }
 
  private:
   std::mutex mutex_;
   std::vector<Block> blocks_;
 };
 
-class ThreadStress : public ::testing::TestWithParam<const char*> {};
-
-TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
+// A 4 GiB simulated device whose blocks are host memory (patterns can be checked).
+std::shared_ptr<SimBackend> host_backed_device() {
   SimOptions o;
   o.capacity = std::size_t{4} << 30;
   o.host_backed = true;
-  auto sim = std::make_shared<SimBackend>(o);
+  return std::make_shared<SimBackend>(o);
+}
+
+// Runs worker(t) on threads t = 0 .. n-1 and waits for them.
+template <typename Worker>
+void run_threads(int n, Worker worker) {
+  std::vector<std::thread> threads;
+  for (int t = 0; t < n; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+}
+
+class ThreadStress : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
+  auto sim = host_backed_device();
   Allocator a(sim, Config::parse(GetParam()));
   Exchange exchange;
   std::atomic<int> corrupted{0}, errors{0}, ooms{0};
@@ -132,14 +155,8 @@ TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
     }
   };
 
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
-  for (auto& th : threads) th.join();
-  Block b;
-  while (exchange.take(&b)) {
-    if (!intact(b)) ++corrupted;
-    a.deallocate(b.ptr);
-  }
+  run_threads(kThreads, worker);
+  corrupted += exchange.drain(a);
 
   EXPECT_EQ(errors.load(), 0) << first_error;
   EXPECT_EQ(corrupted.load(), 0) << "a live block was overwritten: handed out twice?";
@@ -165,10 +182,7 @@ TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
 // out twice across that switch.
 TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
   constexpr int kOne = 8, kOps = 1500;
-  SimOptions o;
-  o.capacity = std::size_t{4} << 30;
-  o.host_backed = true;
-  auto sim = std::make_shared<SimBackend>(o);
+  auto sim = host_backed_device();
   Allocator a(sim, Config::parse(GetParam()));
   Exchange exchange;
   std::atomic<int> corrupted{0}, errors{0};
@@ -193,14 +207,8 @@ TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
       ++errors;
     }
   };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kOne; ++t) threads.emplace_back(worker, t);
-  for (auto& th : threads) th.join();
-  Block b;
-  while (exchange.take(&b)) {
-    if (!intact(b)) ++corrupted;
-    a.deallocate(b.ptr);
-  }
+  run_threads(kOne, worker);
+  corrupted += exchange.drain(a);
   EXPECT_EQ(errors.load(), 0);
   EXPECT_EQ(corrupted.load(), 0) << "a live block was overwritten: handed out twice?";
   a.validate();
