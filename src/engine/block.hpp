@@ -5,7 +5,8 @@
 //   head->prev == nullptr, b->next->prev == b, b->next->address == b->address + b->size,
 //   sum(b->size over the list) == segment->size.
 // No two neighbouring blocks are both free, nor both unmapped: they are merged when
-// the second one enters that state (coalesce() in stream_pool.cpp).
+// the second one enters that state (coalesce() in stream_pool.cpp), or, for a parked
+// block, when it is settled.
 // Every block is in exactly one of these places, by state:
 //   free      -> its owner's FreeIndex for the segment's pool (free_leaf valid)
 //   allocated -> its owner's AddressMap of allocated blocks
@@ -13,6 +14,8 @@
 //                (event_count > 0, stranded after a device error, or deferred until
 //                no capture is under way)
 //   unmapped  -> (expandable segments) its owner's unmapped AddressSet (unmapped_at valid)
+//   parked    -> freed by the program, its merge postponed: its owner's parked_ (at
+//                most one per owner; stream_pool.hpp)
 // A block belongs to the owner of its segment (one StreamPool: one stream); blocks
 // never move between owners.
 #pragma once
@@ -48,7 +51,7 @@ struct ByAddress {
 };
 using AddressSet = std::set<Block*, ByAddress, PoolAllocator<Block*>>;
 
-enum class BlockState : std::uint8_t { free, allocated, pending, unmapped };
+enum class BlockState : std::uint8_t { free, allocated, pending, unmapped, parked };
 
 // What only some blocks need: the other streams that used it (record_stream) and
 // where it was allocated (history on). Kept out of Block so that Block stays

@@ -104,6 +104,7 @@ class FreeIndex {
     bool operator!=(const iterator& o) const { return !(*this == o); }
     // The block's size as the index holds it (no Block load).
     std::size_t size() const { return leaf_->entries[slot_].key.size; }
+    const FreeKey& key() const { return leaf_->entries[slot_].key; }
 
    private:
     friend class FreeIndex;

@@ -19,7 +19,7 @@ bool BlockOwner::share(std::uintptr_t address, SharedBlock*) {
 }
 
 bool StreamPool::share(std::uintptr_t address, SharedBlock* out) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   Block* b = allocated_.find(address);
   if (!b) return false;
   const Segment* seg = b->segment;

@@ -74,6 +74,11 @@ void StreamPool::unlink_segment(Segment* seg) {
 
 // ---------------------------------------------------------------- allocation
 
+// A free block's size with the unmapped pages after it (expandable segments' best fit).
+RESERVOIR_INLINE std::size_t StreamPool::room_after(const Block* b) {
+  return b->size + (b->next && b->next->state == BlockState::unmapped ? b->next->size : 0);
+}
+
 RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) {
   FreeIndex& set = free_[pool];
   if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();
@@ -84,11 +89,8 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
     if (policy().expandable()) {
       // Best fit counts the unmapped room after a block of an expandable segment:
       // prefer a block that would not grow into the segment's open end.
-      auto room = [](const Block* b) {
-        return b->size + (b->next && b->next->state == BlockState::unmapped ? b->next->size : 0);
-      };
       for (auto next = std::next(it);
-           (*it)->in_expandable && next != set.end() && room(*next) < room(*it); ++next)
+           (*it)->in_expandable && next != set.end() && room_after(*next) < room_after(*it); ++next)
         it = next;
     } else {
       // Expandable segments were switched off: their blocks are not handed out.
@@ -106,10 +108,17 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
 std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context,
                                            bool traced) {
   ScopedGuard guard(lock_);
-  // No event queries while a capture is under way (illegal then): pending frees wait.
-  if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
+  last_size_ = size;
+  if (parked_) {
+    // Pending frees to complete first, or history to record: the plain path.
+    if (pending_blocks_ == 0 && !traced)
+      if (Block* parked = parked_fit(pool, size)) return take_parked(parked, requested);
+    settle();
+  }
+  // No event queries while a capture is under way (illegal then): pending frees wait.
+  if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   Block* b = find_free(pool, size);
   if (!b) return 0;
   std::uintptr_t address = hand_out(b, size, requested, context, traced);
@@ -119,7 +128,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
 
 std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retry,
                                                 const Context& context) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
@@ -129,7 +138,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 }
 
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
@@ -216,18 +225,118 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
     out = b;
     out->state = BlockState::allocated;
   }
-  out->requested = requested;
-  allocated_.insert(out->address, out);
-  counters_.on_allocate(pool, static_cast<std::int64_t>(out->size),
-                        static_cast<std::int64_t>(requested), split);
-  out->oversize = out->size >= policy().max_split_size();
-  if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+  issue(out, requested, split);
   if (RESERVOIR_UNLIKELY(traced)) {
     trace(TraceAction::alloc, out->address, requested,
           services_.history.level() >= ContextLevel::alloc ? context : nullptr);
     if (context) out->extra().context = context;
   }
   return out->address;
+}
+
+// out (allocated, out of every index) goes to the program: into the allocated map,
+// with one statistics delta (split: what handing it out did to the inactive splits).
+RESERVOIR_INLINE void StreamPool::issue(Block* out, std::size_t requested, SplitChange split) {
+  const PoolIndex pool = out->pool();
+  out->requested = requested;
+  allocated_.insert(out->address, out);
+  counters_.on_allocate(pool, static_cast<std::int64_t>(out->size),
+                        static_cast<std::int64_t>(requested), split);
+  out->oversize = out->size >= policy().max_split_size();
+  if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+}
+
+// ---------------------------------------------------------------- parked free
+
+// Whether free() may park b: its merge can wait (no neighbour before it to merge
+// into, which would move the merged block's start), and nothing else is owed.
+RESERVOIR_INLINE bool StreamPool::parks(const Block* b) const noexcept {
+  return !b->extras && !(b->prev && b->prev->state == BlockState::free);
+}
+
+// b (out of the allocated map, parks(b)) is freed: counted as free_block() would count
+// it, merged with a free next, but left where it is.
+RESERVOIR_INLINE void StreamPool::park(Block* b) {
+  const PoolIndex pool = b->pool();
+  if (b->oversize) counters_.add<kOversizeAllocations>(pool, -1);
+  const auto bytes = static_cast<std::int64_t>(b->size);
+  const auto requested = static_cast<std::int64_t>(b->requested);
+  b->requested = 0;
+  b->state = BlockState::parked;
+  b->gc_stamp = services_.gc.now();
+  parked_ = b;
+  const Block* next = b->next;
+  SplitChange merge;  // the merged block is an inactive split block unless it is the segment
+  if (b->in_expandable)
+    ;  // PyTorch counts no split blocks there
+  else if (next && next->state == BlockState::free)
+    merge = b->prev || next->next ? SplitChange{0, bytes}
+                                  : SplitChange{-1, -static_cast<std::int64_t>(next->size)};
+  else if (b->is_split())
+    merge = {1, bytes};
+  counters_.on_free(pool, bytes, requested, merge);
+}
+
+RESERVOIR_INLINE Block* StreamPool::parked_fit(PoolIndex pool, std::size_t size) {
+  Block* b = parked_;
+  if (b->size != size || b->pool() != pool) return nullptr;  // (taken back as it was)
+  const Block* next = b->next;
+  const bool merges = next && next->state == BlockState::free;
+  const std::size_t merged = b->size + (merges ? next->size : 0);
+  if (!policy().may_serve(merged, size)) return nullptr;
+  // Expandable segments switched off: best fit skips their blocks.
+  if (b->in_expandable && !policy().expandable()) return nullptr;
+  // The merged block would be split exactly at b's end, or b taken whole...
+  if (merges != (!no_split_ && policy().should_split(pool, merged, size))) return nullptr;
+  // ...if best fit picks it: no other free block's key lies between size and its key.
+  const FreeIndex& set = free_[pool];
+  auto it = set.lower_bound(size);
+  if (merges && it != set.end() && *it == next) ++it;
+  if (it == set.end()) return b;
+  if (FreeIndex::less(it.key(), FreeKey{merged, b->address})) return nullptr;
+  // In an expandable segment best fit passes on to the next block (*it) when it has
+  // less unmapped room after it (find_free()).
+  if (b->in_expandable) {
+    const Block* after = merges ? next->next : next;
+    const std::size_t room =
+        merged + (after && after->state == BlockState::unmapped ? after->size : 0);
+    if (room_after(*it) < room) return nullptr;
+  }
+  return b;
+}
+
+// parked_fit() said yes: b goes back to the program, and what the free and the
+// allocation would have done to the blocks cancels out, but for their statistics.
+RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t requested) {
+  parked_ = nullptr;
+  const PoolIndex pool = b->pool();
+  if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();  // as find_free()
+  Block* next = b->next;
+  SplitChange split;                            // as hand_out() splitting the merged block
+  const bool counts_split = !b->in_expandable;  // PyTorch counts none in expandable
+  if (next && next->state == BlockState::free) {
+    next->gc_stamp = services_.gc.now();  // the remainder's, as reposition_free()
+    if (counts_split)
+      split = b->prev || next->next ? SplitChange{0, -static_cast<std::int64_t>(b->size)}
+                                    : SplitChange{1, static_cast<std::int64_t>(next->size)};
+  } else if (b->is_split() && counts_split) {
+    split = {-1, -static_cast<std::int64_t>(b->size)};
+  }
+  b->state = BlockState::allocated;
+  issue(b, requested, split);
+  finish_operation();
+  return b->address;
+}
+
+// The merge the parked block's free postponed, as free_block() would have made it
+// then (its statistics were counted at the free).
+void StreamPool::settle() {
+  Block* b = parked_;
+  parked_ = nullptr;
+  const std::uint64_t stamp = b->gc_stamp;
+  std::int64_t merged = 0, merged_bytes = 0;
+  Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
+  keep->gc_stamp = stamp;
 }
 
 // ---------------------------------------------------------------- free
@@ -237,7 +346,11 @@ bool StreamPool::free(std::uintptr_t address) {
   ScopedGuard guard(lock_);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  release_block(b, false);
+  if (parked_) settle();  // first: b's neighbour may be the parked block
+  if (b->size == last_size_ && parks(b))
+    park(b);
+  else
+    release_block(b, false);
   finish_operation();
   return true;
 }
@@ -246,7 +359,7 @@ bool StreamPool::free(std::uintptr_t address) {
 // recorder may be slow), and the request is recorded.
 bool StreamPool::free_traced(std::uintptr_t address) {
   Context context = services_.history.gather(ContextLevel::all);
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   Block* b = allocated_.erase(address);
   if (!b) return false;
   trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
@@ -382,24 +495,24 @@ void StreamPool::process_events(bool wait) {
 }
 
 void StreamPool::release_stream() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   stream_released_ = true;
 }
 
 void StreamPool::process_events_now() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   finish_operation();
 }
 
 void StreamPool::synchronize_pending() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   if (pending_blocks_ != 0) process_events(true);
   finish_operation();
 }
 
 bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (other == stream_) return true;
@@ -422,7 +535,7 @@ void StreamPool::defer_past_capture(Block* b) {
 }
 
 void StreamPool::flush_capture_deferred() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   std::vector<Block*> blocks;
   blocks.swap(capture_deferred_);
   std::string failure;
@@ -449,14 +562,14 @@ void StreamPool::flush_capture_deferred() {
 }
 
 void StreamPool::set_private(PoolId pool, bool no_split) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   RESERVOIR_ASSERT(segments_ == nullptr);
   pool_id_ = pool;
   no_split_ = no_split;
 }
 
 bool StreamPool::holds_segments() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   return segments_ != nullptr;
 }
 
@@ -488,7 +601,7 @@ void StreamPool::release_segment(Segment* seg) {
 }
 
 std::size_t StreamPool::release_cached() {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   std::size_t released = 0;
   std::vector<Segment*> whole;
   std::vector<Block*> expandable;
@@ -519,7 +632,7 @@ std::size_t StreamPool::release_cached() {
 bool StreamPool::release_oversize(std::size_t requested) {
   const SizePolicy& p = policy();
   if (!p.has_max_split_size()) return false;
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   const std::size_t size = p.round(requested);
   FreeIndex& set = free_[SizePolicy::pool_for(size)];
   const std::size_t key = std::max(size, p.max_split_size());

@@ -21,6 +21,19 @@
 //   every block in capture_deferred_ is pending with event_count == 0 (freed while a
 //     capture was under way: its events are recorded once no capture is, spec's
 //     needs_events_deferred_until_no_capture).
+// Parked free: the program's free of a block is often followed by a request of the
+// same size, which best fit would serve by splitting the very block the free merged
+// (so the merge and the split cancel out). free() therefore parks the block instead
+// of merging it, counting the statistics as if merged, and the next request takes it
+// back when best fit, run on the merged block, would hand out exactly that block;
+// anything else settles the block first (the merge, as the free would have done it).
+// Only a block of the size last requested is parked: the pattern that pays.
+//   parked_ == nullptr, or parked_ is the one block in state parked: no extras, not
+//     in allocated_ nor in any index, its prev not free; statistics count it (with
+//     its next, when that is free) as the free block the merge makes; gc_stamp ==
+//     the clock when it was freed;
+//   every member but allocate_cached() and free() settles it first (lock_settled()),
+//     so no other code ever meets a parked block.
 // A pool of a private pool (pool_id_ != {0, 0}) is the same cache, kept apart: the
 // engine routes only that pool's requests to it (private_pools.hpp).
 // It depends only on PoolServices (calls go one way: the engine and the
@@ -147,6 +160,12 @@ class alignas(64) StreamPool final : public BlockOwner {
 
  private:
   using Guard = std::unique_lock<Lock>;
+  // The lock, with a parked free settled: how every member but the hot two begins.
+  Guard lock_settled() {
+    Guard guard(lock_);
+    if (parked_) settle();
+    return guard;
+  }
   // The two hot paths, which never unlock early: no ownership flag to keep.
   using ScopedGuard = std::lock_guard<Lock>;
   struct Pending {
@@ -182,9 +201,12 @@ class alignas(64) StreamPool final : public BlockOwner {
 
   // ---- allocation ----
   Block* find_free(PoolIndex pool, std::size_t size);
+  static std::size_t room_after(const Block* b);
   // traced: history is on (the flag is loaded once per operation).
   std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested, const Context& context,
                           bool traced);
+  // out (allocated) goes to the program: the allocated map and the statistics.
+  void issue(Block* out, std::size_t requested, SplitChange split);
   Block* new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
                            const Context& context);
   // ---- expandable segments (expandable_pool.cpp) ----
@@ -197,6 +219,14 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool release_expandable_segment(Segment* segment, std::string* error);
   std::size_t release_idle_expandable();
   void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
+  // ---- parked free (see the class comment) ----
+  bool parks(const Block* b) const noexcept;
+  void park(Block* b);
+  // The parked block when best fit for size bytes of pool would hand it out as it is
+  // (its merge and that split cancel out), else nullptr.
+  Block* parked_fit(PoolIndex pool, std::size_t size);
+  std::uintptr_t take_parked(Block* b, std::size_t requested);
+  RESERVOIR_COLD void settle();  // merges the parked block as its free would have
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block, bool traced);
@@ -221,6 +251,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   const StreamHandle stream_;
   Lock lock_;
   std::size_t pending_blocks_ = 0;
+  Block* parked_ = nullptr;  // a freed block, merge postponed (the class comment)
+  // The rounded size of the last request: only a block of that size is parked (a
+  // settled block costs a little more than an immediate merge, so frees that are
+  // unlikely to meet their size's request next merge at once).
+  std::size_t last_size_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
   ShardCounters counters_;

@@ -20,7 +20,7 @@ std::string at(std::uintptr_t a) {
 }  // namespace
 
 void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     if (seg->expandable)
       throw InvalidArgumentError(
@@ -51,7 +51,7 @@ Segment* StreamPool::segment_at(std::uintptr_t base) {
 }
 
 void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& segments) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   for (const CheckpointSegment* record : segments) {
     const std::string where =
         "reservoir: cannot restore the checkpoint: segment " + at(record->base);
@@ -85,7 +85,7 @@ void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& s
 }
 
 void StreamPool::free_all_allocated(std::vector<void*>* freed) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   std::vector<std::uintptr_t> addresses;
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
     for (const Block* b = seg->head; b; b = b->next)
@@ -110,7 +110,7 @@ void StreamPool::free_all_allocated(std::vector<void*>* freed) {
 
 void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,
                          std::vector<void*>* allocated) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   for (const CheckpointSegment* record : segments) {
     Segment* seg = segment_at(record->base);
     RESERVOIR_ASSERT(seg);
@@ -165,7 +165,7 @@ void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
 }
 
 void StreamPool::allocated_addresses(std::vector<std::uintptr_t>* out) {
-  Guard guard(lock_);
+  Guard guard = lock_settled();
   allocated_.for_each([out](std::uintptr_t address, Block*) { out->push_back(address); });
 }
 

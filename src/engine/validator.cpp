@@ -26,7 +26,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
   // What the blocks add up to, per pool, by stored statistic kind.
   std::int64_t expected[kStatKinds][kPoolCount] = {};
   std::size_t free_blocks[kPoolCount] = {}, unmapped_blocks[kPoolCount] = {}, allocated_blocks = 0,
-              pending_with_events = 0;
+              pending_with_events = 0, parked_blocks = 0;
+  const Block* merged_into_parked = nullptr;  // the free next of the parked block
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     const int pool = seg->pool;
     RESERVOIR_CHECK(seg->owner == this, "segment " + at(seg->base) + " has another owner");
@@ -68,7 +69,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
         case BlockState::free:
           ++free_blocks[pool];
           RESERVOIR_CHECK(free_[pool].holds(b), where + " is free but not in its pool's free set");
-          if (b->is_split() && !seg->expandable) {
+          if (b->is_split() && !seg->expandable && b != merged_into_parked) {
             expected[kInactiveSplit][pool] += 1;
             expected[kInactiveSplitBytes][pool] += size;
           }
@@ -90,6 +91,25 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
           expected[kPendingBytes][pool] += size;
           expected[kRequestedBytes][pool] += static_cast<std::int64_t>(b->requested);
           break;
+        case BlockState::parked: {
+          ++parked_blocks;
+          RESERVOIR_CHECK(b == parked_, where + " is parked but is not the pool's parked block");
+          RESERVOIR_CHECK(!b->extras && b->requested == 0,
+                          where + " is parked but used elsewhere or still requested");
+          RESERVOIR_CHECK(allocated_.find(b->address) == nullptr,
+                          where + " is parked but still in the allocated map");
+          RESERVOIR_CHECK(!(b->prev && b->prev->state == BlockState::free),
+                          where + " is parked after a free block");
+          // Counted as the free block its merge makes: with its next when that is free.
+          const bool merges = b->next && b->next->state == BlockState::free;
+          if (merges) merged_into_parked = b->next;
+          if (!seg->expandable && (b->prev || (merges ? b->next->next : b->next))) {
+            expected[kInactiveSplit][pool] += 1;
+            expected[kInactiveSplitBytes][pool] +=
+                size + (merges ? static_cast<std::int64_t>(b->next->size) : 0);
+          }
+          break;
+        }
         case BlockState::unmapped:
           RESERVOIR_CHECK(seg->expandable, where + " is unmapped in a non-expandable segment");
           RESERVOIR_CHECK(unmapped_[pool].count(b) == 1 && *b->unmapped_at == b,
@@ -123,6 +143,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                   "allocated map holds " + std::to_string(allocated_.size()) + " blocks, " +
                       std::to_string(allocated_blocks) + " are allocated");
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
+  RESERVOIR_CHECK(parked_blocks == (parked_ ? 1u : 0u),
+                  "the parked block is not one of the pool's blocks in state parked");
   RESERVOIR_CHECK(counters_.guards_hold(),
                   "statistics guards allow more than the limits' headroom (stat_ledger.hpp)");
   for (const Block* b : capture_deferred_)

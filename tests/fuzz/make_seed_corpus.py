@@ -168,6 +168,14 @@ def seeds():
         w.alloc(BIG, s)
     out["oversize"] = w.free(0).free(0).alloc(BIG, 0x6100).alloc(LARGE, 0xF000).op(FREE_ALL, 0)
 
+    # Frees taken back by the next request of their size (a free's 0xFF), or merged
+    # first when another free block fits better (the engine's parked free).
+    w = Walk()
+    for cls, s in ((SMALL, 100), (SMALL, 100), (MEDIUM, 5), (LARGE, 40), (SMALL, 100)):
+        w.alloc(cls, s)
+    w.free(0xFF).free(0xFF).free(1).free(0xFF).alloc(SMALL, 100).free(0xFF)
+    out["parked-free"] = w.op(QUERY, 0).free(0xFF).op(EMPTY, 0).free(0xFF).op(FREE_ALL, 0)
+
     w = Walk().alloc(MEDIUM, 10).op(RESET, 0).alloc(MEDIUM, 20).op(RESET, 2).free(0)
     out["stats-queries"] = w.op(QUERY, 2).op(QUERY, 3).op(RESET, 1).op(FREE_ALL, 0)
 

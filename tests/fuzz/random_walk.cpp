@@ -206,7 +206,19 @@ void Walker::op_alloc() {
   const std::size_t size = size_for(a & 7, in_.u16());
   const StreamHandle stream = (a >> 3) & 3;
   const bool current = (a >> 6) == 3;  // device -1
-  const int device = current ? current_device_ : (a >> 5) & 1;
+  request(size, stream, current ? current_device_ : (a >> 5) & 1, current);
+}
+
+// The newest block freed, then its size requested again on its stream: the engine's
+// parked free (taken back whole, or merged first when best fit says otherwise).
+void Walker::op_free_and_request_again() {
+  if (live_.empty()) return;
+  const Live l = live_.back();
+  free_live_at(live_.size() - 1);
+  request(l.requested, l.stream, l.device, false);
+}
+
+void Walker::request(std::size_t size, StreamHandle stream, int device, bool current) {
   const std::uint64_t refused = sim_->counters().failed_allocs;
   const std::uint64_t ooms = ooms_;
   void* p = nullptr;
@@ -260,6 +272,7 @@ void Walker::op_alloc() {
 }
 
 void Walker::free_live(std::uint8_t index) {
+  if (index == 0xFF) return op_free_and_request_again();
   if (!live_.empty()) free_live_at(index % live_.size());
 }
 

@@ -27,7 +27,8 @@ namespace reservoir::fuzz {
 // The value named here is the first code of each range.
 enum Op : std::uint8_t {
   kOpAlloc = 0,          // 0-9: a, size16       -> allocate
-  kOpFree = 10,          // 10-15: index         -> deallocate a live block
+  kOpFree = 10,          // 10-15: index         -> deallocate a live block (0xFF: the
+                         //   newest, then request its size again on its stream)
   kOpBadInput = 16,      // kind, arg            -> a call that must be refused
   kOpRecordStream = 17,  // index, stream
   kOpAdvance = 18,       // 18-19: stream        -> SimBackend::advance

@@ -150,7 +150,11 @@ class Walker {
   // random_walk.cpp: the steps.
   void step(std::uint8_t op);
   void op_alloc();
+  // current: the request names device -1 (the current device, device here).
+  void request(std::size_t size, StreamHandle stream, int device, bool current);
+  // A free's argument of 0xFF: op_free_and_request_again().
   void free_live(std::uint8_t index);
+  void op_free_and_request_again();
   void free_live_at(std::size_t i);
   void op_free_all();
   bool on_free_memory();

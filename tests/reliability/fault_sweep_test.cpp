@@ -38,11 +38,14 @@ struct Op {
 
 // A few hundred deterministic operations on streams 1-3: small, medium and large
 // sizes, frees, record_stream across streams, stream progress, empty_cache, and
-// release_stream (the stream stays in use: later calls may name it).
+// release_stream (the stream stays in use: later calls may name it). Some requests
+// repeat their slot's last size and stream right after its free (the engine's
+// parked free).
 std::vector<Op> make_workload() {
   std::mt19937_64 rng(7);
   std::vector<Op> ops;
   constexpr std::size_t kSlots = 16;
+  std::vector<Op> last(kSlots, Op{Op::free});
   for (int i = 0; i < 400; ++i) {
     const unsigned r = rng() % 100;
     const std::size_t slot = rng() % kSlots;
@@ -51,10 +54,13 @@ std::vector<Op> make_workload() {
       ops.push_back({Op::empty_cache});
     } else if (i % 61 == 60) {
       ops.push_back({Op::release, 0, stream});
+    } else if (r < 12 && last[slot].kind == Op::alloc) {
+      ops.push_back(last[slot]);  // the free of the slot, then the same request
     } else if (r < 45) {
       static constexpr std::size_t kMax[] = {MiB, 10 * MiB, 48 * MiB};
       const std::size_t max = kMax[rng() % 3];
       ops.push_back({Op::alloc, 1 + rng() % max, stream, slot});
+      last[slot] = ops.back();
     } else if (r < 80) {
       ops.push_back({Op::free, 0, 0, slot});
     } else if (r < 92) {
