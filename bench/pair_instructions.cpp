@@ -5,6 +5,7 @@
 // 256 B-64 MiB), after a warm-up, inside run_pattern() alone:
 //   valgrind --tool=callgrind --toggle-collect='*run_pattern*'
 //       reservoir_pair_instructions 512 20000   (one command line)
+// SIZE@2 runs the pairs on a second stream (the general routing, no one-owner shortcut).
 // Instructions per pair: the difference of the totals of two N, divided by their
 // difference (scripts/pair-instructions.sh does both runs).
 #include <cmath>
@@ -29,14 +30,15 @@ struct LogUniform {
   std::vector<void*> live;
 };
 
-__attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUniform* lu, int n) {
+__attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUniform* lu, int n,
+                                           reservoir::StreamHandle stream = 1) {
   for (int i = 0; i < n; ++i) {
     if (lu) {
       void*& slot = lu->live[static_cast<std::size_t>(lu->picks[i % lu->picks.size()])];
       a.deallocate(slot);
       slot = a.allocate(lu->sizes[static_cast<std::size_t>(i) % lu->sizes.size()], 2, 0);
     } else {
-      void* p = a.allocate(size, 1, 0);
+      void* p = a.allocate(size, stream, 0);
       asm volatile("" : : "r"(p) : "memory");
       a.deallocate(p);
     }
@@ -47,7 +49,7 @@ __attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUn
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s SIZE|logu PAIRS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SIZE|SIZE@2|logu PAIRS\n", argv[0]);
     return 2;
   }
   reservoir::SimOptions options;
@@ -69,8 +71,15 @@ int main(int argc, char** argv) {
     for (void* p : lu.live) a.deallocate(p);
     return 0;
   }
+  // "SIZE@2": the pairs on a second stream, after a block on the first (the general
+  // routing: the stream table, and the segment map on every free).
+  const std::string pattern = argv[1];
+  const bool second = pattern.size() > 2 && pattern.compare(pattern.size() - 2, 2, "@2") == 0;
   const std::size_t size = std::strtoull(argv[1], nullptr, 10);
-  run_pattern(a, size, nullptr, 100);
-  run_pattern(a, size, nullptr, n);
+  void* first = second ? a.allocate(size, 1, 0) : nullptr;
+  const reservoir::StreamHandle stream = second ? 2 : 1;
+  run_pattern(a, size, nullptr, 100, stream);
+  run_pattern(a, size, nullptr, n, stream);
+  a.deallocate(first);
   return 0;
 }
