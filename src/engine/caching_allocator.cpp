@@ -60,6 +60,20 @@ void CachingAllocator::retry(void* ptr, const char* action, Op&& op) {
   }
 }
 
+void CachingAllocator::free_routed(void* ptr) {
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uint64_t generation = segments_.generation();  // before the lookup
+  if (BlockOwner* hinted = SegmentMap::hinted_owner(generation, address)) {
+    if (hinted->free(address)) return;
+  } else if (Segment* seg = segments_.find(address)) {
+    if (BlockOwner* owner = seg->owner_now(); owner && owner->free(address)) {
+      SegmentMap::remember(generation, seg, owner);
+      return;
+    }
+  }
+  free_slow(ptr);
+}
+
 void CachingAllocator::free_slow(void* ptr) {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   retry(ptr, "free", [address](BlockOwner& o) { return o.free(address); });

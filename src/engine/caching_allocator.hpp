@@ -45,10 +45,9 @@ class CachingAllocator final : public BlockResource {
     // One owner so far (one stream, one device, no private pool): no lookup.
     if (BlockOwner* sole = segments_.sole_owner()) {
       if (sole->free(address)) return;
-    } else if (Segment* seg = segments_.find(address)) {
-      if (BlockOwner* owner = seg->owner_now(); owner && owner->free(address)) return;
+      return free_slow(ptr);
     }
-    free_slow(ptr);
+    free_routed(ptr);
   }
   void record_stream(void* ptr, StreamHandle stream) override;
   void notify_host_wait(StreamHandle stream, int device) override;
@@ -92,6 +91,9 @@ class CachingAllocator final : public BlockResource {
   void validate();
 
  private:
+  // Several owners: this thread's last segment, then the map (remembered for the
+  // next free); out of line, so that the one-owner path stays short.
+  void free_routed(void* ptr);
   void free_slow(void* ptr);  // the lookup protocol, after the fast path was refused
   template <typename Op>
   void retry(void* ptr, const char* action, Op&& op);

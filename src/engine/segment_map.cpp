@@ -7,8 +7,20 @@
 
 namespace reservoir::detail {
 
-SegmentMap::SegmentMap() {
+constinit thread_local OwnerHint tls_owner_hint;
+
+namespace {
+// Generations of every map of the process: a value is never used twice, so a hint
+// of a map that is gone never matches a later map at the same address.
+std::atomic<std::uint64_t> g_generations{0};
+}  // namespace
+
+SegmentMap::SegmentMap() : generation_(g_generations.fetch_add(1) + 1) {
   for (auto& m : root_) m.store(nullptr, std::memory_order_relaxed);
+}
+
+void SegmentMap::next_generation() {
+  generation_.store(g_generations.fetch_add(1) + 1, std::memory_order_release);
 }
 
 SegmentMap::~SegmentMap() {
@@ -54,6 +66,7 @@ void SegmentMap::erase(Segment* segment) {
 // costs a few steps per 8 GiB.
 void SegmentMap::owner_gone(BlockOwner* owner) {
   std::lock_guard<std::mutex> guard(write_mutex_);
+  next_generation();  // hints naming the owner go stale
   if (sole_.load(std::memory_order_relaxed) == owner) {
     sole_.store(nullptr, std::memory_order_release);
     owners_differ_ = true;
@@ -96,6 +109,7 @@ void SegmentMap::insert(Segment* segment, std::uintptr_t address, std::size_t by
 void SegmentMap::erase(Segment* segment, std::uintptr_t address, std::size_t bytes) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> guard(write_mutex_);
+  next_generation();  // before the range can be reused: hints of the segment go stale
   const std::uint64_t last = (address + bytes - 1) >> kPageBits;
   for (std::uint64_t page = address >> kPageBits; page <= last;) {
     const std::uint64_t leaf_last = std::min<std::uint64_t>(last, page | (kFanout - 1));

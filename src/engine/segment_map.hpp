@@ -14,6 +14,13 @@
 // sees nullptr; the sole owner refuses a pointer it did not hand out.
 // Nodes are never freed before the map, so concurrent readers are safe; writers
 // (segment creation and release) serialize on a mutex.
+// Owner hints: each thread keeps the range and owner of the last segment a free of
+// its found (OwnerHint), with the map's generation then. generation() moves to a value
+// no map has used before at every erase and every owner's end, so while it is
+// unchanged the hinted segment is still registered to that owner, alive: a free in its
+// range asks the owner directly (which still refuses a pointer it did not hand out).
+// Invariant: a hint whose generation equals generation() names a registered segment's
+// [base, base + size) and its owner.
 #pragma once
 
 #include <atomic>
@@ -24,6 +31,16 @@
 #include "util/compiler.hpp"
 
 namespace reservoir::detail {
+
+// A thread's last segment found for a free (see above); generation 0: none.
+struct OwnerHint {
+  std::uint64_t generation = 0;
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  BlockOwner* owner = nullptr;
+};
+// Constant-initialized: an access is a thread-pointer offset, no initialization check.
+extern constinit thread_local OwnerHint tls_owner_hint;
 
 class SegmentMap {
  public:
@@ -50,6 +67,20 @@ class SegmentMap {
   }
   // The owner of every segment so far while there has been one owner (see above).
   BlockOwner* sole_owner() const noexcept { return sole_.load(std::memory_order_acquire); }
+  // Moves at every erase and owner's end (see above).
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+  // The owner of this thread's hint when address lies in its segment and generation
+  // (read before) is the hint's, else nullptr.
+  static BlockOwner* hinted_owner(std::uint64_t generation, std::uintptr_t address) noexcept {
+    const OwnerHint& h = tls_owner_hint;
+    return h.generation == generation && address - h.base < h.size ? h.owner : nullptr;
+  }
+  // Records segment (found under generation, read before the lookup) and its owner as
+  // this thread's hint.
+  static void remember(std::uint64_t generation, const Segment* segment,
+                       BlockOwner* owner) noexcept {
+    tls_owner_hint = {generation, segment->base, segment->size, owner};
+  }
   // owner is going away: it is no longer the sole owner (nor will any be).
   void owner_gone(BlockOwner* owner);
   // pre: segment's range overlaps no registered segment, segment->owner is set.
@@ -82,6 +113,8 @@ class SegmentMap {
   std::mutex write_mutex_;
   std::atomic<BlockOwner*> sole_{nullptr};
   bool owners_differ_ = false;  // under write_mutex_: sole_ stays nullptr for good
+  std::atomic<std::uint64_t> generation_;
+  void next_generation();  // under write_mutex_
 };
 
 }  // namespace reservoir::detail

@@ -132,6 +132,29 @@ TEST(EngineOnSim, UncachedModeCallsTheDeviceEveryTime) {
   EXPECT_THROW(s.a.deallocate(&x), InvalidPointerError);
 }
 
+// With several owners a free asks this thread's last segment first: right after a
+// release of it, after its pool's engine is gone, and for a pointer it never handed
+// out, the free still lands where it must (or is refused, naming the pointer).
+TEST(EngineOnSim, AFreeAsksThisThreadsLastSegmentOnlyWhileItHolds) {
+  for (int round = 0; round < 2; ++round) {  // a fresh engine: the last one's hint is stale
+    SimAllocator s;
+    void* first = s.a.allocate(512, 1, 0);
+    void* p = s.a.allocate(512, 2, 0);  // a second owner: frees take the general path
+    s.a.deallocate(p);                  // this thread's hint: stream 2's segment
+    void* again = s.a.allocate(512, 2, 0);
+    EXPECT_THROW(s.a.deallocate(static_cast<char*>(again) + 512), InvalidPointerError);
+    s.a.deallocate(again);
+    s.a.empty_cache();                  // stream 2's segment goes back
+    void* q = s.a.allocate(512, 3, 0);  // a third owner, maybe in the same range
+    s.a.deallocate(q);
+    s.a.deallocate(first);
+    s.a.validate();
+    DeviceStats st = s.a.stats(0);
+    EXPECT_EQ(st.allocation.all().current, 0);
+    EXPECT_EQ(st.allocation.all().freed, 4);
+  }
+}
+
 TEST(EngineOnSim, SeveralDevicesHaveSeparateEngines) {
   SimOptions o;
   o.device_count = 2;

@@ -118,6 +118,43 @@ TEST(SegmentMap, NamesTheSoleOwnerUntilASecondOwnerOrItsEnd) {
   }
 }
 
+// A thread's owner hint holds only while the generation it was taken under stays:
+// every erase and every owner's end move it, to a value no map of the process had.
+TEST(SegmentMap, OwnerHintsHoldUntilAnEraseOrAnOwnersEndAndNeverAcrossMaps) {
+  NoBlocks first, second;
+  Segment a, b;
+  a.base = 0x7f0000000000;
+  b.base = a.base + (4 << 20);
+  a.size = b.size = 2 << 20;
+  a.set_owner(&first);
+  b.set_owner(&second);
+  std::uint64_t earlier = 0;
+  {
+    SegmentMap map;
+    map.insert(&a);
+    map.insert(&b);
+    const std::uint64_t g = map.generation();
+    EXPECT_EQ(map.generation(), g);  // inserts keep it
+    SegmentMap::remember(g, &a, &first);
+    EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base + 100), &first);
+    EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), b.base), nullptr);  // not in a
+    map.erase(&b);  // another segment's release: hints of every segment go stale
+    EXPECT_NE(map.generation(), g);
+    EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base + 100), nullptr);
+    SegmentMap::remember(map.generation(), &a, &first);
+    const std::uint64_t before_end = map.generation();
+    map.owner_gone(&second);
+    EXPECT_NE(map.generation(), before_end);
+    EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base), nullptr);
+    SegmentMap::remember(map.generation(), &a, &first);
+    earlier = map.generation();
+  }
+  SegmentMap later;  // (likely at the same address as the map above)
+  later.insert(&a);
+  EXPECT_NE(later.generation(), earlier);
+  EXPECT_EQ(SegmentMap::hinted_owner(later.generation(), a.base), nullptr);
+}
+
 TEST(SegmentMap, FindsSegmentsIncludingUnalignedNeighbours) {
   SegmentMap map;
   Segment a, b, c;
