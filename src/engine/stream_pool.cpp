@@ -265,16 +265,20 @@ RESERVOIR_INLINE void StreamPool::park(Block* b) {
   b->state = BlockState::parked;
   b->gc_stamp = services_.gc.now();
   parked_ = b;
+  counters_.on_free(pool, bytes, requested, parked_merge(b));
+}
+
+// What merging the parked b (with a free next) does to the inactive split blocks, as
+// free_block() counts it; taking b back undoes exactly that.
+RESERVOIR_INLINE SplitChange StreamPool::parked_merge(const Block* b) {
+  if (b->in_expandable) return {};  // PyTorch counts no split blocks there
   const Block* next = b->next;
-  SplitChange merge;  // the merged block is an inactive split block unless it is the segment
-  if (b->in_expandable)
-    ;  // PyTorch counts no split blocks there
-  else if (next && next->state == BlockState::free)
-    merge = b->prev || next->next ? SplitChange{0, bytes}
-                                  : SplitChange{-1, -static_cast<std::int64_t>(next->size)};
-  else if (b->is_split())
-    merge = {1, bytes};
-  counters_.on_free(pool, bytes, requested, merge);
+  const auto bytes = static_cast<std::int64_t>(b->size);
+  // The merged block is an inactive split block unless it is the whole segment.
+  if (next && next->state == BlockState::free)
+    return b->prev || next->next ? SplitChange{0, bytes}
+                                 : SplitChange{-1, -static_cast<std::int64_t>(next->size)};
+  return b->is_split() ? SplitChange{1, bytes} : SplitChange{};
 }
 
 RESERVOIR_INLINE Block* StreamPool::parked_fit(PoolIndex pool, std::size_t size) {
@@ -312,18 +316,12 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t re
   const PoolIndex pool = b->pool();
   if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();  // as find_free()
   Block* next = b->next;
-  SplitChange split;                            // as hand_out() splitting the merged block
-  const bool counts_split = !b->in_expandable;  // PyTorch counts none in expandable
-  if (next && next->state == BlockState::free) {
+  if (next && next->state == BlockState::free)
     next->gc_stamp = services_.gc.now();  // the remainder's, as reposition_free()
-    if (counts_split)
-      split = b->prev || next->next ? SplitChange{0, -static_cast<std::int64_t>(b->size)}
-                                    : SplitChange{1, static_cast<std::int64_t>(next->size)};
-  } else if (b->is_split() && counts_split) {
-    split = {-1, -static_cast<std::int64_t>(b->size)};
-  }
+  // hand_out() splitting the merged block undoes what the merge did.
+  const SplitChange merge = parked_merge(b);
   b->state = BlockState::allocated;
-  issue(b, requested, split);
+  issue(b, requested, SplitChange{-merge.blocks, -merge.bytes});
   finish_operation();
   return b->address;
 }

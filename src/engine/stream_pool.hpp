@@ -222,6 +222,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   // ---- parked free (see the class comment) ----
   bool parks(const Block* b) const noexcept;
   void park(Block* b);
+  static SplitChange parked_merge(const Block* b);
   // The parked block when best fit for size bytes of pool would hand it out as it is
   // (its merge and that split cancel out), else nullptr.
   Block* parked_fit(PoolIndex pool, std::size_t size);
