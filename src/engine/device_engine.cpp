@@ -266,6 +266,8 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
+    for (auto& p : pools_) p->forget_fit();
+    for (auto& p : private_pools_) p->forget_fit();
     const bool compact = config.policy == Config::Policy::compact;
     compact_on_.store(compact, std::memory_order_relaxed);
     if (compact)

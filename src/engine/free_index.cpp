@@ -46,6 +46,7 @@ void FreeIndex::clear_below(Node* n) {
 }
 
 void FreeIndex::clear() {
+  ++version_;
   clear_below(root_);
   Leaf* leaf = make<Leaf>();
   root_ = leaf;
@@ -54,6 +55,7 @@ void FreeIndex::clear() {
 }
 
 void FreeIndex::insert(Block* b) {
+  ++version_;
   const FreeKey key{b->size, b->address};
   Leaf* leaf = descend(key);
   if (leaf->count == kSlots) {  // split: the upper half moves to a new right sibling
@@ -136,6 +138,7 @@ void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right) {
 }
 
 void FreeIndex::erase(Block* b) {
+  ++version_;
   remove_at(b->free_leaf, slot_of(b->free_leaf, b));
 }
 

@@ -20,6 +20,8 @@
 //     reposition().
 // The owner changes a free block's size or address only by then calling reposition()
 // (or erase() before and insert() after).
+// version() changes with every insert, erase, reposition and clear: a decision drawn
+// from the index (StreamPool's fit memo) stands while version() is what it was.
 // Not thread-safe: the owner's lock guards it.
 #pragma once
 
@@ -122,6 +124,7 @@ class FreeIndex {
 
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
+  std::uint64_t version() const noexcept { return version_; }
   iterator begin() const { return size_ ? iterator(this, first_, 0) : end(); }
   iterator end() const { return iterator(this, nullptr, 0); }
   void clear();
@@ -147,6 +150,7 @@ class FreeIndex {
   // the order still holds (the common case of splitting or merging the same block),
   // else it moves.
   RESERVOIR_INLINE void reposition(Block* b) {
+    ++version_;
     const FreeKey key{b->size, b->address};
     Leaf* leaf = b->free_leaf;
     if (size_ == 1) {  // b alone, under no separator (see problem())
@@ -213,6 +217,7 @@ class FreeIndex {
   Leaf* first_;
   Leaf* last_;
   std::size_t size_ = 0;
+  std::uint64_t version_ = 0;
   NodePool nodes_;
 };
 

@@ -113,8 +113,20 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
   last_size_ = size;
   if (parked_) {
     // Pending frees to complete first, or history to record: the plain path.
-    if (pending_blocks_ == 0 && !traced)
-      if (Block* parked = parked_fit(pool, size)) return take_parked(parked, requested);
+    if (pending_blocks_ == 0 && !traced) {
+      Block* parked = parked_;
+      // The steady pair: the same block for the same size, the index unchanged since.
+      if (parked == fit_block_ && size == fit_size_ && free_[pool].version() == fit_version_)
+        return take_parked(parked, requested);
+      if (parked_fit(pool, size)) {
+        if (!parked->in_expandable) {
+          fit_block_ = parked;
+          fit_size_ = size;
+          fit_version_ = free_[pool].version();
+        }
+        return take_parked(parked, requested);
+      }
+    }
     settle();
   }
   // No event queries while a capture is under way (illegal then): pending frees wait.
@@ -265,7 +277,8 @@ RESERVOIR_INLINE void StreamPool::park(Block* b) {
   b->state = BlockState::parked;
   b->gc_stamp = services_.gc.now();
   parked_ = b;
-  counters_.on_free(pool, bytes, requested, parked_merge(b));
+  parked_split_ = parked_merge(b);
+  counters_.on_free(pool, bytes, requested, parked_split_);
 }
 
 // What merging the parked b (with a free next) does to the inactive split blocks, as
@@ -319,9 +332,8 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t re
   if (next && next->state == BlockState::free)
     next->gc_stamp = services_.gc.now();  // the remainder's, as reposition_free()
   // hand_out() splitting the merged block undoes what the merge did.
-  const SplitChange merge = parked_merge(b);
   b->state = BlockState::allocated;
-  issue(b, requested, SplitChange{-merge.blocks, -merge.bytes});
+  issue(b, requested, SplitChange{-parked_split_.blocks, -parked_split_.bytes});
   finish_operation();
   return b->address;
 }
@@ -335,6 +347,17 @@ void StreamPool::settle() {
   std::int64_t merged = 0, merged_bytes = 0;
   Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
   keep->gc_stamp = stamp;
+}
+
+bool StreamPool::parked_split_current() {
+  const SplitChange split = parked_merge(parked_);
+  return split.blocks == parked_split_.blocks && split.bytes == parked_split_.bytes;
+}
+
+bool StreamPool::fit_memo_current() {
+  const PoolIndex pool = SizePolicy::pool_for(fit_size_);
+  return fit_block_ != parked_ || free_[pool].version() != fit_version_ ||
+         parked_fit(pool, fit_size_) == fit_block_;
 }
 
 // ---------------------------------------------------------------- free
@@ -564,6 +587,7 @@ void StreamPool::set_private(PoolId pool, bool no_split) {
   RESERVOIR_ASSERT(segments_ == nullptr);
   pool_id_ = pool;
   no_split_ = no_split;
+  fit_block_ = nullptr;
 }
 
 bool StreamPool::holds_segments() {

@@ -33,7 +33,14 @@
 //     its next, when that is free) as the free block the merge makes; gc_stamp ==
 //     the clock when it was freed;
 //   every member but allocate_cached() and free() settles it first (lock_settled()),
-//     so no other code ever meets a parked block.
+//     so no other code ever meets a parked block;
+//   parked_split_ == parked_merge(parked_) while parked_ != nullptr.
+// The fit memo spares the steady pair (free, then the same request) the best-fit check:
+//   fit_block_ != nullptr (never a block of an expandable segment) =>
+//     while free_[pool_for(fit_size_)].version() == fit_version_, parked_fit(
+//     pool_for(fit_size_), fit_size_) == fit_block_ whenever fit_block_ is parked;
+//   the engine calls forget_fit() when the size policy changes, and delete_block()
+//     forgets a deleted block.
 // A pool of a private pool (pool_id_ != {0, 0}) is the same cache, kept apart: the
 // engine routes only that pool's requests to it (private_pools.hpp).
 // It depends only on PoolServices (calls go one way: the engine and the
@@ -92,6 +99,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   PoolId pool_id() const noexcept { return pool_id_; }
   ShardCounters& counters() noexcept { return counters_; }
   Lock& lock() noexcept { return lock_; }
+  // The size policy changed (the caller holds the lock): the fit memo no longer holds.
+  void forget_fit() noexcept { fit_block_ = nullptr; }
 
   // ---- Allocation: the cache hit, then the rungs of the out-of-memory ladder ----
   // Each returns the address of a block of at least requested bytes (requested > 0),
@@ -228,6 +237,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   Block* parked_fit(PoolIndex pool, std::size_t size);
   std::uintptr_t take_parked(Block* b, std::size_t requested);
   RESERVOIR_COLD void settle();  // merges the parked block as its free would have
+  // For the validator: parked_split_ is the parked block's merge; the fit memo, while
+  // it stands, gives what parked_fit() gives.
+  bool parked_split_current();
+  bool fit_memo_current();
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
   void release_block(Block* block, bool traced);
@@ -257,6 +270,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   // settled block costs a little more than an immediate merge, so frees that are
   // unlikely to meet their size's request next merge at once).
   std::size_t last_size_ = 0;
+  SplitChange parked_split_;    // what the parked block's merge did to the split blocks
+  Block* fit_block_ = nullptr;  // the fit memo (the class comment)
+  std::size_t fit_size_ = 0;
+  std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
   ShardCounters counters_;
@@ -292,6 +309,7 @@ RESERVOIR_INLINE Block* StreamPool::new_block(std::uintptr_t address, std::size_
 }
 
 RESERVOIR_INLINE void StreamPool::delete_block(Block* b) {
+  if (b == fit_block_) fit_block_ = nullptr;
   b->~Block();
   block_nodes_.put(b);
 }

@@ -27,6 +27,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
   std::int64_t expected[kStatKinds][kPoolCount] = {};
   std::size_t free_blocks[kPoolCount] = {}, unmapped_blocks[kPoolCount] = {}, allocated_blocks = 0,
               pending_with_events = 0, parked_blocks = 0;
+  bool fit_block_seen = false;
   const Block* merged_into_parked = nullptr;  // the free next of the parked block
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     const int pool = seg->pool;
@@ -48,6 +49,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     for (Block* b = seg->head; b; b = b->next) {
       std::string where = "block " + at(b->address) + " of segment " + at(seg->base);
       const auto size = static_cast<std::int64_t>(b->size);
+      if (b == fit_block_) fit_block_seen = true;
       RESERVOIR_CHECK(b->segment == seg, where + " points to another segment");
       RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
                       where + "'s copies of its segment's pool and kind are stale");
@@ -100,6 +102,8 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                           where + " is parked but still in the allocated map");
           RESERVOIR_CHECK(!(b->prev && b->prev->state == BlockState::free),
                           where + " is parked after a free block");
+          RESERVOIR_CHECK(parked_split_current(),
+                          where + " is parked with a stale record of its merge");
           // Counted as the free block its merge makes: with its next when that is free.
           const bool merges = b->next && b->next->state == BlockState::free;
           if (merges) merged_into_parked = b->next;
@@ -145,6 +149,12 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
   RESERVOIR_CHECK(parked_blocks == (parked_ ? 1u : 0u),
                   "the parked block is not one of the pool's blocks in state parked");
+  if (fit_block_) {
+    RESERVOIR_CHECK(fit_block_seen && !fit_block_->in_expandable,
+                    "the fit memo names a block that is gone or expandable");
+    RESERVOIR_CHECK(fit_memo_current(),
+                    "the fit memo would hand out the parked block where best fit would not");
+  }
   RESERVOIR_CHECK(counters_.guards_hold(),
                   "statistics guards allow more than the limits' headroom (stat_ledger.hpp)");
   for (const Block* b : capture_deferred_)

@@ -125,6 +125,47 @@ TEST(ParkedFree, FreeingANeighbourMergesTheParkedBlockFirst) {
   s.a.validate();
 }
 
+// The fit memo (the steady pair skips the best-fit check) stands only while the free
+// index is unchanged: a block freed since, smaller than the merged one, wins.
+TEST(ParkedFree, TheFitMemoLapsesWhenTheFreeBlocksChange) {
+  SimAllocator s;
+  void* x = s.a.allocate(1 * KiB, 1, 0);
+  void* y = s.a.allocate(512, 1, 0);
+  void* b = s.a.allocate(512, 1, 0);  // before the segment's free rest
+  for (int i = 0; i < 3; ++i) {       // the steady pair: b back each time
+    s.a.deallocate(b);
+    ASSERT_EQ(s.a.allocate(512, 1, 0), b);
+  }
+  s.a.deallocate(x);  // another size: merged at once, a free 1 KiB before y
+  s.a.deallocate(b);  // parked (with the rest: far larger than x)
+  void* again = s.a.allocate(512, 1, 0);
+  EXPECT_EQ(again, x);  // best fit: x, split
+  s.a.validate();
+  for (void* p : {y, again}) s.a.deallocate(p);
+  s.a.validate();
+  EXPECT_EQ(s.a.stats(0).inactive_split.small().current, 0);
+}
+
+// ... and while the size policy is unchanged: with max_split_size_mb:40 the 60 MiB
+// block the parked one merges into no longer serves a 2 MiB request.
+TEST(ParkedFree, TheFitMemoLapsesWhenThePolicyChanges) {
+  SimAllocator s;
+  s.a.deallocate(s.a.allocate(60 * MiB, 1, 0));  // a free 60 MiB segment
+  void* b = s.a.allocate(2 * MiB, 1, 0);
+  for (int i = 0; i < 3; ++i) {
+    s.a.deallocate(b);
+    ASSERT_EQ(s.a.allocate(2 * MiB, 1, 0), b);
+  }
+  s.a.deallocate(b);  // parked
+  s.a.update_config("max_split_size_mb:40");
+  void* again = s.a.allocate(2 * MiB, 1, 0);
+  EXPECT_NE(again, b);  // from a new 20 MiB segment
+  EXPECT_EQ(s.a.stats(0).segment.large().current, 2);
+  s.a.validate();
+  s.a.deallocate(again);
+  s.a.validate();
+}
+
 // Large pool: the remainder of a 20 MiB segment; a request of another size merges.
 TEST(ParkedFree, LargeBlocksAndOtherSizes) {
   SimAllocator s;
