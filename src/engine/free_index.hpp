@@ -134,10 +134,11 @@ class FreeIndex {
   RESERVOIR_INLINE iterator lower_bound(std::size_t size) const {
     if (size_ == 1)  // the one block (in the first leaf) fits or none does
       return first_->entries[0].key.size >= size ? iterator(this, first_, 0) : end();
-    const FreeKey key{size, 0};
-    Leaf* leaf = descend(key);
+    // Against the key (size, 0) only sizes decide (no block is at address 0): one
+    // 64-bit compare per key instead of two.
+    Leaf* leaf = descend_to_size(size);
     int j = 0;
-    while (j < leaf->count && less(leaf->entries[j].key, key)) ++j;
+    while (j < leaf->count && leaf->entries[j].key.size < size) ++j;
     if (j == leaf->count) return iterator(this, leaf->next, 0);  // next leaf's first, or end
     return iterator(this, leaf, j);
   }
@@ -192,6 +193,17 @@ class FreeIndex {
       const Inner* in = static_cast<const Inner*>(n);
       int i = 0;
       while (i < in->count && !less(key, in->keys[i])) ++i;
+      n = in->children[i];
+    }
+    return static_cast<Leaf*>(n);
+  }
+  // descend({size, 0}): the leaf holding the first key of at least size bytes.
+  RESERVOIR_INLINE Leaf* descend_to_size(std::size_t size) const {
+    Node* n = root_;
+    while (!n->leaf) {
+      const Inner* in = static_cast<const Inner*>(n);
+      int i = 0;
+      while (i < in->count && in->keys[i].size < size) ++i;
       n = in->children[i];
     }
     return static_cast<Leaf*>(n);
