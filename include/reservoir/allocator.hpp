@@ -30,6 +30,10 @@
 
 namespace reservoir {
 
+namespace detail {
+class CachingAllocator;
+}
+
 class RESERVOIR_API Allocator {
  public:
   // Uses backend (must outlive nothing: it is shared) and config.
@@ -201,6 +205,8 @@ class RESERVOIR_API Allocator {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  // impl_'s caching engine, for the request path: one dependent load fewer per request.
+  detail::CachingAllocator* core_ = nullptr;
 };
 
 }  // namespace reservoir

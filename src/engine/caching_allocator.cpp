@@ -8,11 +8,11 @@
 namespace reservoir::detail {
 
 CachingAllocator::CachingAllocator(Backend& backend, Config config, int device_count)
-    : backend_(backend),
-      device_count_(device_count),
-      engines_(std::make_unique<std::atomic<DeviceEngine*>[]>(device_count > 0 ? device_count : 1)),
-      config_(std::move(config)) {
-  for (int i = 0; i < (device_count > 0 ? device_count : 1); ++i) engines_[i].store(nullptr);
+    : backend_(backend), device_count_(device_count), config_(std::move(config)) {
+  if (device_count > kNearDevices) {
+    far_ = std::make_unique<std::atomic<DeviceEngine*>[]>(device_count - kNearDevices);
+    for (int i = 0; i < device_count - kNearDevices; ++i) far_[i].store(nullptr);
+  }
 }
 
 CachingAllocator::~CachingAllocator() {
@@ -21,12 +21,12 @@ CachingAllocator::~CachingAllocator() {
 
 DeviceEngine& CachingAllocator::make_engine(int device) {
   std::lock_guard<std::mutex> guard(engines_mutex_);
-  if (DeviceEngine* e = engines_[device].load(std::memory_order_relaxed)) return *e;
+  if (DeviceEngine* e = slot(device).load(std::memory_order_relaxed)) return *e;
   owned_.push_back(std::make_unique<DeviceEngine>(backend_, device, config(), segments_, hooks_));
   DeviceEngine* e = owned_.back().get();
   e->history().configure(history_enabled_, history_entries_, history_level_, history_recorder_);
   for (auto& t : trackers_) e->history().add_tracker(t);
-  engines_[device].store(e, std::memory_order_release);
+  slot(device).store(e, std::memory_order_release);
   return *e;
 }
 

@@ -63,11 +63,11 @@ class CachingAllocator final : public BlockResource {
   // ---- Engines ----
   // The engine of a valid device index, made on first use.
   DeviceEngine& engine(int device) {
-    DeviceEngine* e = engines_[device].load(std::memory_order_acquire);
+    DeviceEngine* e = slot(device).load(std::memory_order_acquire);
     return e ? *e : make_engine(device);
   }
   DeviceEngine* engine_if_made(int device) const {
-    return engines_[device].load(std::memory_order_acquire);
+    return slot(device).load(std::memory_order_acquire);
   }
   int device_count() const noexcept { return device_count_; }
   EngineHooks& hooks() noexcept { return hooks_; }
@@ -99,13 +99,21 @@ class CachingAllocator final : public BlockResource {
   void retry(void* ptr, const char* action, Op&& op);
   BlockOwner& owner_of(void* ptr, const char* action);
   DeviceEngine& make_engine(int device);
+  // Where device's engine is published: the first devices' slots live in this object
+  // (a request loads its engine without first loading an array's address).
+  std::atomic<DeviceEngine*>& slot(int device) const {
+    if (RESERVOIR_LIKELY(device < kNearDevices)) return near_[device];
+    return far_[device - kNearDevices];
+  }
+  static constexpr int kNearDevices = 16;
 
   Backend& backend_;
   const int device_count_;
   SegmentMap segments_;
   EngineHooks hooks_;
-  std::unique_ptr<std::atomic<DeviceEngine*>[]> engines_;
-  std::vector<std::unique_ptr<DeviceEngine>> owned_;  // under engines_mutex_
+  mutable std::atomic<DeviceEngine*> near_[kNearDevices] = {};
+  std::unique_ptr<std::atomic<DeviceEngine*>[]> far_;  // devices kNearDevices and up
+  std::vector<std::unique_ptr<DeviceEngine>> owned_;   // under engines_mutex_
   mutable std::mutex engines_mutex_;
   mutable std::mutex config_mutex_;
   Config config_;

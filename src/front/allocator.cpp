@@ -132,6 +132,7 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
   im.implicit_device = count == 1 ? 0 : -1;
   im.config = config;
   im.core = std::make_unique<detail::CachingAllocator>(*im.backend, config, count);
+  core_ = im.core.get();
   if (env_flag("RESERVOIR_NO_CACHING")) {
     im.uncached = std::make_unique<detail::UncachedAllocator>(*im.backend, *im.core);
     im.base = im.uncached.get();
@@ -206,7 +207,7 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   if (RESERVOIR_LIKELY(size - 1 < kOneEiB - 1 &&
                        static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count))) {
     detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
-    if (RESERVOIR_LIKELY(top == im.core.get())) return im.core->allocate(size, stream, device);
+    if (RESERVOIR_LIKELY(top == core_)) return core_->allocate(size, stream, device);
   }
   return im.allocate_checked(size, stream, device);
 }
@@ -217,7 +218,7 @@ void Allocator::deallocate(void* ptr) {
   // A block shared with keep waits for unshare (one load when nothing is kept).
   if (__builtin_expect(im.ipc->holding(), 0) && im.ipc->hold_free(ptr)) return;
   detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
-  if (top == im.core.get()) return im.core->deallocate(ptr);
+  if (top == core_) return core_->deallocate(ptr);
   top->deallocate(ptr);
 }
 

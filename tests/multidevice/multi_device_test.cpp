@@ -2,7 +2,8 @@
 // snapshots and empty_cache; frees from threads whose current device differs; two
 // threads driving two devices at once; peer access and copies between devices from
 // ordinary and expandable memory (the peer gets access to pages mapped later too, as
-// NCCL needs on virtual memory); invalid device indices refused.
+// NCCL needs on virtual memory); invalid device indices refused. 18 devices: past
+// the engine slots kept inside the caching allocator (16).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -168,7 +169,7 @@ TEST_P(MultiDevice, InvalidDeviceIndicesAreRefused) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, MultiDevice,
-                         ::testing::Combine(::testing::Values(2, 3, 4),
+                         ::testing::Combine(::testing::Values(2, 3, 4, 18),
                                             ::testing::Values("", "expandable_segments:True")),
                          [](const ::testing::TestParamInfo<std::tuple<int, const char*>>& p) {
                            return std::to_string(std::get<0>(p.param)) + "devices" +
