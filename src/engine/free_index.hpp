@@ -188,22 +188,20 @@ class FreeIndex {
  private:
   // The leaf whose range holds key.
   RESERVOIR_INLINE Leaf* descend(const FreeKey& key) const {
-    Node* n = root_;
-    while (!n->leaf) {
-      const Inner* in = static_cast<const Inner*>(n);
-      int i = 0;
-      while (i < in->count && !less(key, in->keys[i])) ++i;
-      n = in->children[i];
-    }
-    return static_cast<Leaf*>(n);
+    return descend_while([&key](const FreeKey& separator) { return !less(key, separator); });
   }
   // descend({size, 0}): the leaf holding the first key of at least size bytes.
   RESERVOIR_INLINE Leaf* descend_to_size(std::size_t size) const {
+    return descend_while([size](const FreeKey& separator) { return separator.size < size; });
+  }
+  // Down from the root, past each separator for which right(separator) holds.
+  template <typename Right>
+  RESERVOIR_INLINE Leaf* descend_while(Right right) const {
     Node* n = root_;
     while (!n->leaf) {
       const Inner* in = static_cast<const Inner*>(n);
       int i = 0;
-      while (i < in->count && in->keys[i].size < size) ++i;
+      while (i < in->count && right(in->keys[i])) ++i;
       n = in->children[i];
     }
     return static_cast<Leaf*>(n);

@@ -116,12 +116,11 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
     if (pending_blocks_ == 0 && !traced) {
       Block* parked = parked_;
       // The steady pair: the same block for the same size, the index unchanged since.
-      if (parked == fit_block_ && size == fit_size_ && free_[pool].version() == fit_version_)
+      if (parked == fit_block_ && size == parked->size && free_[pool].version() == fit_version_)
         return take_parked(parked, requested);
       if (parked_fit(pool, size)) {
         if (!parked->in_expandable) {
           fit_block_ = parked;
-          fit_size_ = size;
           fit_version_ = free_[pool].version();
         }
         return take_parked(parked, requested);
@@ -355,9 +354,9 @@ bool StreamPool::parked_split_current() {
 }
 
 bool StreamPool::fit_memo_current() {
-  const PoolIndex pool = SizePolicy::pool_for(fit_size_);
+  const PoolIndex pool = fit_block_->pool();
   return fit_block_ != parked_ || free_[pool].version() != fit_version_ ||
-         parked_fit(pool, fit_size_) == fit_block_;
+         parked_fit(pool, fit_block_->size) == fit_block_;
 }
 
 // ---------------------------------------------------------------- free

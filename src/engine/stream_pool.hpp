@@ -36,9 +36,10 @@
 //     so no other code ever meets a parked block;
 //   parked_split_ == parked_merge(parked_) while parked_ != nullptr.
 // The fit memo spares the steady pair (free, then the same request) the best-fit check:
-//   fit_block_ != nullptr (never a block of an expandable segment) =>
-//     while free_[pool_for(fit_size_)].version() == fit_version_, parked_fit(
-//     pool_for(fit_size_), fit_size_) == fit_block_ whenever fit_block_ is parked;
+//   fit_block_ != nullptr (never a block of an expandable segment) => with
+//     p == fit_block_->pool(): while free_[p].version() == fit_version_,
+//     parked_fit(p, fit_block_->size) == fit_block_ whenever fit_block_ is parked (its
+//     size cannot change meanwhile: that takes a merge or a split, which the index sees);
 //   the engine calls forget_fit() when the size policy changes, and delete_block()
 //     forgets a deleted block.
 // A pool of a private pool (pool_id_ != {0, 0}) is the same cache, kept apart: the
@@ -272,7 +273,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::size_t last_size_ = 0;
   SplitChange parked_split_;    // what the parked block's merge did to the split blocks
   Block* fit_block_ = nullptr;  // the fit memo (the class comment)
-  std::size_t fit_size_ = 0;
   std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
