@@ -297,6 +297,8 @@ void DeviceEngine::validate(bool quiescent) {
   }
   if (CompactPool* c = compact_if_made()) c->validate(&totals);
   if (quiescent) {
+    const std::string ledger = ledger_.problem(true);
+    RESERVOIR_CHECK(ledger.empty(), ledger);
     RESERVOIR_CHECK(totals.reserved == budget_.reserved(),
                     "pools reserve " + std::to_string(totals.reserved) +
                         " bytes but the device budget counts " +

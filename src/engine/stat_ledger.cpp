@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 namespace reservoir::detail {
 
@@ -22,6 +23,45 @@ std::int64_t reported_all(const ShardCounters* s, int q, int p) {
   // p: 0 = all, 1 = small, 2 = large
   if (p == 0) return s->reported(q, 0) + s->reported(q, 1);
   return s->reported(q, p - 1);
+}
+
+// The stored counters whose sum is quantity q in scope p, as flat indices into
+// ShardCounters::current (kind * 2 + pool): a rebalance reads them with no switch.
+struct Terms {
+  int count = 0;
+  int index[4] = {};
+};
+constexpr Terms terms_of(int q, int p) {
+  Terms t;
+  const int kinds[2] = {kFirstKind[q], second_kind(q)};
+  for (int pool = 0; pool < 2; ++pool) {
+    if (p != 0 && pool != p - 1) continue;
+    for (int k : kinds)
+      if (k >= 0) t.index[t.count++] = k * 2 + pool;
+  }
+  return t;
+}
+struct TermTable {
+  Terms terms[kReportedKinds][3];
+  constexpr TermTable() {
+    for (int q = 0; q < kReportedKinds; ++q)
+      for (int p = 0; p < 3; ++p) terms[q][p] = terms_of(q, p);
+  }
+};
+constexpr TermTable kTerms;
+
+RESERVOIR_INLINE std::int64_t value_of(const ShardCounters* s, const Terms& t) {
+  const std::atomic<std::int64_t>* flat = &s->current[0][0];
+  std::int64_t v = 0;
+  for (int i = 0; i < t.count; ++i) v += flat[t.index[i]].load(std::memory_order_relaxed);
+  return v;
+}
+
+bool counters_zero(const ShardCounters* s) {
+  for (int k = 0; k < kStatKinds; ++k)
+    for (int p = 0; p < 2; ++p)
+      if (s->current[k][p].load(std::memory_order_relaxed) != 0) return false;
+  return true;
 }
 }  // namespace
 
@@ -74,6 +114,10 @@ constexpr int kUnitOf[kGuardedQuantities] = {kGuardBlocks,    kGuardBlocks,    k
                                              kGuardSplitBytes};
 // Where each unit's stored kind (the value its ceilings bound) sits among them.
 constexpr int kStoredIndex[kGuardUnits] = {0, 2, 4, 5, 6};
+// The reported quantities of each unit, as bits of ShardCounters::over.
+constexpr std::uint32_t kUnitQuantities[kGuardUnits] = {
+    (1u << rAllocation) | (1u << rActive), (1u << rAllocatedBytes) | (1u << rActiveBytes),
+    1u << rRequestedBytes, 1u << rInactiveSplit, 1u << rInactiveSplitBytes};
 static void guarded_values(const ShardCounters& s, int pool, std::int64_t out[]) {
   const std::int64_t blocks = s.get(kAllocation, pool), bytes = s.get(kAllocatedBytes, pool);
   out[0] = blocks;
@@ -110,19 +154,20 @@ void ShardCounters::unguarded(int pool) noexcept {
     in_other[u] = std::min(in_other[u], lim(q, 1 + (pool ^ 1)) - other[i]);
     overall[u] = std::min(overall[u], lim(q, 0) - mine[i] - other[i]);
   }
-  int passed = 0;
+  std::uint32_t passed = 0;
 #pragma GCC unroll 8
   for (int u = 0; u < kGuardUnits; ++u) {
     const int i = kStoredIndex[u];
-    passed |= static_cast<int>(in_pool[u] < 0) | static_cast<int>(overall[u] < 0);
+    bool hit = in_pool[u] < 0 || overall[u] < 0;
     ceiling[u][1 + pool] = mine[i] + in_pool[u];
     ceiling[u][0] = mine[i] + other[i] + overall[u];
     if (new_epoch) {
-      passed |= static_cast<int>(in_other[u] < 0);
+      hit = hit || in_other[u] < 0;
       ceiling[u][1 + (pool ^ 1)] = other[i] + in_other[u];
     }
+    if (hit) passed |= kUnitQuantities[u];
   }
-  if (passed) over = true;
+  over |= passed;
 }
 
 bool ShardCounters::guards_hold() const noexcept {
@@ -149,8 +194,7 @@ bool ShardCounters::guards_hold() const noexcept {
 void StatLedger::attach(ShardCounters* shard) {
   std::lock_guard<std::mutex> guard(mutex_);
   shards_.push_back(shard);
-  cur_.resize(shards_.size());
-  want_.resize(shards_.size());
+  live_.push_back(shard);
   rebalance_locked();
 }
 
@@ -160,48 +204,75 @@ void StatLedger::attach(ShardCounters* shard) {
 // fall), so a rebalance of all 33 would cost ~30x more than the one that moved.
 void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
-  trigger->over = false;
+  std::uint32_t passed = trigger->over;
+  trigger->over = 0;
   trigger->last_trigger = ++epoch_;
+  if (RESERVOIR_UNLIKELY(trigger->dormant)) revive(trigger);
   // The trigger's ceilings were passed during the operation: they are recomputed from
   // the limits below, whether or not one changes.
   trigger->limits_epoch.store(trigger->limits_epoch.load(std::memory_order_relaxed) + 2,
                               std::memory_order_release);  // stays even
-  for (int q = 0; q < kReportedKinds; ++q)
+  for (; passed != 0; passed &= passed - 1) {
+    const int q = __builtin_ctz(passed);
     for (int p = 0; p < 3; ++p)
-      if (reported_all(trigger, q, p) > trigger->limit[q][p].load(std::memory_order_relaxed))
-        rebalance_one(q, p);
+      if (value_of(trigger, kTerms.terms[q][p]) >
+          trigger->limit[q][p].load(std::memory_order_relaxed))
+        rebalance_one(q, p, trigger);
+  }
+  retire_one();
 }
 
 void StatLedger::rebalance_locked() {
-  if (shards_.empty()) return;
+  if (live_.empty()) return;
   for (int q = 0; q < kReportedKinds; ++q)
-    for (int p = 0; p < 3; ++p) rebalance_one(q, p);
+    for (int p = 0; p < 3; ++p) rebalance_one(q, p, nullptr);
 }
 
-void StatLedger::rebalance_one(int q, int p) {
-  const std::size_t n = shards_.size();
-  std::int64_t sum = 0;
+void StatLedger::rebalance_one(int q, int p, const ShardCounters* trigger) {
+  const Terms& terms = kTerms.terms[q][p];
+  const std::size_t n = live_.size();
+  if (cur_.size() < n) {
+    cur_.resize(n);
+    want_.resize(n);
+  }
+  std::int64_t sum = 0, wanted = 0;
   for (std::size_t i = 0; i < n; ++i) {
-    ShardCounters* sh = shards_[i];
-    cur_[i] = reported_all(sh, q, p);
-    sum += cur_[i];
-    if (epoch_ - sh->last_trigger > kClaimLifetime)
-      sh->high[q][p] = cur_[i];  // idle: its old high-water mark claims nothing
-    else
-      sh->high[q][p] = std::max(sh->high[q][p], cur_[i]);
+    ShardCounters* sh = live_[i];
+    const std::int64_t c = value_of(sh, terms);
+    cur_[i] = c;
+    sum += c;
+    std::int64_t& high = sh->high[q][p];
+    // An idle shard's old high-water mark claims nothing.
+    high = epoch_ - sh->last_trigger > kClaimLifetime ? c : std::max(high, c);
+    want_[i] = std::max<std::int64_t>(0, high - c);
+    wanted += want_[i];
   }
   std::int64_t& peak = peak_[q][p];
   peak = std::max(peak, sum);
-  const std::int64_t headroom = peak - sum;
-  std::int64_t wanted = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    want_[i] = std::max<std::int64_t>(0, shards_[i]->high[q][p] - cur_[i]);
-    wanted += want_[i];
+  std::int64_t headroom = peak - sum;
+  const std::int64_t even =
+      wanted <= headroom ? (headroom - wanted) / static_cast<std::int64_t>(n) : 0;
+  // Short of headroom: the trigger, the shard rising now, is served first, and with
+  // half the headroom at least. Its own claim (high - current) is zero while it rises
+  // past its high-water mark, and shares in proportion to the others' claims left it a
+  // sliver: on a six-stream trace it passed a limit again on nearly every request.
+  std::int64_t first = 0;
+  if (wanted > headroom && trigger != nullptr) {
+    for (std::size_t i = 0; i < n; ++i)
+      if (live_[i] == trigger) {
+        first = std::max(std::min(want_[i], headroom), headroom / 2);
+        headroom -= first;
+        wanted -= want_[i];
+        want_[i] = -1;  // marks the trigger
+        break;
+      }
   }
   for (std::size_t i = 0; i < n; ++i) {
     std::int64_t extra;
-    if (wanted <= headroom) {
-      extra = want_[i] + (headroom - wanted) / static_cast<std::int64_t>(n);
+    if (want_[i] < 0) {
+      extra = first;
+    } else if (wanted <= headroom) {
+      extra = want_[i] + even;
     } else {
       // want * headroom / wanted, in 64 bits unless the product overflows.
       std::int64_t product;
@@ -216,7 +287,7 @@ void StatLedger::rebalance_one(int q, int p) {
     // value it may have read half-way; a shard that sees the new (even) epoch sees the
     // new limit (release). A higher one leaves them valid (they fit the old headroom),
     // so most rebalances cost the other shards no recomputation.
-    ShardCounters* shard = shards_[i];
+    ShardCounters* shard = live_[i];
     const std::int64_t next = cur_[i] + extra;
     if (next < shard->limit[q][p].load(std::memory_order_relaxed)) {
       // Only the ledger writes epochs (under mutex_): plain stores, no locked RMW.
@@ -229,6 +300,76 @@ void StatLedger::rebalance_one(int q, int p) {
       shard->limit[q][p].store(next, std::memory_order_relaxed);
     }
   }
+}
+
+// A dormant shard rose (its limits are zero, so it passed one): it rejoins the live
+// shards, claiming nothing yet; the caller rebalances what it passed.
+void StatLedger::revive(ShardCounters* shard) {
+  shard->dormant = false;
+  live_.push_back(shard);
+}
+
+// One live shard per rebalance, in turn: idle past kClaimLifetime with every counter
+// zero, it gives its limits back (to zero: a seqlock-guarded lowering, as
+// rebalance_one's) and leaves the live list. Its headroom returns to the others at
+// their next rebalance (the peaks are unchanged, the limits' sum only falls).
+void StatLedger::retire_one() {
+  if (live_.size() <= 1) return;
+  if (retire_cursor_ >= live_.size()) retire_cursor_ = 0;
+  ShardCounters* s = live_[retire_cursor_];
+  if (epoch_ - s->last_trigger <= kClaimLifetime || !counters_zero(s)) {
+    ++retire_cursor_;
+    return;
+  }
+  const std::uint64_t epoch = s->limits_epoch.load(std::memory_order_relaxed);
+  s->limits_epoch.store(epoch + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p) {
+      s->limit[q][p].store(0, std::memory_order_relaxed);
+      s->high[q][p] = 0;
+    }
+  s->limits_epoch.store(epoch + 2, std::memory_order_release);
+  s->dormant = true;
+  live_[retire_cursor_] = live_.back();
+  live_.pop_back();
+}
+
+std::size_t StatLedger::live_shards() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return live_.size();
+}
+
+std::uint64_t StatLedger::rebalances() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return epoch_;
+}
+
+std::string StatLedger::problem(bool quiescent) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p) {
+      std::int64_t limits = 0;
+      for (const ShardCounters* s : live_) limits += s->limit[q][p].load(std::memory_order_relaxed);
+      if (limits > peak_[q][p])
+        return "statistics ledger: the live shards' limits of quantity " + std::to_string(q) +
+               " (scope " + std::to_string(p) + ") sum to " + std::to_string(limits) +
+               ", above its peak " + std::to_string(peak_[q][p]);
+    }
+  std::size_t dormant = 0;
+  for (const ShardCounters* s : shards_) {
+    if (!s->dormant) continue;
+    ++dormant;
+    if (quiescent && !counters_zero(s))
+      return "statistics ledger: a dormant shard holds nonzero counters";
+    for (int q = 0; q < kReportedKinds; ++q)
+      for (int p = 0; p < 3; ++p)
+        if (s->limit[q][p].load(std::memory_order_relaxed) != 0)
+          return "statistics ledger: a dormant shard holds a nonzero limit";
+  }
+  if (dormant + live_.size() != shards_.size())
+    return "statistics ledger: the live list and the dormant shards do not make up the shards";
+  return "";
 }
 
 void StatLedger::reset_peaks() {

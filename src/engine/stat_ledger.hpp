@@ -8,10 +8,15 @@
 //   Invariant (per reported quantity q and pool p in {all, small, large}):
 //     sum over shards s of limit[s][q][p] <= peak[q][p]
 //   so while every shard stays at or below its limits, the device-wide sum cannot
-//   exceed the recorded peak. A shard whose quantity passes its limit sets `over`, and
-//   at the end of the operation calls StatLedger::rebalance(), which sums the shards,
-//   raises the peak if the sum exceeds it, and hands out the headroom (peak - sum)
-//   again, first to the shards that have needed it (their own high-water marks).
+//   exceed the recorded peak. A shard whose quantity passes its limit sets the
+//   quantity's bit in `over`, and at the end of the operation calls
+//   StatLedger::rebalance(), which, for those quantities only, sums the shards, raises
+//   the peak if the sum exceeds it, and hands out the headroom (peak - sum) again,
+//   first to the shards that have needed it (their own high-water marks).
+// Dormant shards: a shard idle for a while whose counters are all zero (a released
+// stream's cache, emptied) leaves the ledger's live list with every limit zero, so
+// rebalances cost what the live shards do, not every stream ever seen; its next rise
+// passes a zero limit, and the rebalance that follows takes it back.
 // In single-threaded use every peak is exact. When several threads allocate on
 // different streams at the same instant, a peak may lag by the allocations in flight
 // at that instant (the sums are read without stopping the other shards).
@@ -37,6 +42,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "reservoir/stats.hpp"
@@ -100,8 +106,9 @@ struct alignas(64) ShardCounters {
   std::atomic<std::int64_t> removed[kStatKinds][2];
   // Written by the ledger, read by the shard: [quantity][0 = all, 1 = small, 2 = large].
   std::atomic<std::int64_t> limit[kReportedKinds][3];
-  // Set when a quantity passed its limit during the current operation.
-  bool over = false;
+  // Bit q set when reported quantity q passed a limit (of some scope) during the
+  // current operation; nonzero: the operation ends with StatLedger::rebalance().
+  std::uint32_t over = 0;
   // Owner-only, per unit and scope s (as limit's: 0 all, 1 small, 2 large). With
   // L(q, s) = limit[q][s] and P(s), PB(s) the pending blocks and bytes in scope s, and
   // while guard_epoch == limits_epoch (no limit lowered, no pending rise since):
@@ -125,6 +132,7 @@ struct alignas(64) ShardCounters {
   std::atomic<std::int64_t> base[kStatKinds][2];
   std::int64_t high[kReportedKinds][3];
   std::uint64_t last_trigger = 0;
+  bool dormant = false;  // out of the ledger's live list (ledger-owned, under its mutex)
 
   ShardCounters();
 
@@ -283,15 +291,15 @@ struct alignas(64) ShardCounters {
   }
   template <int kind>
   void raise(int pool, std::int64_t delta) noexcept {
-    if (raised<kind>(pool, delta)) over = true;
+    over |= raised<kind>(pool, delta);
   }
   // The exact check of a change the guards did not cover (its counters already
   // stored), then the guards of pool recomputed.
   RESERVOIR_COLD void unguarded(int pool) noexcept;
-  // The increase of one counter; returns whether a reported quantity it feeds passed
-  // its limit (the caller sets `over`, once per operation).
+  // The increase of one counter; returns the bits (as `over`'s) of the reported
+  // quantities it feeds that passed a limit.
   template <int kind>
-  int raised(int pool, std::int64_t delta) noexcept {
+  std::uint32_t raised(int pool, std::int64_t delta) noexcept {
     const int other = pool ^ 1;
     const std::int64_t v = get(kind, pool) + delta;
     current[kind][pool].store(v, std::memory_order_relaxed);
@@ -301,17 +309,23 @@ struct alignas(64) ShardCounters {
                   kind == kPending || kind == kPendingBytes || kind == kInactiveSplit ||
                   kind == kInactiveSplitBytes)
       guard_epoch = ~std::uint64_t{0};
-    int hit = 0;
-    if constexpr (reported_of(kind) >= 0) hit = passed(reported_of(kind), pool, v, v_all);
+    std::uint32_t hit = 0;
+    if constexpr (reported_of(kind) >= 0)
+      hit = static_cast<std::uint32_t>(passed(reported_of(kind), pool, v, v_all))
+            << reported_of(kind);
     // The derived quantities rise with either of their two kinds.
     if constexpr (kind == kAllocation || kind == kPending) {
       constexpr int partner = kind == kAllocation ? kPending : kAllocation;
       const std::int64_t p = get(partner, pool);
-      hit |= passed(rActive, pool, v + p, v_all + p + get(partner, other));
+      hit |=
+          static_cast<std::uint32_t>(passed(rActive, pool, v + p, v_all + p + get(partner, other)))
+          << rActive;
     } else if constexpr (kind == kAllocatedBytes || kind == kPendingBytes) {
       constexpr int partner = kind == kAllocatedBytes ? kPendingBytes : kAllocatedBytes;
       const std::int64_t p = get(partner, pool);
-      hit |= passed(rActiveBytes, pool, v + p, v_all + p + get(partner, other));
+      hit |= static_cast<std::uint32_t>(
+                 passed(rActiveBytes, pool, v + p, v_all + p + get(partner, other)))
+             << rActiveBytes;
     }
     return hit;
   }
@@ -334,13 +348,26 @@ class StatLedger {
   void read(DeviceStats* out);
   // Zeroes the accumulations of one shard: call under that shard's lock.
   static void reset_accumulated(ShardCounters* shard);
+  // The first broken invariant of the ledger, or "" (validators): per quantity and
+  // scope, the live shards' limits sum to at most the peak; dormant shards hold zero
+  // limits, and, when quiescent (no shard in the middle of an operation), zero counters.
+  std::string problem(bool quiescent);
+  // Shards in the live list, and rebalances so far (tests, reports).
+  std::size_t live_shards();
+  std::uint64_t rebalances();
 
  private:
-  void rebalance_locked();           // every quantity
-  void rebalance_one(int q, int p);  // quantity q over pool scope p (0 all, 1 small, 2 large)
+  void rebalance_locked();  // every quantity
+  // Quantity q over pool scope p (0 all, 1 small, 2 large); trigger: the shard that
+  // passed its limit (served first when the headroom is short), or nullptr.
+  void rebalance_one(int q, int p, const ShardCounters* trigger);
+  void revive(ShardCounters* shard);
+  void retire_one();  // the next live shard in turn leaves if dormant
   std::mutex mutex_;
-  std::vector<ShardCounters*> shards_;
-  std::vector<std::int64_t> cur_, want_;  // scratch of rebalance_one, one per shard
+  std::vector<ShardCounters*> shards_;    // all attached, in attach order
+  std::vector<ShardCounters*> live_;      // those not dormant
+  std::size_t retire_cursor_ = 0;         // the live shard retire_one() looks at next
+  std::vector<std::int64_t> cur_, want_;  // scratch of rebalance_one, one per live shard
   std::int64_t peak_[kReportedKinds][3] = {};
   std::uint64_t epoch_ = 0;  // rebalances so far
   // Rebalances after which a shard that triggered none gives up its claims.

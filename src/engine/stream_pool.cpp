@@ -691,6 +691,8 @@ void StreamPool::finish_operation() {
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);
+    const std::string ledger = services_.ledger.problem(false);
+    RESERVOIR_CHECK(ledger.empty(), ledger);
   });
 }
 

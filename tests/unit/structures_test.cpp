@@ -209,6 +209,77 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   EXPECT_EQ(out.allocated_bytes.all().peak, peak);
 }
 
+// Shards idle with every counter zero (released streams' caches) leave the live list,
+// so a rebalance costs what the live shards do; a dormant shard that rises rejoins,
+// and the peaks stay those of the sums throughout.
+TEST(StatLedger, IdleEmptyShardsGoDormantAndComeBackWithExactPeaks) {
+  StatLedger ledger;
+  std::vector<ShardCounters> shards(40);
+  for (ShardCounters& s : shards) ledger.attach(&s);
+  EXPECT_EQ(ledger.live_shards(), 40u);
+  std::vector<std::int64_t> value(shards.size(), 0);
+  std::int64_t peak = 0;
+  auto op = [&](std::size_t i, std::int64_t delta) {
+    shards[i].add<kAllocatedBytes>(0, delta);
+    value[i] += delta;
+    if (shards[i].over) ledger.rebalance(&shards[i]);
+    std::int64_t sum = 0;
+    for (std::int64_t v : value) sum += v;
+    peak = std::max(peak, sum);
+    ASSERT_EQ(ledger.problem(true), "");
+  };
+  std::mt19937_64 rng(5);
+  // Two busy shards; the other 38 never move: after enough rebalances they are dormant.
+  for (int i = 0; i < 20000; ++i) {
+    const std::size_t k = rng() % 2;
+    const std::int64_t d = static_cast<std::int64_t>(rng() % 4096);
+    op(k, value[k] >= d && rng() % 2 ? -d : d);
+  }
+  EXPECT_EQ(ledger.live_shards(), 2u);
+  // Every shard moves again (dormant ones rejoin), then all but one empty out.
+  for (int i = 0; i < 20000; ++i) {
+    const std::size_t k = rng() % shards.size();
+    const std::int64_t d = static_cast<std::int64_t>(rng() % 4096);
+    op(k, value[k] >= d && rng() % 2 ? -d : d);
+  }
+  EXPECT_GT(ledger.live_shards(), 30u);
+  for (std::size_t k = 1; k < shards.size(); ++k) op(k, -value[k]);
+  for (int i = 0; i < 4000; ++i) op(0, static_cast<std::int64_t>(rng() % 4096));
+  EXPECT_EQ(ledger.live_shards(), 1u);
+  DeviceStats out;
+  ledger.read(&out);
+  EXPECT_EQ(out.allocated_bytes.all().current, value[0]);
+  EXPECT_EQ(out.allocated_bytes.all().peak, peak);
+}
+
+// Below the peak but short of headroom (the others' claims from their own highs take
+// it), the shard that passed its limit is served first: a stream climbing back under
+// the peak rebalances a few times, not at every request.
+TEST(StatLedger, TheRisingShardIsServedFirstWhenHeadroomIsShort) {
+  StatLedger ledger;
+  ShardCounters shards[4];
+  for (ShardCounters& s : shards) ledger.attach(&s);
+  auto op = [&](ShardCounters& s, std::int64_t delta) {
+    s.add<kAllocation>(0, delta);
+    if (s.over) ledger.rebalance(&s);
+  };
+  // Each shard in turn climbs to 1,000 blocks and back: the peak is 1,000 and every
+  // shard claims its high-water mark.
+  for (int round = 0; round < 2; ++round)
+    for (ShardCounters& s : shards) {
+      for (int i = 0; i < 1000; ++i) op(s, 1);
+      for (int i = 0; i < 1000; ++i) op(s, -1);
+    }
+  // The first climbs again, one block at a time, to 900 (never a new peak).
+  const std::uint64_t before = ledger.rebalances();
+  for (int i = 0; i < 900; ++i) op(shards[0], 1);
+  EXPECT_LE(ledger.rebalances() - before, 12u);
+  DeviceStats out;
+  ledger.read(&out);
+  EXPECT_EQ(out.allocation.all().peak, 1000);
+  EXPECT_EQ(out.allocation.all().current, 900);
+}
+
 // The guards of on_allocate and on_split_change skip compares that cannot fire: every
 // peak of the seven quantities they raise stays exact, whatever the mix of pools,
 // shards, deferred frees, splits and merges.
