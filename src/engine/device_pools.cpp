@@ -10,12 +10,6 @@
 
 namespace reservoir::detail {
 
-namespace {
-std::string name(PoolId id) {
-  return "(" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
-}
-}  // namespace
-
 std::uintptr_t DeviceEngine::allocate_private(PrivatePool& pool, std::size_t requested,
                                               StreamHandle stream, const Context& context) {
   StreamPool& p = private_stream_pool(pool, stream);
@@ -66,10 +60,11 @@ PoolRegistry::Pool DeviceEngine::live_pool(PoolId id, const char* action) {
   PoolRegistry::Pool pool = private_registry_.find(id);
   if (!pool)
     throw InvalidArgumentError(std::string("reservoir: cannot ") + action + " private pool " +
-                               name(id) + ": no such pool on device " + std::to_string(device_));
+                               pool_name(id) + ": no such pool on device " +
+                               std::to_string(device_));
   if (pool->use_count == 0)
     throw InvalidArgumentError(std::string("reservoir: cannot ") + action + " private pool " +
-                               name(id) + ": it was released");
+                               pool_name(id) + ": it was released");
   return pool;
 }
 
@@ -95,7 +90,7 @@ void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool c
   // forbids: refused rather than failing inside the capture.
   if (capture && compact_on_.load(std::memory_order_relaxed))
     throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
-                               name(id) +
+                               pool_name(id) +
                                " under policy:compact (it does not support captures yet; "
                                "use the default policy for CUDA graphs)");
   // The capture is counted first: a free racing with begin must not record events.
@@ -144,7 +139,8 @@ PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
                                std::to_string(checkpoint.device) + ", not " +
                                std::to_string(device_));
   if (capture_.underway())
-    throw InvalidArgumentError("reservoir: cannot restore private pool " + name(checkpoint.pool) +
+    throw InvalidArgumentError("reservoir: cannot restore private pool " +
+                               pool_name(checkpoint.pool) +
                                " while a capture is under way (it frees and waits)");
   PoolRegistry::Pool pool = live_pool(checkpoint.pool, "restore");
   // Every check before any change: a bad checkpoint changes nothing.
@@ -155,7 +151,7 @@ PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
                            [&](const auto& w) { return w.first->stream() == segment.stream; });
     if (it == work.end())
       throw InvalidArgumentError("reservoir: cannot restore the checkpoint: private pool " +
-                                 name(checkpoint.pool) + " has no memory on stream " +
+                                 pool_name(checkpoint.pool) + " has no memory on stream " +
                                  std::to_string(segment.stream));
     it->second.push_back(&segment);
   }
@@ -182,7 +178,7 @@ PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
 bool DeviceEngine::pool_live_allocations_are(PoolId id, const std::vector<void*>& expected) {
   PoolRegistry::Pool pool = private_registry_.find(id);
   if (!pool)
-    throw InvalidArgumentError("reservoir: no private pool " + name(id) + " on device " +
+    throw InvalidArgumentError("reservoir: no private pool " + pool_name(id) + " on device " +
                                std::to_string(device_));
   std::vector<std::uintptr_t> live;
   for (StreamPool* p : pool->streams()) p->allocated_addresses(&live);

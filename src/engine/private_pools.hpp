@@ -21,12 +21,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "engine/stream_pool.hpp"
 #include "reservoir/pools.hpp"
 
 namespace reservoir::detail {
+
+// "(first, second)": a private pool as error messages name it.
+std::string pool_name(PoolId id);
 
 class PrivatePool {
  public:
