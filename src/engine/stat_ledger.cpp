@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace reservoir::detail {
 
@@ -55,6 +56,30 @@ RESERVOIR_INLINE std::int64_t value_of(const ShardCounters* s, const Terms& t) {
   std::int64_t v = 0;
   for (int i = 0; i < t.count; ++i) v += flat[t.index[i]].load(std::memory_order_relaxed);
   return v;
+}
+
+// rebalance_one's reading pass over the live shards for a quantity of N counters:
+// each shard's value into cur, its high-water mark updated (an idle shard's old one
+// claims nothing), its claim (high - value) into want; returns the sum of the values.
+template <int N>
+std::int64_t gather(ShardCounters* const* live, std::size_t n, const Terms& terms, int q, int p,
+                    std::uint64_t epoch, std::uint64_t lifetime, std::int64_t* cur,
+                    std::int64_t* want, std::int64_t* wanted) {
+  std::int64_t sum = 0, claims = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ShardCounters* sh = live[i];
+    const std::atomic<std::int64_t>* flat = &sh->current[0][0];
+    std::int64_t c = 0;
+    for (int t = 0; t < N; ++t) c += flat[terms.index[t]].load(std::memory_order_relaxed);
+    cur[i] = c;
+    sum += c;
+    std::int64_t& high = sh->high[q][p];
+    high = epoch - sh->last_trigger > lifetime ? c : std::max(high, c);
+    want[i] = std::max<std::int64_t>(0, high - c);
+    claims += want[i];
+  }
+  *wanted = claims;
+  return sum;
 }
 
 bool counters_zero(const ShardCounters* s) {
@@ -235,18 +260,15 @@ void StatLedger::rebalance_one(int q, int p, const ShardCounters* trigger) {
     cur_.resize(n);
     want_.resize(n);
   }
-  std::int64_t sum = 0, wanted = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    ShardCounters* sh = live_[i];
-    const std::int64_t c = value_of(sh, terms);
-    cur_[i] = c;
-    sum += c;
-    std::int64_t& high = sh->high[q][p];
-    // An idle shard's old high-water mark claims nothing.
-    high = epoch_ - sh->last_trigger > kClaimLifetime ? c : std::max(high, c);
-    want_[i] = std::max<std::int64_t>(0, high - c);
-    wanted += want_[i];
-  }
+  std::int64_t wanted = 0;
+  auto read = [&](auto count) {
+    return gather<decltype(count)::value>(live_.data(), n, terms, q, p, epoch_, kClaimLifetime,
+                                          cur_.data(), want_.data(), &wanted);
+  };
+  // The counters per quantity are fixed (1, 2 or 4): loops of known length.
+  const std::int64_t sum = terms.count == 1   ? read(std::integral_constant<int, 1>{})
+                           : terms.count == 2 ? read(std::integral_constant<int, 2>{})
+                                              : read(std::integral_constant<int, 4>{});
   std::int64_t& peak = peak_[q][p];
   peak = std::max(peak, sum);
   std::int64_t headroom = peak - sum;
