@@ -20,12 +20,6 @@ constexpr int second_kind(int q) {
   return q == rActive ? kPending : q == rActiveBytes ? kPendingBytes : -1;
 }
 
-std::int64_t reported_all(const ShardCounters* s, int q, int p) {
-  // p: 0 = all, 1 = small, 2 = large
-  if (p == 0) return s->reported(q, 0) + s->reported(q, 1);
-  return s->reported(q, p - 1);
-}
-
 // The stored counters whose sum is quantity q in scope p, as flat indices into
 // ShardCounters::current (kind * 2 + pool): a rebalance reads them with no switch.
 struct Terms {
@@ -51,10 +45,13 @@ struct TermTable {
 };
 constexpr TermTable kTerms;
 
+// Quantity (terms) of shard s; N: the number of terms when known at compile time.
+template <int N = -1>
 RESERVOIR_INLINE std::int64_t value_of(const ShardCounters* s, const Terms& t) {
   const std::atomic<std::int64_t>* flat = &s->current[0][0];
+  const int count = N >= 0 ? N : t.count;
   std::int64_t v = 0;
-  for (int i = 0; i < t.count; ++i) v += flat[t.index[i]].load(std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) v += flat[t.index[i]].load(std::memory_order_relaxed);
   return v;
 }
 
@@ -68,9 +65,7 @@ std::int64_t gather(ShardCounters* const* live, std::size_t n, const Terms& term
   std::int64_t sum = 0, claims = 0;
   for (std::size_t i = 0; i < n; ++i) {
     ShardCounters* sh = live[i];
-    const std::atomic<std::int64_t>* flat = &sh->current[0][0];
-    std::int64_t c = 0;
-    for (int t = 0; t < N; ++t) c += flat[terms.index[t]].load(std::memory_order_relaxed);
+    const std::int64_t c = value_of<N>(sh, terms);
     cur[i] = c;
     sum += c;
     std::int64_t& high = sh->high[q][p];
@@ -400,7 +395,7 @@ void StatLedger::reset_peaks() {
     for (int p = 0; p < 3; ++p) {
       std::int64_t sum = 0;
       for (ShardCounters* s : shards_) {
-        std::int64_t c = reported_all(s, q, p);
+        std::int64_t c = value_of(s, kTerms.terms[q][p]);
         s->high[q][p] = c;
         sum += c;
       }
