@@ -11,7 +11,7 @@
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
 //
-//   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]
+//   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin]
 #include <zlib.h>
 
 #include <algorithm>
@@ -33,6 +33,7 @@
 
 #include "bench_api.hpp"
 #include "latency_bench.hpp"
+#include "quiet_cpu.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/cuda_backend.hpp"
 #include "text_table.hpp"
@@ -49,6 +50,7 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 using reservoir_bench::Api;
+using reservoir_bench::QuietCpu;
 
 // ---- The allocators, behind one shape of call (bench_api.hpp) ---------------------
 
@@ -341,7 +343,8 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       << setup << "\n\n"
       << "Host ns per alloc+free pair (threads: total time / all pairs; each cell the median "
          "of rounds repeated while they took under 0.25 s in all, at most 7); replay: host ns "
-         "per trace event from a cold cache; ratio: peak reserved / peak requested.\n\n"
+         "per trace event from a cold cache; ratio: peak reserved / peak requested. "
+      << QuietCpu::describe() << "\n\n"
       << reservoir_bench::markdown_table(main_table(rows)) << "\n"
       << latency;
   std::printf("wrote %s\n", path.c_str());
@@ -349,11 +352,14 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
 
 [[noreturn]] void usage(int code) {
   std::printf(
-      "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke]\n"
+      "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin]\n"
       "  --markdown PATH  also write the tables as markdown (with date and device)\n"
       "  --traces DIR     *.trace.gz to replay (default %s)\n"
       "  --smoke          1/100 of the iterations and calls, 2000 events per trace (a quick\n"
-      "                   check)\n",
+      "                   check)\n"
+      "  --no-pin         run the single-thread cells wherever the scheduler puts them (by\n"
+      "                   default each runs pinned to the CPU that ran a calibration loop\n"
+      "                   fastest just before it: quiet_cpu.hpp)\n",
       RESERVOIR_TRACE_DIR);
   std::exit(code);
 }
@@ -371,6 +377,8 @@ int main(int argc, char** argv) {
       trace_dir = argv[++i];
     } else if (arg == "--smoke") {
       smoke = true;
+    } else if (arg == "--no-pin") {
+      QuietCpu::set_enabled(false);
     } else if (arg == "--help" || arg == "-h") {
       usage(0);
     } else {
@@ -495,10 +503,15 @@ int main(int argc, char** argv) {
       const std::size_t sizes[] = {512, std::size_t{1} << 20, std::size_t{64} << 20};
       const char* names[] = {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread",
                              "pair 64 MiB, 1 thread"};
-      for (int k = 0; k < 3; ++k)
+      for (int k = 0; k < 3; ++k) {
+        QuietCpu pin;
         row(names[k]).value[c] = median_round([&] { return bench_pair(a, sizes[k], it, s); });
-      row("log-uniform 256 B-64 MiB, 512 live, 1 thread").value[c] =
-          median_round([&] { return bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42); });
+      }
+      {
+        QuietCpu pin;
+        row("log-uniform 256 B-64 MiB, 512 live, 1 thread").value[c] = median_round(
+            [&] { return bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42); });
+      }
       for (int threads : {2, 8}) {
         row("pair 1 MiB, " + std::to_string(threads) + " threads, own streams").value[c] =
             median_round([&] {
@@ -509,7 +522,11 @@ int main(int argc, char** argv) {
       for (const Trace& t : traces) {
         std::vector<cudaStream_t> ss(t.streams);
         for (auto& x : ss) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
-        ReplayResult r = replay(a, t, ss);
+        ReplayResult r;
+        {
+          QuietCpu pin;
+          r = replay(a, t, ss);
+        }
         for (auto& x : ss) reservoir_bench::destroy_stream(a, x);
         row("replay " + t.name + " (ns/event)").value[c] = r.ns_per_event;
         if (r.peak_reserved > 0 && r.peak_requested > 0) {
@@ -526,7 +543,7 @@ int main(int argc, char** argv) {
       if (a && a->release_stream) a->release_stream(s);
     CK(cudaStreamDestroy(s));
 
-    std::printf("\n");
+    std::printf("\n%s\n\n", QuietCpu::describe().c_str());
     reservoir_bench::print_table(main_table(rows), stdout);
     const std::string clock_line = reservoir_bench::describe_clock(clock_cost);
     const reservoir_bench::TextTable latency_table = reservoir_bench::latency_table(latency);
