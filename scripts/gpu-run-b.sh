@@ -30,6 +30,10 @@
 #                                    the driver calls' costs (reservoir_driver_call_bench)
 #   scripts/gpu-run-b.sh train OUT   bench/python/train_bench.py (PyTorch, expandable,
 #                                    policy:compact), then reservoir_gpu_bench
+#   scripts/gpu-run-b.sh bench OUT   reservoir_gpu_bench alone, with default settings and
+#                                    again under expandable segments (Reservoir's and
+#                                    c10's), columns BENCH_COLUMNS (its --columns; default
+#                                    all): the side-by-side figures in a short lease
 # Both phases run a fuzz campaign on the host's last cores meanwhile: FUZZER (a reservoir_fuzz built with clang elsewhere; the
 # GPU host has no clang), FUZZ_WORKERS workers in libFuzzer's fork mode for
 # FUZZ_SECONDS, on a copy of tests/corpus                            -> OUT/fuzz/
@@ -43,7 +47,7 @@
 # Reservoir's and c10's; none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train OUT}
+phase=${1:?usage: scripts/gpu-run-b.sh check|torch|pytorch|final|compact|train|bench OUT}
 out=${2:?usage: scripts/gpu-run-b.sh check|torch OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -234,8 +238,19 @@ case $phase in
         ;;
     esac
     ;;
+  bench)
+    build_targets --torch reservoir reservoir_gpu_bench
+    columns=()
+    [ -n "${BENCH_COLUMNS:-}" ] && columns=(--columns "$BENCH_COLUMNS")
+    step gpu-bench build/gpu/bench/gpu/reservoir_gpu_bench "${columns[@]}" \
+      --markdown "$out/gpu-bench.md"
+    step gpu-bench-expandable env RESERVOIR_ALLOC_CONF=expandable_segments:True \
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+      build/gpu/bench/gpu/reservoir_gpu_bench "${columns[@]}" \
+      --markdown "$out/gpu-bench-expandable.md"
+    ;;
   *)
-    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final|compact|train)"
+    echo "gpu-run-b: unknown phase $phase (check|torch|pytorch|final|compact|train|bench)"
     exit 2
     ;;
 esac

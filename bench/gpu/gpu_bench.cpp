@@ -11,7 +11,7 @@
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
 //
-//   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin]
+//   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin] [--columns NAMES]
 #include <zlib.h>
 
 #include <algorithm>
@@ -139,10 +139,13 @@ void c10_reset() {
 // kRoundsTime in all (at most kMaxRounds), and the median round reported. A round of a
 // fast allocator lasts a few milliseconds, short enough for one timer interrupt, a
 // neighbour's burst or a clock still ramping up to move it by tens of percent; a slow
-// allocator's round lasts long enough to be measured once. Every column is measured
-// the same way.
+// allocator's round lasts long enough to be measured once. The cap on rounds is high
+// enough that a fast allocator's rounds, too, span the whole quarter second: seven
+// rounds of 8 ms fell inside one of the host's bursts (the 512 B and 1 MiB pairs, the
+// same code path, measured 40.8 and 61.1 ns a few hundred ms apart on 2026-12-03).
+// Every column is measured the same way.
 constexpr double kRoundsTime = 0.25;  // seconds
-constexpr int kMaxRounds = 7;
+constexpr int kMaxRounds = 31;
 template <typename Round>
 double median_round(Round&& round) {
   std::vector<double> ns;
@@ -308,6 +311,29 @@ ReplayResult replay(const Api& a, const Trace& t, const std::vector<cudaStream_t
 constexpr int kApis = 6;
 const char* const kColumn[kApis] = {"Reservoir",  "PyTorch c10",       "cudaMallocAsync",
                                     "cudaMalloc", "Reservoir compact", "Reservoir async"};
+// --columns' names for them, and which are measured and shown.
+const char* const kColumnKey[kApis] = {"reservoir",  "c10",     "cudaMallocAsync",
+                                       "cudaMalloc", "compact", "reservoir-async"};
+bool g_shown[kApis] = {true, true, true, true, true, true};
+
+// Sets g_shown from a comma-separated list of kColumnKey names; false on an unknown one.
+bool select_columns(const std::string& list) {
+  for (bool& b : g_shown) b = false;
+  std::size_t from = 0;
+  while (from <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', from), list.size());
+    const std::string key = list.substr(from, comma - from);
+    bool known = false;
+    for (int c = 0; c < kApis; ++c)
+      if (key == kColumnKey[c]) known = g_shown[c] = true;
+    if (!known) {
+      std::fprintf(stderr, "--columns: unknown column '%s'\n", key.c_str());
+      return false;
+    }
+    from = comma + 1;
+  }
+  return true;
+}
 
 struct Row {
   std::string pattern;
@@ -318,10 +344,12 @@ struct Row {
 reservoir_bench::TextTable main_table(const std::vector<Row>& rows) {
   reservoir_bench::TextTable t;
   t.header.push_back("pattern");
-  for (const char* c : kColumn) t.header.push_back(c);
+  for (int c = 0; c < kApis; ++c)
+    if (g_shown[c]) t.header.push_back(kColumn[c]);
   for (const Row& r : rows) {
     std::vector<std::string> cells = {r.pattern};
-    for (double v : r.value) cells.push_back(reservoir_bench::format_value(v, r.ratio));
+    for (int c = 0; c < kApis; ++c)
+      if (g_shown[c]) cells.push_back(reservoir_bench::format_value(r.value[c], r.ratio));
     t.rows.push_back(std::move(cells));
   }
   return t;
@@ -342,7 +370,7 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       << "Measured " << date << " on " << device << " in one run of reservoir_gpu_bench.\n"
       << setup << "\n\n"
       << "Host ns per alloc+free pair (threads: total time / all pairs; each cell the median "
-         "of rounds repeated while they took under 0.25 s in all, at most 7); replay: host ns "
+         "of rounds repeated while they took under 0.25 s in all, at most 31); replay: host ns "
          "per trace event from a cold cache; ratio: peak reserved / peak requested. "
       << QuietCpu::describe() << "\n\n"
       << reservoir_bench::markdown_table(main_table(rows)) << "\n"
@@ -353,10 +381,14 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin]\n"
+      "                           [--columns NAME,...]\n"
       "  --markdown PATH  also write the tables as markdown (with date and device)\n"
       "  --traces DIR     *.trace.gz to replay (default %s)\n"
       "  --smoke          1/100 of the iterations and calls, 2000 events per trace (a quick\n"
       "                   check)\n"
+      "  --columns NAMES  measure and show only these columns (comma-separated: reservoir,\n"
+      "                   c10, cudaMallocAsync, cudaMalloc, compact, reservoir-async;\n"
+      "                   default all)\n"
       "  --no-pin         run the single-thread cells wherever the scheduler puts them (by\n"
       "                   default each runs pinned to the CPU that ran a calibration loop\n"
       "                   fastest just before it: quiet_cpu.hpp)\n",
@@ -377,6 +409,8 @@ int main(int argc, char** argv) {
       trace_dir = argv[++i];
     } else if (arg == "--smoke") {
       smoke = true;
+    } else if (arg == "--columns" && i + 1 < argc) {
+      if (!select_columns(argv[++i])) usage(2);
     } else if (arg == "--no-pin") {
       QuietCpu::set_enabled(false);
     } else if (arg == "--help" || arg == "-h") {
@@ -432,6 +466,8 @@ int main(int argc, char** argv) {
         Api{"cudaMalloc", plain_alloc, plain_free, true, plain_reset, plain_peak});
     apis[4] = reservoir_api<kReservoirCompact>("reservoir policy:compact");
     apis[5] = reservoir_api<kReservoirAsync>("reservoir backend:cudaMallocAsync");
+    for (int c = 0; c < kApis; ++c)
+      if (!g_shown[c]) apis[c].reset();
 
     const std::string conf = reservoir_allocator.config().to_string();
     char setup[512];
