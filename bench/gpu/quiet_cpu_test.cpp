@@ -32,7 +32,9 @@ TEST(QuietCpu, PinsTheThreadToTheFastestCpuOfItsSetAndGivesTheSetBack) {
     EXPECT_TRUE(CPU_ISSET(s.cpu, &before));
     EXPECT_EQ(only_cpu(current_set()), s.cpu);
     EXPECT_GT(s.best_ns, 0.0);
-    EXPECT_LE(s.best_ns, s.median_ns);  // the chosen CPU is the fastest swept
+    EXPECT_GT(s.chase_ns, 0.0);
+    EXPECT_DOUBLE_EQ(s.best_score, s.best_ns * s.chase_ns);
+    EXPECT_LE(s.best_score, s.median_score);  // the chosen CPU scored lowest
   }
   const cpu_set_t after = current_set();
   EXPECT_TRUE(CPU_EQUAL(&before, &after));
