@@ -120,14 +120,11 @@ void BM_LogUniform512Live(benchmark::State& state) {
   std::uniform_real_distribution<double> lg(8.0, 26.0);
   std::vector<std::size_t> sizes(1 << 16);
   for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
-  // The slots freed are drawn before the clock starts too (as reservoir_gpu_bench does).
-  std::vector<int> picks(1 << 16);
-  for (auto& k : picks) k = pick(rng);
   std::vector<void*> live(512);
   for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], 2, 0);
   std::size_t i = 0;
   for (auto _ : state) {
-    const int k = picks[i & (picks.size() - 1)];
+    int k = pick(rng);
     a.deallocate(live[k]);
     live[k] = a.allocate(sizes[i++ & (sizes.size() - 1)], 2, 0);
   }
