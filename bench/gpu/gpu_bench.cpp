@@ -141,8 +141,8 @@ void c10_reset() {
 // neighbour's burst or a clock still ramping up to move it by tens of percent; a slow
 // allocator's round lasts long enough to be measured once. The cap on rounds is high
 // enough that a fast allocator's rounds, too, span the whole quarter second: seven
-// rounds of 8 ms fell inside one of the host's bursts (the 512 B and 1 MiB pairs, the
-// same code path, measured 40.8 and 61.1 ns a few hundred ms apart on 2026-12-03).
+// rounds of 8 ms can fall inside one of the host's bursts (the 512 B and 1 MiB pairs,
+// the same code path, measured 40.8 and 61.1 ns a second apart on 2026-12-03).
 // Every column is measured the same way.
 constexpr double kRoundsTime = 0.25;  // seconds
 constexpr int kMaxRounds = 31;
@@ -389,8 +389,8 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       "                   c10, cudaMallocAsync, cudaMalloc, compact, reservoir-async;\n"
       "                   default all)\n"
       "  --no-pin         run the single-thread cells wherever the scheduler puts them (by\n"
-      "                   default each runs pinned to the CPU that ran a calibration loop\n"
-      "                   fastest just before it: quiet_cpu.hpp)\n",
+      "                   default each runs pinned to the CPU that ran the calibration\n"
+      "                   loops fastest just before it: quiet_cpu.hpp)\n",
       RESERVOIR_TRACE_DIR);
   std::exit(code);
 }
