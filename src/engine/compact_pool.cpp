@@ -249,6 +249,7 @@ void CompactPool::release_extent(Extent* x) {
 
 // x (spare) under pages [at, at + x->pages) of a, which are unmapped and booked.
 void CompactPool::map_extent(Arena& a, std::size_t at, Extent* x) {
+  RESERVOIR_ASSERT(at + x->pages <= a.pages.size());  // booked (grow_pages), in the arena
   if (x->ghost_arena == &a && x->ghost_first == at) return return_to_ghost(x);
   // Ghosts where it goes are unmapped first (they hold no block).
   for (std::size_t i = at; i < at + x->pages; ++i)
@@ -453,6 +454,7 @@ bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size)
   // again, as a whole, when the block is (a page at an end may hold a neighbour too).
   const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
   const std::size_t inner_end = (address - a.segment->base + size) / page_;
+  const std::size_t total = a.segment->size / page_;
   bool ready = true;
   for (std::size_t i = first; i < end && ready; ++i)
     ready = a.pages[i].extent && a.pages[i].extent->accessible;
@@ -513,9 +515,11 @@ bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size)
         // extent of at least kGrowPages: growth takes few calls, and the next blocks
         // there find their memory mapped. Elsewhere, only pages wholly inside the block
         // share an extent.
+        // (Never past the arena's end: an extent must fit the pages it is mapped under.)
         std::size_t need = 1;
         if (i >= a.mapped_end)
-          need = services_.budget.limited() ? e - i : std::max(e - i, kGrowPages);
+          need =
+              services_.budget.limited() ? e - i : std::min(std::max(e - i, kGrowPages), total - i);
         else if (i >= inner_first && i < inner_end)
           need = std::min(e, inner_end) - i;
         Extent* x = take_extent(a, i, need);
