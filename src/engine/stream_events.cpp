@@ -48,7 +48,16 @@ StreamEvents::Timeline* StreamEvents::find(StreamHandle stream) {
 }
 
 void StreamEvents::settle(StreamHandle stream) {
-  if (Timeline* t = find(stream); t && t->wanted != 0 && ++t->deferred == kSettleEvery) record(*t);
+  Timeline* t = find(stream);
+  if (!t || t->wanted == 0) return;
+  if (t->deferred + 1 < kSettleEvery) {
+    ++t->deferred;
+    return;
+  }
+  // Counted only once recorded: a record that throws (a device error) leaves deferred
+  // below kSettleEvery, and the next allocation tries again (an increment first left it
+  // at kSettleEvery, past which it was never recorded here again).
+  record(*t);
 }
 
 void StreamEvents::poll(Timeline& t) {

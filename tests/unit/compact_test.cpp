@@ -67,6 +67,35 @@ TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
   s.a.validate();
 }
 
+// The allocation that records a stream's owed marker fails when the device refuses the
+// event (DeviceError, nothing allocated); the next allocation on the stream records it.
+// (The count of allocations that deferred the marker once stuck at its bound after such
+// a failure, and no later allocation recorded the marker: the validator's "8
+// allocations deferred its marker", found by the fuzzer.)
+TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
+  SimAllocator s("policy:compact", sim());
+  s.sim->fail_operation(SimOp::record_event, DeviceStatus::error);
+  int failed_at = 0;
+  for (int i = 1; i <= 32 && failed_at == 0; ++i) {
+    try {
+      void* p = s.a.allocate(1 * MiB, 1, 0);
+      s.sim->submit_work(1);
+      s.a.deallocate(p);
+    } catch (const DeviceError&) {
+      failed_at = i;  // a marker came due, and the device refused its event
+    }
+  }
+  ASSERT_GT(failed_at, 1);
+  EXPECT_EQ(s.a.stats(0).allocation.all().current, 0);
+  s.a.validate();
+  s.sim->clear_faults();
+  const std::uint64_t recorded = s.sim->counters().events_recorded;
+  void* p = s.a.allocate(1 * MiB, 1, 0);
+  EXPECT_EQ(s.sim->counters().events_recorded, recorded + 1);
+  s.a.deallocate(p);
+  s.a.validate();
+}
+
 // When the device keeps up (every event completes as recorded), the other stream's
 // work is known to be done: no wait is inserted.
 // A stream the program destroys: release_stream records what Reservoir still owes
