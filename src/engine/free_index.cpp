@@ -11,8 +11,8 @@
 namespace reservoir::detail {
 
 namespace {
-constexpr std::size_t kNodeBytes = 512;   // a Leaf or an Inner, whichever is larger
-constexpr std::size_t kNodesPerSlab = 8;  // 4 KiB at a time: most pools need one or two nodes
+constexpr std::size_t kNodeBytes = 640;   // a Leaf or an Inner, whichever is larger
+constexpr std::size_t kNodesPerSlab = 8;  // 5 KiB at a time: most pools need one or two nodes
 }  // namespace
 
 FreeIndex::FreeIndex() : nodes_(kNodeBytes, kNodesPerSlab) {
