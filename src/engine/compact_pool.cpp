@@ -195,7 +195,7 @@ CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {
 void CompactPool::grow_pages(Arena& a, std::size_t end) {
   const std::size_t have = a.pages.size();
   if (end <= have) return;
-  const std::size_t total = a.segment->size / page_;
+  const std::size_t total = pages_total(a);
   const std::size_t want = std::min(total, std::max({end, 2 * have, kMinPublishedPages}));
   a.pages.resize(want);
   services_.segments.publish_part(a.segment, a.segment->base + have * page_, (want - have) * page_);
@@ -392,7 +392,7 @@ void CompactPool::list_remove(Extent* x) {
 // page under a memory fraction: memory moves page by page there, so the fraction's
 // every byte can be used), halved while the device or the fraction refuses it.
 CompactPool::Extent* CompactPool::take_extent(Arena& a, std::size_t s, std::size_t need) {
-  const std::size_t total = a.segment->size / page_;
+  const std::size_t total = pages_total(a);
   auto window_holds = [&](std::size_t n) {  // pages [s, s + n) are all unmapped
     if (s + n > total) return false;
     for (std::size_t i = s; i < std::min(s + n, a.pages.size()); ++i)
@@ -454,7 +454,7 @@ bool CompactPool::back_pages(Arena& a, std::uintptr_t address, std::size_t size)
   // again, as a whole, when the block is (a page at an end may hold a neighbour too).
   const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
   const std::size_t inner_end = (address - a.segment->base + size) / page_;
-  const std::size_t total = a.segment->size / page_;
+  const std::size_t total = pages_total(a);
   bool ready = true;
   for (std::size_t i = first; i < end && ready; ++i)
     ready = a.pages[i].extent && a.pages[i].extent->accessible;

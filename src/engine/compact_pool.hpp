@@ -127,6 +127,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   };
 
   Arena* arena_of(const Block* b) const;
+  // The arena's whole range in pages (pages.size() grows up to it).
+  std::size_t pages_total(const Arena& a) const { return a.segment->size / page_; }
   std::pair<std::size_t, std::size_t> page_span(const Arena& a, std::uintptr_t address,
                                                 std::size_t size) const;
   Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
