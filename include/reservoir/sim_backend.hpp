@@ -210,6 +210,7 @@ class RESERVOIR_API SimBackend final : public Backend {
   // naming the stream (record_event, stream_wait_event as the waiter,
   // synchronize_stream) answers error — undefined in CUDA, where the driver may crash.
   void destroy_stream(StreamHandle stream);
+  using Backend::destroy_stream;  // the contract's (a tool's own streams; no model)
 
   // ---- Graph capture (cudaStreamBeginCapture in global mode, modeled) ----
   // While any stream captures, the calls a capture forbids answer error ("sim: ...

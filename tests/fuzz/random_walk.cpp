@@ -300,6 +300,10 @@ void Walker::free_live_at(std::size_t i) {
   // Under policy:compact the block's own stream matters too: its memory may move.
   const bool compact = l.compact;
   InFlight f{l.address, l.address + l.block, l.uses, {}, compact};
+  // Freed during a capture: the free waits for its end, and then for the uses recorded
+  // before it only.
+  if (capture_on(l.device))
+    for (StreamHandle s : l.capture_uses) std::erase(f.waiting, s);
   if (compact) f.waiting.push_back(l.stream);
   for (StreamHandle s : f.waiting) f.positions.push_back(sim_->submitted(s));
   if (!f.waiting.empty()) in_flight_.push_back(std::move(f));
@@ -330,8 +334,10 @@ void Walker::op_record_stream() {
   if (live_.empty()) return;
   Live& l = live_[index % live_.size()];
   alloc_->record_stream(reinterpret_cast<void*>(l.address), stream);
-  if (stream != l.stream && std::find(l.uses.begin(), l.uses.end(), stream) == l.uses.end())
+  if (stream != l.stream && std::find(l.uses.begin(), l.uses.end(), stream) == l.uses.end()) {
     l.uses.push_back(stream);
+    if (capture_on(l.device)) l.capture_uses.push_back(stream);
+  }
 }
 
 void Walker::op_advance() {

@@ -20,6 +20,12 @@ bool Walker::capture_on() const {
                      [](const PoolSlot& s) { return s.exists && s.route == 2; });
 }
 
+bool Walker::capture_on(int device) const {
+  return std::any_of(pools_.begin(), pools_.end(), [device](const PoolSlot& s) {
+    return s.exists && s.route == 2 && s.device == device;
+  });
+}
+
 int Walker::serving_slot(int device, StreamHandle stream, std::uintptr_t address) {
   int best = -1;
   bool lends = false;

@@ -92,6 +92,10 @@ struct Live {
   std::vector<StreamHandle> uses;  // other streams recorded with record_stream
   bool compact = false;            // allocated under policy:compact
   int pool = -1;                   // private pool slot serving it (-1 default, -2 released)
+  // Of uses, those first recorded while a capture was under way on the block's device:
+  // a free during a capture waits for none of them (the spec takes that work to be in
+  // the graph, remove_cudagraph_stream_uses), a free after it for all.
+  std::vector<StreamHandle> capture_uses{};
 };
 
 // A private pool the walk made (walk_pools.cpp). The walk holds one use of it while
@@ -174,6 +178,7 @@ class Walker {
   void pool_restore(PoolSlot& slot, int index);
   void check_capture();
   bool capture_on() const;
+  bool capture_on(int device) const;  // a capture route on that device
 
   // walk_checks.cpp: checks, queries and bad inputs.
   void check_disjoint(const Live& l);
