@@ -44,7 +44,7 @@ struct FreeEntry {  // a key beside its block: a hit reads one cache line
 struct FreeInner;
 struct FreeNode {
   // Keys per node (a leaf is ten cache lines). 24 rather than 14: on the GPU host's
-  // Xeon the log-uniform pattern ran 9% faster (two interleaved runs, docs/benchmarks.md)
+  // Xeon the log-uniform pattern ran 5-9% faster (two interleaved runs, docs/benchmarks.md)
   // for 11% more instructions: longer scans, fewer nodes to reach and to split.
   static constexpr int kSlots = 24;
   FreeInner* parent = nullptr;
