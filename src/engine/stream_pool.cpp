@@ -131,7 +131,10 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
   // No event queries while a capture is under way (illegal then): pending frees wait.
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   Block* b = find_free(pool, size);
-  if (!b) return 0;
+  if (!b) {
+    settle_ledger();  // completed pending frees may have raised counters
+    return 0;
+  }
   std::uintptr_t address = hand_out(b, size, requested, context, traced);
   finish_operation();
   return address;
@@ -140,6 +143,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
 std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retry,
                                                 const Context& context) {
   Guard guard = lock_settled();
+  SettleLedgerOnExit settle{this};  // destroyed before guard: under the lock
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
@@ -150,6 +154,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
   Guard guard = lock_settled();
+  SettleLedgerOnExit settle{this};  // destroyed before guard: under the lock
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);

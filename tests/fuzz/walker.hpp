@@ -202,6 +202,11 @@ class Walker {
   // Blocks whose free failed (a DeviceError): kept out of circulation for good.
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> kept_;
   std::array<bool, kDevices> kept_on_{};  // device d has a kept block
+  // A DeviceError said that device memory stays held ("... until empty_cache() gives it
+  // back"): a page may stay mapped, and a grow at its address during a capture, which
+  // cannot give it back first, fails with DeviceError (docs/reliability.md).
+  bool held_reported_ = false;
+  void note_device_error(const DeviceError& e);
   std::vector<std::uintptr_t> freed_ = std::vector<std::uintptr_t>(16, 0x2000);
   std::size_t freed_next_ = 0;
   std::unique_ptr<int> heap_object_ = std::make_unique<int>(0);

@@ -80,6 +80,33 @@ TEST(HeldMemory, AHeldPageIsGivenBackBeforeItsAddressIsMappedAgain) {
   expect_empty(rig);
 }
 
+// The same during a capture (which forbids giving memory back): the grow fails, the
+// message says why, nothing leaks, and once the capture ends the grow succeeds.
+TEST(HeldMemory, DuringACaptureAHeldPageFailsAGrowAtItsAddressUntilTheCaptureEnds) {
+  Rig rig(kExpandable);
+  rig.sim->fail_operation_number(SimOp::map, 2, DeviceStatus::error);
+  rig.sim->fail_operation(SimOp::unmap, DeviceStatus::error);
+  EXPECT_NE(device_error([&] { rig.a->allocate(64 * MiB, 0, 0); }), "");
+  rig.sim->clear_faults();
+  const PoolId pool = rig.a->create_pool({}, 0);
+  rig.a->begin_capture_to_pool(pool, 1, 0);
+  // Stream 0's request goes to the default pools, whose segment holds the page.
+  const std::string what = device_error([&] { rig.a->allocate(64 * MiB, 0, 0); });
+  EXPECT_NE(what.find("still mapped after an earlier failure (a capture is under way)"),
+            std::string::npos)
+      << what;
+  rig.a->validate();
+  EXPECT_TRUE(counted(rig));
+  rig.a->end_allocate_to_pool(pool, 0);
+  rig.a->release_pool(pool, 0);
+  void* p = rig.a->allocate(64 * MiB, 0, 0);
+  rig.a->validate();
+  EXPECT_TRUE(counted(rig));
+  rig.a->deallocate(p);
+  rig.a->empty_cache();
+  expect_empty(rig);
+}
+
 // empty_cache unmaps a page whose physical memory the device will not release: the
 // error names the call, the page stays counted, and the next empty_cache retries.
 TEST(HeldMemory, AFailedPageReleaseIsRetriedByTheNextEmptyCache) {
