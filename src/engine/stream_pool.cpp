@@ -692,7 +692,7 @@ bool StreamPool::release_oversize(std::size_t requested) {
 }
 
 void StreamPool::finish_operation() {
-  if (counters_.over) services_.ledger.rebalance(&counters_);
+  settle_ledger();
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);
