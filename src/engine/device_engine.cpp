@@ -283,6 +283,8 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
 }
 
 void DeviceEngine::validate(bool quiescent) {
+  RESERVOIR_CHECK(!(compact_on_.load(std::memory_order_relaxed) && capture_.underway()),
+                  "policy:compact is in force while a capture is under way");
   ValidationTotals totals;
   for (StreamPool* pool : all_pools_snapshot()) pool->validate(&totals);
   private_registry_.validate();

@@ -12,9 +12,11 @@
 //   every pool in pools_ is reachable through table_ by its stream;
 //   first_pool_ == nullptr or first_pool_ == pools_[0] == table_.find(first_stream_);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
-//     spare (no segment) and listed in spare_.
-// Lock order: config_mutex_ -> pool locks (in creation order) -> ledger / segment map /
-// event pool / registry mutexes. A pool lock is never held while taking another's.
+//     spare (no segment) and listed in spare_;
+//   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
+// Lock order: capture_gate_ -> config_mutex_ -> pool locks (in creation order) ->
+// ledger / segment map / event pool / registry mutexes. A pool lock is never held
+// while taking another's.
 #pragma once
 
 #include <atomic>
@@ -133,6 +135,11 @@ class DeviceEngine {
   // Whether the pool's allocated blocks are exactly expected.
   bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected);
   bool capture_underway() const noexcept { return capture_.underway(); }
+  // While held, no capture begins on this device (begin_allocate_to_pool with capture
+  // waits): update_config holds it to set policy:compact only where none is under way.
+  [[nodiscard]] std::unique_lock<std::mutex> hold_captures() {
+    return std::unique_lock<std::mutex>(capture_gate_);
+  }
 
   // The compact pool if policy:compact was ever used (else null).
   CompactPool* compact_if_made() const noexcept {
@@ -198,6 +205,7 @@ class DeviceEngine {
   PoolServices services_;
 
   mutable std::mutex config_mutex_;  // lock-all operations
+  std::mutex capture_gate_;          // a capture's begin against a switch to policy:compact
   std::mutex create_mutex_;          // pool creation
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;

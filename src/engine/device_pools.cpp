@@ -86,15 +86,19 @@ int DeviceEngine::pool_use_count(PoolId id) {
 // ---------------------------------------------------------------- routing
 
 void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture) {
-  // policy:compact queries events and moves pages on its own paths, which a capture
-  // forbids: refused rather than failing inside the capture.
-  if (capture && compact_on_.load(std::memory_order_relaxed))
-    throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
-                               pool_name(id) +
-                               " under policy:compact (it does not support captures yet; "
-                               "use the default policy for CUDA graphs)");
-  // The capture is counted first: a free racing with begin must not record events.
-  if (capture) capture_.begin();
+  if (capture) {
+    // policy:compact queries events and moves pages on its own paths, which a capture
+    // forbids: refused rather than failing inside the capture. Checked and counted
+    // under the gate, so that policy:compact cannot be set in between (update_config).
+    std::lock_guard<std::mutex> gate(capture_gate_);
+    if (compact_on_.load(std::memory_order_relaxed))
+      throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
+                                 pool_name(id) +
+                                 " under policy:compact (it does not support captures yet; "
+                                 "use the default policy for CUDA graphs)");
+    // The capture is counted first: a free racing with begin must not record events.
+    capture_.begin();
+  }
   try {
     private_registry_.begin(id, std::move(filter), capture);
   } catch (...) {

@@ -433,6 +433,7 @@ void Allocator::update_config(std::string_view text) {
                       "made (set RESERVOIR_ALLOC_CONF=backend:" +
                       next.backend +
                       " before the first allocation); it is backend:" + before.backend);
+  im.core->check_update(next);  // a refusal (ConfigError) changes nothing here either
   // A new trace file is opened before anything changes, so a path that cannot be
   // written (IoError) leaves the configuration as it was.
   if (next.record_trace != before.record_trace) im.set_recording(*this, next.record_trace);

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <string>
@@ -557,6 +559,35 @@ TEST_F(BadInput, CaptureRoutesUnderPolicyCompact) {
   compact.deallocate(p);
   compact.release_pool(pool, 0);
   compact.validate();
+}
+
+// The other order: policy:compact set while a capture is routed. Refused, changing
+// nothing (not the policy, not the trace file the same update names); a thread route
+// is no capture and does not stand in the way.
+TEST_F(BadInput, PolicyCompactSetDuringACaptureRoute) {
+  const PoolId pool = a_.create_pool({}, 0);
+  a_.begin_capture_to_pool(pool, 1, 0);
+  void* p = a_.allocate(MiB, 1, 0);  // served by the pool
+  before_ = stats_vector(a_);
+  const std::string config = a_.config().to_string();
+  const std::string trace = ::testing::TempDir() + "reservoir_refused_compact.trace";
+  std::remove(trace.c_str());
+  expect_refused<ConfigError>([&] { a_.update_config("policy:compact,record_trace:" + trace); },
+                              {"policy:compact", "capture", "device 0", "end_allocate_to_pool"});
+  EXPECT_EQ(a_.config().to_string(), config) << "a refused update changed the configuration";
+  EXPECT_FALSE(std::filesystem::exists(trace)) << "a refused update opened its trace";
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {p}, 0));
+  a_.deallocate(p);
+  a_.end_allocate_to_pool(pool, 0);
+  a_.begin_allocate_current_thread_to_pool(pool, 0);
+  a_.update_config("policy:compact");  // the capture ended; a thread route is none
+  EXPECT_EQ(a_.config().policy, Config::Policy::compact);
+  void* q = a_.allocate(MiB, 1, 0);
+  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {q}, 0));
+  a_.end_allocate_to_pool(pool, 0);
+  a_.deallocate(q);
+  a_.release_pool(pool, 0);
+  a_.validate();
 }
 
 TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {
