@@ -647,6 +647,9 @@ Block* CompactPool::choose(FreeIndex::iterator best, std::size_t size) const {
 std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
                                      const Context& context) {
   Guard guard(lock_);
+  // A new arena or extent counted, then the request refused (out of memory or a
+  // device error): the ledger is settled on the way out all the same.
+  SettleOnExit settle(services_.ledger, counters_);
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
   auto it = free_.lower_bound(size);
@@ -761,6 +764,7 @@ void CompactPool::release_stream(StreamHandle stream) {
 
 std::size_t CompactPool::release_free_pages(bool give_back) {
   Guard guard(lock_);
+  SettleOnExit settle(services_.ledger, counters_);  // an unmap may throw part way
   fences_.synchronize_all();
   std::size_t released = 0;
   // Ghosts first: memory goes back only once unmapped everywhere, and an arena only

@@ -213,6 +213,16 @@ bool ShardCounters::guards_hold() const noexcept {
 
 void StatLedger::attach(ShardCounters* shard) {
   std::lock_guard<std::mutex> guard(mutex_);
+  // Room for every shard in the live list and the scratch, so that a rebalance (a
+  // revival included) never allocates; reserved first, so a failure changes nothing.
+  const std::size_t n = shards_.size() + 1;
+  auto room = [n](auto& v) {
+    if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
+  };
+  room(shards_);
+  room(live_);
+  room(cur_);
+  room(want_);
   shards_.push_back(shard);
   live_.push_back(shard);
   rebalance_locked();

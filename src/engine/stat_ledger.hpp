@@ -341,7 +341,8 @@ class StatLedger {
  public:
   // The shard must outlive the ledger's use of it (shards live as long as the engine).
   void attach(ShardCounters* shard);
-  // Called by a shard (under its own lock) whose quantity passed its limit.
+  // Called by a shard (under its own lock) whose quantity passed its limit. Allocates
+  // nothing (attach reserved room for every shard), so destructors may call it.
   void rebalance(ShardCounters* trigger);
   void reset_peaks();
   // Fills the StatArray-shaped counters of out (current/peak/allocated/freed).
@@ -372,6 +373,26 @@ class StatLedger {
   std::uint64_t epoch_ = 0;  // rebalances so far
   // Rebalances after which a shard that triggered none gives up its claims.
   static constexpr std::uint64_t kClaimLifetime = 64;
+};
+
+// One operation of a shard's owner, held under the owner's lock (declared after the
+// lock's guard, so destroyed first): however the operation ends, the shard's owed
+// rebalance is made on the way out. A request that fails part way (a segment counted,
+// then its memory refused) has raised counters, and a dormant shard that rose must
+// rejoin the ledger now, not at its owner's next operation, which may never come.
+class SettleOnExit {
+ public:
+  SettleOnExit(StatLedger& ledger, ShardCounters& shard) noexcept
+      : ledger_(ledger), shard_(shard) {}
+  ~SettleOnExit() {
+    if (shard_.over) ledger_.rebalance(&shard_);
+  }
+  SettleOnExit(const SettleOnExit&) = delete;
+  SettleOnExit& operator=(const SettleOnExit&) = delete;
+
+ private:
+  StatLedger& ledger_;
+  ShardCounters& shard_;
 };
 
 }  // namespace reservoir::detail

@@ -143,7 +143,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
 std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retry,
                                                 const Context& context) {
   Guard guard = lock_settled();
-  SettleLedgerOnExit settle{this};  // destroyed before guard: under the lock
+  SettleOnExit settle(services_.ledger, counters_);
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
@@ -154,7 +154,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
   Guard guard = lock_settled();
-  SettleLedgerOnExit settle{this};  // destroyed before guard: under the lock
+  SettleOnExit settle(services_.ledger, counters_);
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
@@ -477,6 +477,7 @@ void StreamPool::defer_free(Block* b) {
         --b->event_count;
       }
     stranded_.push_back(b);
+    settle_ledger();  // the free's own counting (and a settled parked block) is done
     throw DeviceError("reservoir: deferring the free of " +
                       format_pointer(reinterpret_cast<void*>(b->address)) + " on device " +
                       std::to_string(services_.device) + " failed (" + failure +
@@ -501,10 +502,12 @@ void StreamPool::process_events(bool wait) {
       DeviceStatus status = wait ? services_.backend.synchronize_event(services_.device, p.event)
                                  : services_.backend.query_event(services_.device, p.event);
       if (status == DeviceStatus::not_ready) break;
-      if (status != DeviceStatus::ok)
+      if (status != DeviceStatus::ok) {
+        settle_ledger();  // frees completed before this one may have raised counters
         throw DeviceError(std::string("reservoir: ") + (wait ? "synchronizing" : "querying") +
                           " an event on device " + std::to_string(services_.device) +
                           " failed: " + services_.backend.last_error());
+      }
       q.entries.pop_front();
       services_.events.release(p.event);
       Block* b = p.block;

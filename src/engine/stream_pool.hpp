@@ -256,17 +256,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   void release_segment(Segment* segment);
 
   void finish_operation();
-  // The statistics ledger's owed rebalance, however an operation ends: a request that
-  // fails part way (a segment counted, then its memory refused) has raised counters,
-  // and a dormant shard that rose must rejoin the ledger now, not at the stream's next
-  // operation (which may never come): its peaks would be missed.
-  void settle_ledger() noexcept {
+  // The statistics ledger's owed rebalance (SettleOnExit makes it however a cold
+  // operation ends; the hot paths and the failure below make it themselves).
+  void settle_ledger() {
     if (counters_.over) services_.ledger.rebalance(&counters_);
   }
-  struct SettleLedgerOnExit {
-    StreamPool* pool;
-    ~SettleLedgerOnExit() { pool->settle_ledger(); }
-  };
   void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;

@@ -393,5 +393,32 @@ TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
   }
 }
 
+
+// The compact pool's statistics shard, idle and empty, leaves the ledger (dormant);
+// a request that then counts a new arena and fails (the device refuses its physical
+// memory) must still rejoin it on the way out: a dormant shard holding a segment would
+// miss peaks until the pool's next operation (the validator says so).
+TEST(Compact, ARequestThatFailsPartWaySettlesTheStatisticsLedger) {
+  SimAllocator s("", sim());
+  s.a.deallocate(s.a.allocate(512, 1, 0));  // a default pool's shard, live
+  s.a.update_config("policy:compact");
+  s.a.deallocate(s.a.allocate(8 * MiB, 1, 0));
+  s.a.empty_cache();  // the compact shard's counters are all zero now
+  s.a.update_config("policy:pytorch");
+  // Rebalances triggered by the default pool alone (each new block a new peak): the
+  // idle compact shard gives up its claims and goes dormant.
+  std::vector<void*> blocks;
+  for (int i = 0; i < 200; ++i) blocks.push_back(s.a.allocate(512, 1, 0));
+  for (void* p : blocks) s.a.deallocate(p);
+  s.a.update_config("policy:compact");
+  s.sim->fail_operation(SimOp::create_physical, DeviceStatus::error);
+  EXPECT_THROW(s.a.allocate(8 * MiB, 1, 0), DeviceError);
+  s.sim->clear_faults();
+  EXPECT_NO_THROW(s.a.validate());
+  void* p = s.a.allocate(8 * MiB, 1, 0);
+  s.a.deallocate(p);
+  s.a.empty_cache();
+  s.a.validate();
+}
 }  // namespace
 }  // namespace reservoir
