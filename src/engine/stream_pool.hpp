@@ -257,7 +257,8 @@ class alignas(64) StreamPool final : public BlockOwner {
 
   void finish_operation();
   // The statistics ledger's owed rebalance (SettleOnExit makes it however a cold
-  // operation ends; the hot paths and the failure below make it themselves).
+  // operation ends; the hot paths, and process_events and defer_free before they
+  // throw, call this themselves).
   void settle_ledger() {
     if (counters_.over) services_.ledger.rebalance(&counters_);
   }
