@@ -1,8 +1,10 @@
-// FreeIndex: inserting (with node splits), erasing (with removal of emptied nodes),
-// and the structural check. See free_index.hpp for the invariants.
+// FreeIndex: inserting (with node splits, and a bin's first leaf), erasing (with
+// removal of emptied nodes and bins), and the structural check. See free_index.hpp for the
+// invariants.
 #include "engine/free_index.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <new>
 #include <type_traits>
 
@@ -17,9 +19,7 @@ constexpr std::size_t kNodesPerSlab = 8;  // 5 KiB at a time: most pools need on
 
 FreeIndex::FreeIndex() : nodes_(kNodeBytes, kNodesPerSlab) {
   static_assert(sizeof(Leaf) <= kNodeBytes && sizeof(Inner) <= kNodeBytes);
-  Leaf* leaf = make<Leaf>();
-  root_ = leaf;
-  first_ = last_ = leaf;
+  static_assert(kBinWords <= 32, "nonempty_words_ has a bit per word of nonempty_");
 }
 
 template <typename T>
@@ -47,17 +47,26 @@ void FreeIndex::clear_below(Node* n) {
 
 void FreeIndex::clear() {
   ++version_;
-  clear_below(root_);
-  Leaf* leaf = make<Leaf>();
-  root_ = leaf;
-  first_ = last_ = leaf;
+  for (int bin = next_bin(0); bin >= 0; bin = next_bin(bin + 1)) {
+    clear_below(roots_[bin]);
+    roots_[bin] = nullptr;
+  }
+  std::fill(std::begin(nonempty_), std::end(nonempty_), 0);
+  nonempty_words_ = 0;
+  first_ = last_ = nullptr;
   size_ = 0;
 }
 
 void FreeIndex::insert(Block* b) {
   ++version_;
   const FreeKey key{b->size, b->address};
-  Leaf* leaf = descend(key);
+  const int bin = bin_of(key.size);
+  const Node* root = roots_[bin];
+  if (root == nullptr) {
+    insert_into_empty_bin(bin, key, b);
+    return;
+  }
+  Leaf* leaf = descend(root, key);
   if (leaf->count == kSlots) {  // split: the upper half moves to a new right sibling
     Leaf* right = make<Leaf>();
     const int keep = kSlots / 2;
@@ -72,7 +81,7 @@ void FreeIndex::insert(Block* b) {
     else
       last_ = right;
     leaf->next = right;
-    insert_separator(leaf, right->entries[0].key, right);
+    insert_separator(leaf, right->entries[0].key, right, bin);
     if (!less(key, right->entries[0].key)) leaf = right;
   }
   int j = leaf->count;
@@ -87,9 +96,38 @@ void FreeIndex::insert(Block* b) {
   ++size_;
 }
 
+// The bin's first key: a leaf of its own, in the list before the next nonempty bin's
+// first leaf (or last).
+void FreeIndex::insert_into_empty_bin(int bin, const FreeKey& key, Block* b) {
+  Leaf* leaf = make<Leaf>();
+  leaf->count = 1;
+  leaf->entries[0].key = key;
+  leaf->entries[0].block = b;
+  b->free_leaf = leaf;
+  const int next = next_bin(bin + 1);
+  if (next >= 0) {
+    Leaf* after = leftmost(roots_[next]);
+    leaf->next = after;
+    leaf->prev = after->prev;
+    after->prev = leaf;
+  } else {
+    leaf->prev = last_;
+    last_ = leaf;
+  }
+  if (leaf->prev)
+    leaf->prev->next = leaf;
+  else
+    first_ = leaf;
+  roots_[bin] = leaf;
+  nonempty_[bin >> 6] |= std::uint64_t{1} << (bin & 63);
+  nonempty_words_ |= std::uint32_t{1} << (bin >> 6);
+  ++size_;
+}
+
 // right (new) follows left, its keys from key on: key becomes a separator in left's
-// parent, splitting it (and so on up) when full; a full root gets a new root above.
-void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right) {
+// parent, splitting it (and so on up) when full; a full root of the bin gets a new
+// root above.
+void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right, int bin) {
   Inner* parent = left->parent;
   if (parent == nullptr) {
     Inner* root = make<Inner>();
@@ -98,7 +136,7 @@ void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right) {
     root->children[0] = left;
     root->children[1] = right;
     left->parent = right->parent = root;
-    root_ = root;
+    roots_[bin] = root;
     return;
   }
   int at = 0;
@@ -124,7 +162,7 @@ void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right) {
     std::copy(children + mid + 1, children + kSlots + 2, sibling->children);
     for (int i = 0; i <= parent->count; ++i) parent->children[i]->parent = parent;
     for (int i = 0; i <= sibling->count; ++i) sibling->children[i]->parent = sibling;
-    insert_separator(parent, keys[mid], sibling);
+    insert_separator(parent, keys[mid], sibling, bin);
     return;
   }
   for (int i = parent->count; i > at; --i) {
@@ -143,11 +181,12 @@ void FreeIndex::erase(Block* b) {
 }
 
 void FreeIndex::remove_at(Leaf* leaf, int slot) {
+  const std::size_t size = leaf->entries[slot].key.size;  // names the bin
   std::copy(leaf->entries + slot + 1, leaf->entries + leaf->count, leaf->entries + slot);
   --leaf->count;
   --size_;
-  if (leaf->count > 0 || leaf == root_) return;
-  // An emptied leaf leaves the list and its parent.
+  if (leaf->count > 0) return;
+  // An emptied leaf leaves the list and its bin's tree.
   if (leaf->prev)
     leaf->prev->next = leaf->next;
   else
@@ -156,19 +195,29 @@ void FreeIndex::remove_at(Leaf* leaf, int slot) {
     leaf->next->prev = leaf->prev;
   else
     last_ = leaf->prev;
-  remove_child(leaf->parent, leaf);
+  const int bin = bin_of(size);
+  if (leaf->parent != nullptr) {
+    remove_child(leaf->parent, leaf, bin);
+    return;
+  }
+  // It was the bin's only node: the bin empties.
+  release(leaf);
+  roots_[bin] = nullptr;
+  std::uint64_t& word = nonempty_[bin >> 6];
+  word &= ~(std::uint64_t{1} << (bin & 63));
+  if (word == 0) nonempty_words_ &= ~(std::uint32_t{1} << (bin >> 6));
 }
 
 // child (emptied) leaves parent with one separator; a parent left with no child goes
 // too. A root left with one child hands the root down (through inner nodes of one
-// child as well), so the root is a leaf or an inner node of two children or more.
-void FreeIndex::remove_child(Inner* parent, Node* child) {
+// child as well), so the bin's root is a leaf or an inner node of two children or more.
+void FreeIndex::remove_child(Inner* parent, Node* child, int bin) {
   int at = 0;
   while (parent->children[at] != child) ++at;
   release(child);
   if (parent->count == 0) {  // child was the only one (so parent is not the root)
-    RESERVOIR_ASSERT(parent != root_);
-    remove_child(parent->parent, parent);
+    RESERVOIR_ASSERT(parent->parent != nullptr);
+    remove_child(parent->parent, parent, bin);
     return;
   }
   // Children after at shift down; the separator before the removed child goes (or,
@@ -177,19 +226,21 @@ void FreeIndex::remove_child(Inner* parent, Node* child) {
   std::copy(parent->keys + key_at + 1, parent->keys + parent->count, parent->keys + key_at);
   std::copy(parent->children + at + 1, parent->children + parent->count + 1, parent->children + at);
   --parent->count;
-  if (parent != root_ || parent->count > 0) return;
+  if (parent->parent != nullptr || parent->count > 0) return;
   Node* n = parent;
   while (!n->leaf && static_cast<Inner*>(n)->count == 0) {
     Node* only = static_cast<Inner*>(n)->children[0];
     release(n);
     n = only;
   }
-  root_ = n;
-  root_->parent = nullptr;
+  roots_[bin] = n;
+  n->parent = nullptr;
 }
 
 bool FreeIndex::holds(const Block* b) const {
-  const Leaf* leaf = descend(FreeKey{b->size, b->address});  // where a search for it goes
+  const Node* root = roots_[bin_of(b->size)];
+  if (root == nullptr) return false;
+  const Leaf* leaf = descend(root, FreeKey{b->size, b->address});  // where a search goes
   if (leaf != b->free_leaf) return false;
   for (int j = 0; j < leaf->count; ++j)
     if (leaf->entries[j].block == b)
@@ -198,7 +249,7 @@ bool FreeIndex::holds(const Block* b) const {
 }
 
 std::string FreeIndex::problem_below(const Node* n, const FreeKey* low, const FreeKey* high,
-                                     std::size_t* keys, const Leaf** previous) const {
+                                     int bin, std::size_t* keys, const Leaf** previous) const {
   auto key = [n](int i) -> const FreeKey& {
     return n->leaf ? static_cast<const Leaf*>(n)->entries[i].key
                    : static_cast<const Inner*>(n)->keys[i];
@@ -207,13 +258,14 @@ std::string FreeIndex::problem_below(const Node* n, const FreeKey* low, const Fr
     if (low && less(key(i), *low)) return "a key below its subtree's separator";
     if (high && !less(key(i), *high)) return "a key at or above the next separator";
     if (i > 0 && !less(key(i - 1), key(i))) return "keys out of order in a node";
+    if (bin_of(key(i).size) != bin) return "a key in the tree of another bin";
   }
   if (n->leaf) {
     const Leaf* leaf = static_cast<const Leaf*>(n);
-    if (leaf->count == 0 && n != root_) return "an empty leaf that is not the root";
+    if (leaf->count == 0) return "an empty leaf";
     if (leaf->prev != *previous) return "the leaf list skips or repeats a leaf";
-    if (*previous && (*previous)->count > 0 && leaf->count > 0 &&
-        !less((*previous)->entries[(*previous)->count - 1].key, leaf->entries[0].key))
+    if (*previous && (*previous)->next != leaf) return "a leaf's next is not the leaf after it";
+    if (*previous && !less((*previous)->entries[(*previous)->count - 1].key, leaf->entries[0].key))
       return "keys out of order across leaves";
     for (int i = 0; i < leaf->count; ++i) {
       if (leaf->entries[i].block->state != BlockState::free)
@@ -229,23 +281,35 @@ std::string FreeIndex::problem_below(const Node* n, const FreeKey* low, const Fr
   for (int i = 0; i <= in->count; ++i) {
     if (in->children[i]->parent != in) return "a child whose parent pointer is wrong";
     std::string p = problem_below(in->children[i], i > 0 ? &in->keys[i - 1] : low,
-                                  i < in->count ? &in->keys[i] : high, keys, previous);
+                                  i < in->count ? &in->keys[i] : high, bin, keys, previous);
     if (!p.empty()) return p;
   }
   return "";
 }
 
 std::string FreeIndex::problem() const {
-  if (root_->parent != nullptr) return "the root has a parent";
-  if (!root_->leaf && root_->count == 0) return "free index: the root has one child";
   std::size_t keys = 0;
+  const Leaf* first = nullptr;  // the first bin's first leaf
   const Leaf* previous = nullptr;
-  std::string p = problem_below(root_, nullptr, nullptr, &keys, &previous);
-  if (!p.empty()) return "free index: " + p;
-  if (previous != last_) return "free index: the last leaf is not the list's end";
+  for (int w = 0; w < kBinWords; ++w)
+    if (((nonempty_words_ >> w) & 1) != (nonempty_[w] != 0 ? 1u : 0u))
+      return "free index: the bitmap's word summary disagrees with word " + std::to_string(w);
+  for (int bin = 0; bin < kBins; ++bin) {
+    const Node* root = roots_[bin];
+    if (((nonempty_[bin >> 6] >> (bin & 63)) & 1) != (root != nullptr ? 1u : 0u))
+      return "free index: bin " + std::to_string(bin) + "'s bit disagrees with its tree";
+    if (root == nullptr) continue;
+    if (root->parent != nullptr) return "free index: a bin's root has a parent";
+    if (!root->leaf && root->count == 0) return "free index: a bin's root has one child";
+    if (first == nullptr) first = leftmost(root);
+    std::string p = problem_below(root, nullptr, nullptr, bin, &keys, &previous);
+    if (!p.empty()) return "free index: bin " + std::to_string(bin) + ": " + p;
+  }
+  if (first != first_) return "free index: the first leaf is not the list's start";
+  if (previous != last_ || (last_ && last_->next))
+    return "free index: the last leaf is not the list's end";
   if (keys != size_)
     return "free index: holds " + std::to_string(keys) + " keys, counts " + std::to_string(size_);
-  if (first_->prev != nullptr) return "free index: the first leaf has a predecessor";
   return "";
 }
 

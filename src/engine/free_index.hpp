@@ -1,18 +1,27 @@
 // FreeIndex: the free blocks of one pool in best-fit order — smallest size first, ties
 // by lowest address (PyTorch's order, so the default stays byte-exact).
 //
-// A B+tree of keys (size, address): up to kSlots keys per node, each key beside its
-// block in the leaves, the leaves in a list. A search reads a few nodes of a few
-// cache lines each and never loads a Block, where a red-black tree of a few hundred
-// free blocks walks ten nodes and, to compare, the block behind each. Deletion is
-// relaxed: a node is removed when it empties, never merged with a sibling (the height
-// only grows when a full root splits).
+// Bins of sizes, each a B+tree. A size maps to one of kBins bins, monotonically
+// (bin_of: 512-byte steps below 16 KiB, then 16 bins per power of two), so the bins
+// in turn hold the keys in order. A nonempty bin is a B+tree of keys (size, address):
+// up to kSlots keys per node, each key beside its block in the leaves. The leaves of
+// all bins form one list, in key order, which the iterator walks; a bitmap of the
+// nonempty bins finds the next one. Most bins hold a few keys in one leaf, so an
+// insert, an erase or a search reads one small leaf and no Block (a single tree over
+// all keys descends two or three levels and shifts a dozen keys in its leaf), while a
+// bin of many equal sizes is still a tree of logarithmic depth. Deletion is relaxed:
+// a node is removed when it empties, never merged with a sibling, and a bin whose
+// last key leaves holds no node.
 //
 // Invariants (problem() checks them; validators call it and holds()):
 //   keys strictly increase along the leaf list, and size() == the number of keys;
-//   the root is a leaf or an inner node with two children or more;
-//   every leaf but a lone root holds at least one key, so every subtree of an inner
-//     node with separators holds keys (with one key in all, no separator is above it);
+//   first_ and last_ are the list's ends (nullptr when empty);
+//   roots_[i] != nullptr  <=>  bit i of nonempty_ is set  <=>  bin i holds keys, and
+//     bit w of nonempty_words_ is set  <=>  nonempty_[w] != 0;
+//   every key in bin i's tree has bin_of(key.size) == i;
+//   a bin's root has no parent, and is a leaf or an inner node with two children or
+//     more; every leaf holds at least one key, so every subtree of an inner node with
+//     separators holds keys;
 //   in an inner node with separators s[0..n-1] and children c[0..n], every key of
 //     c[i] lies in [s[i-1], s[i]) (no bound beyond the ends), parent pointers agree;
 //   for every indexed block b: b->state == free, b->free_leaf is the leaf holding it,
@@ -68,6 +77,19 @@ class FreeIndex {
   using Inner = FreeInner;
 
  public:
+  // Bins: sizes below 16 KiB in steps of 512 bytes (32 bins), then 16 per power of two
+  // up to 2^64 (50 powers): 13 words of the bitmap.
+  static constexpr int kBins = 32 + 50 * 16;
+  static constexpr int kBinWords = kBins / 64;
+  static_assert(kBins % 64 == 0 && kBinWords <= 32);
+  // The bin of a size: with e = max(floor(log2 size), 13) - 13, the top bits
+  // size >> (e + 9) (0-31 for e == 0, 16-31 above) plus 16 e. No branch.
+  static RESERVOIR_INLINE int bin_of(std::size_t size) noexcept {
+    const int top = 63 - __builtin_clzll(size | 1);
+    const int e = (top > 13 ? top : 13) - 13;
+    return static_cast<int>(size >> (e + 9)) + 16 * e;
+  }
+
   // Walks the free blocks in best-fit order; dereferences to the Block.
   class iterator {
    public:
@@ -135,15 +157,21 @@ class FreeIndex {
   Block* largest() const { return last_->entries[last_->count - 1].block; }
   // The first block of at least size bytes in best-fit order (end() when none).
   RESERVOIR_INLINE iterator lower_bound(std::size_t size) const {
-    if (size_ == 1)  // the one block (in the first leaf) fits or none does
-      return first_->entries[0].key.size >= size ? iterator(this, first_, 0) : end();
-    // Against the key (size, 0) only sizes decide (no block is at address 0): one
-    // 64-bit compare per key instead of two.
-    Leaf* leaf = descend_to_size(size);
-    int j = 0;
-    while (j < leaf->count && leaf->entries[j].key.size < size) ++j;
-    if (j == leaf->count) return iterator(this, leaf->next, 0);  // next leaf's first, or end
-    return iterator(this, leaf, j);
+    if (size_ <= 1) {  // the one block (in the first leaf) fits or none does
+      return size_ != 0 && first_->entries[0].key.size >= size ? iterator(this, first_, 0) : end();
+    }
+    const int bin = bin_of(size);
+    if (const Node* root = roots_[bin]) {
+      // Against the key (size, 0) only sizes decide (no block is at address 0): one
+      // 64-bit compare per key instead of two.
+      Leaf* leaf = descend_to_size(root, size);
+      int j = 0;
+      while (j < leaf->count && leaf->entries[j].key.size < size) ++j;
+      if (j == leaf->count) return iterator(this, leaf->next, 0);  // the next leaf, or end
+      return iterator(this, leaf, j);
+    }
+    const int next = next_bin(bin + 1);  // every key there is larger
+    return next < 0 ? end() : iterator(this, leftmost(roots_[next]), 0);
   }
 
   // b (free) enters the index under its key (size, address).
@@ -157,17 +185,14 @@ class FreeIndex {
     ++version_;
     const FreeKey key{b->size, b->address};
     Leaf* leaf = b->free_leaf;
-    if (size_ == 1) {  // b alone, under no separator (see problem())
-      leaf->entries[0].key = key;
-      return;
-    }
     const int j = slot_of(leaf, b);
-    // In place while the key stays between its neighbours in the leaf; at the leaf's
-    // edge only where no separator bounds it (the first or last leaf).
-    const bool down = less(key, leaf->entries[j].key);
-    const bool fits =
-        down ? (j > 0 ? less(leaf->entries[j - 1].key, key) : leaf == first_)
-             : (j + 1 < leaf->count ? less(key, leaf->entries[j + 1].key) : leaf == last_);
+    const FreeKey& old = leaf->entries[j].key;
+    // In place while the key stays between its neighbours in the leaf (so in its
+    // bin); at the leaf's edge only in a bin of one leaf, if the bin stays the same.
+    const bool down = less(key, old);
+    const bool edge = leaf->parent == nullptr && bin_of(key.size) == bin_of(old.size);
+    const bool fits = down ? (j > 0 ? less(leaf->entries[j - 1].key, key) : edge)
+                           : (j + 1 < leaf->count ? less(key, leaf->entries[j + 1].key) : edge);
     if (RESERVOIR_LIKELY(fits)) {
       leaf->entries[j].key = key;
       return;
@@ -178,7 +203,7 @@ class FreeIndex {
 
   // Whether b is indexed under its own key (validators).
   bool holds(const Block* b) const;
-  // The first broken invariant of the tree, or "" (validators).
+  // The first broken invariant of the index, or "" (validators).
   std::string problem() const;
 
   static bool less(const FreeKey& a, const FreeKey& b) noexcept {
@@ -189,25 +214,39 @@ class FreeIndex {
   }
 
  private:
-  // The leaf whose range holds key.
-  RESERVOIR_INLINE Leaf* descend(const FreeKey& key) const {
-    return descend_while([&key](const FreeKey& separator) { return !less(key, separator); });
+  // The leaf of root's tree whose range holds key.
+  static RESERVOIR_INLINE Leaf* descend(const Node* root, const FreeKey& key) {
+    return descend_while(root, [&key](const FreeKey& separator) { return !less(key, separator); });
   }
   // descend({size, 0}): the leaf holding the first key of at least size bytes.
-  RESERVOIR_INLINE Leaf* descend_to_size(std::size_t size) const {
-    return descend_while([size](const FreeKey& separator) { return separator.size < size; });
+  static RESERVOIR_INLINE Leaf* descend_to_size(const Node* root, std::size_t size) {
+    return descend_while(root, [size](const FreeKey& separator) { return separator.size < size; });
   }
-  // Down from the root, past each separator for which right(separator) holds.
+  // Down from root, past each separator for which right(separator) holds.
   template <typename Right>
-  RESERVOIR_INLINE Leaf* descend_while(Right right) const {
-    Node* n = root_;
+  static RESERVOIR_INLINE Leaf* descend_while(const Node* n, Right right) {
     while (!n->leaf) {
       const Inner* in = static_cast<const Inner*>(n);
       int i = 0;
       while (i < in->count && right(in->keys[i])) ++i;
       n = in->children[i];
     }
-    return static_cast<Leaf*>(n);
+    return static_cast<Leaf*>(const_cast<Node*>(n));
+  }
+  static Leaf* leftmost(const Node* n) {
+    while (!n->leaf) n = static_cast<const Inner*>(n)->children[0];
+    return static_cast<Leaf*>(const_cast<Node*>(n));
+  }
+  // The first nonempty bin at or after from, or -1.
+  RESERVOIR_INLINE int next_bin(int from) const noexcept {
+    if (from >= kBins) return -1;
+    int w = from >> 6;
+    const std::uint64_t bits = nonempty_[w] & (~std::uint64_t{0} << (from & 63));
+    if (bits) return (w << 6) + __builtin_ctzll(bits);
+    const std::uint32_t words = nonempty_words_ & ~((std::uint32_t{2} << w) - 1);
+    if (!words) return -1;
+    w = __builtin_ctz(words);
+    return (w << 6) + __builtin_ctzll(nonempty_[w]);
   }
   // b's slot in leaf (pre: b is there).
   static int slot_of(const Leaf* leaf, const Block* b) {
@@ -215,22 +254,26 @@ class FreeIndex {
     while (leaf->entries[j].block != b) ++j;
     return j;
   }
+  void insert_into_empty_bin(int bin, const FreeKey& key, Block* b);
   void remove_at(Leaf* leaf, int slot);
-  void insert_separator(Node* left, const FreeKey& key, Node* right);
-  void remove_child(Inner* parent, Node* child);
+  void insert_separator(Node* left, const FreeKey& key, Node* right, int bin);
+  void remove_child(Inner* parent, Node* child, int bin);
   template <typename T>
   T* make();
   void release(Node* n);
   void clear_below(Node* n);
-  std::string problem_below(const Node* n, const FreeKey* low, const FreeKey* high,
+  std::string problem_below(const Node* n, const FreeKey* low, const FreeKey* high, int bin,
                             std::size_t* keys, const Leaf** previous) const;
 
-  // Hot fields first (a cache hit reads root_, first_ and size_), the node pool after.
-  Node* root_;
-  Leaf* first_;
-  Leaf* last_;
+  // Hot fields first (a cache hit reads first_ and size_), then the bitmap, the bins'
+  // roots and the node pool.
+  Leaf* first_ = nullptr;
+  Leaf* last_ = nullptr;
   std::size_t size_ = 0;
   std::uint64_t version_ = 0;
+  std::uint32_t nonempty_words_ = 0;  // bit w: nonempty_[w] != 0
+  std::uint64_t nonempty_[kBinWords] = {};
+  Node* roots_[kBins] = {};
   NodePool nodes_;
 };
 
