@@ -105,7 +105,7 @@ bool AsyncPoolAllocator::try_allocate(int device, std::size_t size, StreamHandle
   const auto bytes = static_cast<std::int64_t>(size);
   s.on_allocate(pool_of(size), bytes, bytes);
   DeviceCounters::bump(e.counters().device_allocs);
-  if (s.over) e.rebalance(&s);
+  e.settle(s);
   return true;
 }
 

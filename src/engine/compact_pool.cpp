@@ -827,7 +827,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
 }
 
 void CompactPool::finish_operation() {
-  if (counters_.over) services_.ledger.rebalance(&counters_);
+  services_.ledger.settle(counters_);
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);

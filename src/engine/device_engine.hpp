@@ -105,8 +105,9 @@ class DeviceEngine {
   void reset_accumulated_stats();
   // Adds a statistics shard that is not a stream pool (uncached mode).
   void attach_shard(ShardCounters* shard) { ledger_.attach(shard); }
-  // Its limits passed: call under the shard's own lock (as pools do).
-  void rebalance(ShardCounters* shard) { ledger_.rebalance(shard); }
+  // The end of an operation of that shard: the rebalance it owes, if any (under the
+  // shard's own lock, as pools do).
+  void settle(ShardCounters& shard) { ledger_.settle(shard); }
   // Installs a new configuration with every pool locked; apply_fraction: the update
   // set per_process_memory_fraction (else a fraction set at run time stays).
   void update_config(const Config& config, bool apply_fraction);

@@ -344,6 +344,10 @@ class StatLedger {
   // Called by a shard (under its own lock) whose quantity passed its limit. Allocates
   // nothing (attach reserved room for every shard), so destructors may call it.
   void rebalance(ShardCounters* trigger);
+  // The end of a shard's operation (under its lock): the rebalance it owes, if any.
+  RESERVOIR_INLINE void settle(ShardCounters& shard) {
+    if (shard.over) rebalance(&shard);
+  }
   void reset_peaks();
   // Fills the StatArray-shaped counters of out (current/peak/allocated/freed).
   void read(DeviceStats* out);
@@ -384,9 +388,7 @@ class SettleOnExit {
  public:
   SettleOnExit(StatLedger& ledger, ShardCounters& shard) noexcept
       : ledger_(ledger), shard_(shard) {}
-  ~SettleOnExit() {
-    if (shard_.over) ledger_.rebalance(&shard_);
-  }
+  ~SettleOnExit() { ledger_.settle(shard_); }
   SettleOnExit(const SettleOnExit&) = delete;
   SettleOnExit& operator=(const SettleOnExit&) = delete;
 

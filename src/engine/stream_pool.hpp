@@ -258,7 +258,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   void finish_operation();
   // The statistics ledger's owed rebalance (SettleOnExit makes it however a cold
   // operation ends; the hot paths, and process_events and defer_free before they
-  // throw, call this themselves).
+  // throw, call this themselves). StatLedger::settle() written out: so the ledger's
+  // address is loaded only when a rebalance is owed (4 instructions fewer per pair).
   void settle_ledger() {
     if (counters_.over) services_.ledger.rebalance(&counters_);
   }

@@ -63,7 +63,7 @@ void* UncachedAllocator::allocate(std::size_t size, StreamHandle stream, int dev
   s.add<kReservedBytes>(pool, bytes);
   DeviceEngine& e = engines_.engine(device);
   DeviceCounters::bump(e.counters().device_allocs);
-  if (s.over) e.rebalance(&s);
+  e.settle(s);
   return ptr;
 }
 

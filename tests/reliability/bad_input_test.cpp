@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -34,6 +35,20 @@ const bool kSimDevice = [] {
 }();
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// A thread route (no capture) on pool serves a request from the pool, then the pool is
+// released and the allocator validated; while_routed runs once the route is on.
+void expect_a_thread_route_serves(Allocator& a, PoolId pool,
+                                  const std::function<void()>& while_routed = {}) {
+  a.begin_allocate_current_thread_to_pool(pool, 0);
+  if (while_routed) while_routed();
+  void* p = a.allocate(MiB, 1, 0);
+  EXPECT_TRUE(a.pool_live_allocations_are(pool, {p}, 0));
+  a.end_allocate_to_pool(pool, 0);
+  a.deallocate(p);
+  a.release_pool(pool, 0);
+  a.validate();
+}
 
 class BadInput : public ::testing::Test {
  protected:
@@ -552,13 +567,7 @@ TEST_F(BadInput, CaptureRoutesUnderPolicyCompact) {
       },
       InvalidArgumentError);
   EXPECT_EQ(compact.pool_use_count(pool, 0), 1) << "a refused begin kept a use";
-  compact.begin_allocate_current_thread_to_pool(pool, 0);  // not a capture: served
-  void* p = compact.allocate(MiB, 1, 0);
-  EXPECT_TRUE(compact.pool_live_allocations_are(pool, {p}, 0));
-  compact.end_allocate_to_pool(pool, 0);
-  compact.deallocate(p);
-  compact.release_pool(pool, 0);
-  compact.validate();
+  expect_a_thread_route_serves(compact, pool);  // not a capture: served
 }
 
 // The other order: policy:compact set while a capture is routed. Refused, changing
@@ -579,15 +588,10 @@ TEST_F(BadInput, PolicyCompactSetDuringACaptureRoute) {
   EXPECT_TRUE(a_.pool_live_allocations_are(pool, {p}, 0));
   a_.deallocate(p);
   a_.end_allocate_to_pool(pool, 0);
-  a_.begin_allocate_current_thread_to_pool(pool, 0);
-  a_.update_config("policy:compact");  // the capture ended; a thread route is none
-  EXPECT_EQ(a_.config().policy, Config::Policy::compact);
-  void* q = a_.allocate(MiB, 1, 0);
-  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {q}, 0));
-  a_.end_allocate_to_pool(pool, 0);
-  a_.deallocate(q);
-  a_.release_pool(pool, 0);
-  a_.validate();
+  expect_a_thread_route_serves(a_, pool, [&] {
+    a_.update_config("policy:compact");  // the capture ended; a thread route is none
+    EXPECT_EQ(a_.config().policy, Config::Policy::compact);
+  });
 }
 
 TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {

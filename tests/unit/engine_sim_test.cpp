@@ -75,6 +75,41 @@ TEST(EngineOnSim, NonMemoryDeviceErrorsSurfaceNamingTheCall) {
   EXPECT_EQ(s.a.stats(0).active.all().current, 0);
 }
 
+// Pending frees that complete raise counters (a freed block joins the inactive split
+// memory); when a later event query fails, what they raised is settled before the
+// error leaves, so the peak they reached is kept.
+TEST(EngineOnSim, AFailedEventQuerySettlesWhatTheFreesBeforeItRaised) {
+  constexpr std::size_t kQuarter = 512 * 1024;
+  SimAllocator s;
+  void* a = s.a.allocate(kQuarter, 1, 0);  // a small segment of 2 MiB in four blocks
+  void* b = s.a.allocate(kQuarter, 1, 0);
+  void* c = s.a.allocate(kQuarter, 1, 0);
+  void* d = s.a.allocate(kQuarter, 1, 0);
+  s.a.record_stream(a, 2);
+  s.a.record_stream(b, 2);
+  s.a.deallocate(a);  // pending on stream 2, a's event first
+  s.a.deallocate(b);
+  s.a.deallocate(c);  // free at once: 1 MiB of inactive split memory
+  s.a.deallocate(d);
+  s.a.reset_peak_stats(0);
+  EXPECT_EQ(s.a.stats(0).inactive_split_bytes.all().peak, static_cast<std::int64_t>(2 * kQuarter));
+  s.sim->advance(2);
+  s.sim->fail_operation_number(SimOp::query_event, 2, DeviceStatus::error);  // b's query
+  EXPECT_THROW(s.a.allocate(kQuarter, 1, 0), DeviceError);
+  s.sim->clear_faults();
+  EXPECT_EQ(s.a.stats(0).inactive_split_bytes.all().current,
+            static_cast<std::int64_t>(3 * kQuarter));  // a completed, b did not
+  s.a.validate();
+  // b completes, the segment merges whole and goes back: the peak is the one a's
+  // completion reached, not what was current when the pool next settled.
+  s.a.empty_cache(0);
+  const DeviceStats st = s.a.stats(0);
+  EXPECT_EQ(st.inactive_split_bytes.all().current, 0);
+  EXPECT_EQ(st.inactive_split_bytes.all().peak, static_cast<std::int64_t>(3 * kQuarter));
+  EXPECT_EQ(st.active.all().current, 0);
+  s.a.validate();
+}
+
 TEST(EngineOnSim, EventsArePooledNotCreatedPerFree) {
   SimAllocator s;
   for (int i = 0; i < 50; ++i) {

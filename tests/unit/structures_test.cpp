@@ -186,7 +186,7 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   ledger.attach(&s2);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocatedBytes>(1, delta);
-    if (s.over) ledger.rebalance(&s);
+    ledger.settle(s);
   };
   std::mt19937_64 rng(3);
   std::int64_t a = 0, b = 0, peak = 0;
@@ -222,7 +222,7 @@ TEST(StatLedger, IdleEmptyShardsGoDormantAndComeBackWithExactPeaks) {
   auto op = [&](std::size_t i, std::int64_t delta) {
     shards[i].add<kAllocatedBytes>(0, delta);
     value[i] += delta;
-    if (shards[i].over) ledger.rebalance(&shards[i]);
+    ledger.settle(shards[i]);
     std::int64_t sum = 0;
     for (std::int64_t v : value) sum += v;
     peak = std::max(peak, sum);
@@ -261,7 +261,7 @@ TEST(StatLedger, TheRisingShardIsServedFirstWhenHeadroomIsShort) {
   for (ShardCounters& s : shards) ledger.attach(&s);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocation>(0, delta);
-    if (s.over) ledger.rebalance(&s);
+    ledger.settle(s);
   };
   // Each shard in turn climbs to 1,000 blocks and back: the peak is 1,000 and every
   // shard claims its high-water mark.
@@ -357,7 +357,7 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
       }
     }
     for (ShardCounters& s : shards) {
-      if (s.over) ledger.rebalance(&s);
+      ledger.settle(s);
       ASSERT_TRUE(s.guards_hold()) << "operation " << i;
     }
   }
