@@ -146,8 +146,15 @@ void c10_reset() {
 // Every column is measured the same way.
 constexpr double kRoundsTime = 0.25;  // seconds
 constexpr int kMaxRounds = 31;
+// A cell's rounds: the median is reported; the spread goes to the cell log.
+struct Rounds {
+  double median = 0;
+  double min = 0;
+  double max = 0;
+  int count = 0;
+};
 template <typename Round>
-double median_round(Round&& round) {
+Rounds measure_rounds(Round&& round) {
   std::vector<double> ns;
   double spent = 0;
   do {
@@ -157,7 +164,25 @@ double median_round(Round&& round) {
   } while (spent < kRoundsTime && static_cast<int>(ns.size()) < kMaxRounds);
   std::sort(ns.begin(), ns.end());
   const std::size_t n = ns.size();
-  return n % 2 ? ns[n / 2] : (ns[n / 2 - 1] + ns[n / 2]) / 2;
+  return {n % 2 ? ns[n / 2] : (ns[n / 2 - 1] + ns[n / 2]) / 2, ns.front(), ns.back(),
+          static_cast<int>(n)};
+}
+template <typename Round>
+double median_round(Round&& round) {
+  return measure_rounds(round).median;
+}
+
+// One line per pinned single-thread cell on stdout: where it ran and how its rounds
+// spread, so that a slow cell can be told from a slow CPU (the tables keep medians).
+double logged_cell(const char* column, const std::string& cell, const QuietCpu& pin,
+                   const Rounds& r) {
+  const reservoir_bench::CpuSweep& c = pin.sweep();
+  std::printf(
+      "cell | %s | %s | CPU %d (calibration pair %.1f ns, chase step %.1f ns) | %d "
+      "rounds: min %.1f, median %.1f, max %.1f ns\n",
+      column, cell.c_str(), c.cpu, c.best_ns, c.chase_ns, r.count, r.min, r.median, r.max);
+  std::fflush(stdout);
+  return r.median;
 }
 
 // Same-size alloc+free pairs: the steady-state cache-hit path.
@@ -540,12 +565,16 @@ int main(int argc, char** argv) {
                              "pair 64 MiB, 1 thread"};
       for (int k = 0; k < 3; ++k) {
         QuietCpu pin;
-        row(names[k]).value[c] = median_round([&] { return bench_pair(a, sizes[k], it, s); });
+        row(names[k]).value[c] = logged_cell(
+            a.name, names[k], pin, measure_rounds([&] { return bench_pair(a, sizes[k], it, s); }));
       }
       {
         QuietCpu pin;
-        row("log-uniform 256 B-64 MiB, 512 live, 1 thread").value[c] = median_round(
-            [&] { return bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42); });
+        const char* name = "log-uniform 256 B-64 MiB, 512 live, 1 thread";
+        row(name).value[c] =
+            logged_cell(a.name, name, pin, measure_rounds([&] {
+                          return bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42);
+                        }));
       }
       for (int threads : {2, 8}) {
         row("pair 1 MiB, " + std::to_string(threads) + " threads, own streams").value[c] =
