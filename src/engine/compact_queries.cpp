@@ -158,25 +158,28 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     std::vector<std::uint64_t> live(a->pages.size(), 0);
     std::size_t tiled = 0;
     for (Block* b = seg->head; b; b = b->next) {
-      const std::string where = "block " + at(b->address) + " of arena " + at(seg->base);
+      // Built only when a check fails (as page() below).
+      auto where = [&] { return "block " + at(b->address) + " of arena " + at(seg->base); };
       RESERVOIR_CHECK(b->segment == seg && b->address == seg->base + tiled && b->size > 0 &&
                           b->size % SizePolicy::kMinBlockSize == 0,
-                      where + " breaks the tiling");
+                      where() + " breaks the tiling");
       RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
-                      where + "'s copies of its arena's pool and kind are stale");
+                      where() + "'s copies of its arena's pool and kind are stale");
       if (b->next) {
-        RESERVOIR_CHECK(b->next->prev == b, where + ": next->prev != block");
+        RESERVOIR_CHECK(b->next->prev == b, where() + ": next->prev != block");
         RESERVOIR_CHECK(!(b->state == BlockState::free && b->next->state == BlockState::free),
-                        where + " and its successor are both free but not merged");
+                        where() + " and its successor are both free but not merged");
       }
       tiled += b->size;
       if (b->state == BlockState::free) {
         ++free_blocks;
-        RESERVOIR_CHECK(free_.holds(b), where + " is free but not in the free set");
+        RESERVOIR_CHECK(free_.holds(b), where() + " is free but not in the free set");
         continue;
       }
-      RESERVOIR_CHECK(b->state == BlockState::allocated, where + " is neither free nor allocated");
-      RESERVOIR_CHECK(allocated_.find(b->address) == b, where + " missing from the allocated map");
+      RESERVOIR_CHECK(b->state == BlockState::allocated,
+                      where() + " is neither free nor allocated");
+      RESERVOIR_CHECK(allocated_.find(b->address) == b,
+                      where() + " missing from the allocated map");
       ++allocated_blocks;
       const int pool = SizePolicy::pool_for(b->size);
       allocation[pool] += 1;

@@ -47,30 +47,32 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     RESERVOIR_CHECK(seg->head->address == seg->base, "head block does not start the segment");
     std::size_t tiled = 0;
     for (Block* b = seg->head; b; b = b->next) {
-      std::string where = "block " + at(b->address) + " of segment " + at(seg->base);
+      // Built only when a check fails: the checks build validates after every operation.
+      auto where = [&] { return "block " + at(b->address) + " of segment " + at(seg->base); };
       const auto size = static_cast<std::int64_t>(b->size);
       if (b == fit_block_) fit_block_seen = true;
-      RESERVOIR_CHECK(b->segment == seg, where + " points to another segment");
+      RESERVOIR_CHECK(b->segment == seg, where() + " points to another segment");
       RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
-                      where + "'s copies of its segment's pool and kind are stale");
-      RESERVOIR_CHECK(b->size > 0 && b->size % 512 == 0, where + " has a bad size");
-      RESERVOIR_CHECK(b->address == seg->base + tiled, where + " leaves a gap or overlaps");
+                      where() + "'s copies of its segment's pool and kind are stale");
+      RESERVOIR_CHECK(b->size > 0 && b->size % 512 == 0, where() + " has a bad size");
+      RESERVOIR_CHECK(b->address == seg->base + tiled, where() + " leaves a gap or overlaps");
       if (b->next) {
-        RESERVOIR_CHECK(b->next->prev == b, where + ": next->prev != block");
+        RESERVOIR_CHECK(b->next->prev == b, where() + ": next->prev != block");
         RESERVOIR_CHECK(!(b->state == BlockState::free && b->next->state == BlockState::free),
-                        where + " and its successor are both free but not merged");
+                        where() + " and its successor are both free but not merged");
         RESERVOIR_CHECK(
             !(b->state == BlockState::unmapped && b->next->state == BlockState::unmapped),
-            where + " and its successor are both unmapped but not merged");
+            where() + " and its successor are both unmapped but not merged");
       }
       tiled += b->size;
       RESERVOIR_CHECK(
           b->state == BlockState::unmapped || b->address + b->size <= seg->base + registered,
-          where + " lies beyond the part of its segment in the segment map");
+          where() + " lies beyond the part of its segment in the segment map");
       switch (b->state) {
         case BlockState::free:
           ++free_blocks[pool];
-          RESERVOIR_CHECK(free_[pool].holds(b), where + " is free but not in its pool's free set");
+          RESERVOIR_CHECK(free_[pool].holds(b),
+                          where() + " is free but not in its pool's free set");
           if (b->is_split() && !seg->expandable && b != merged_into_parked) {
             expected[kInactiveSplit][pool] += 1;
             expected[kInactiveSplitBytes][pool] += size;
@@ -79,7 +81,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
         case BlockState::allocated:
           ++allocated_blocks;
           RESERVOIR_CHECK(allocated_.find(b->address) == b,
-                          where + " is allocated but not in the allocated map");
+                          where() + " is allocated but not in the allocated map");
           expected[kAllocation][pool] += 1;
           expected[kAllocatedBytes][pool] += size;
           expected[kRequestedBytes][pool] += static_cast<std::int64_t>(b->requested);
@@ -87,7 +89,7 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
           break;
         case BlockState::pending:
           RESERVOIR_CHECK(allocated_.find(b->address) == nullptr,
-                          where + " is pending but still in the allocated map");
+                          where() + " is pending but still in the allocated map");
           if (b->event_count > 0) ++pending_with_events;
           expected[kPending][pool] += 1;
           expected[kPendingBytes][pool] += size;
@@ -95,15 +97,15 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
           break;
         case BlockState::parked: {
           ++parked_blocks;
-          RESERVOIR_CHECK(b == parked_, where + " is parked but is not the pool's parked block");
+          RESERVOIR_CHECK(b == parked_, where() + " is parked but is not the pool's parked block");
           RESERVOIR_CHECK(!b->extras && b->requested == 0,
-                          where + " is parked but used elsewhere or still requested");
+                          where() + " is parked but used elsewhere or still requested");
           RESERVOIR_CHECK(allocated_.find(b->address) == nullptr,
-                          where + " is parked but still in the allocated map");
+                          where() + " is parked but still in the allocated map");
           RESERVOIR_CHECK(!(b->prev && b->prev->state == BlockState::free),
-                          where + " is parked after a free block");
+                          where() + " is parked after a free block");
           RESERVOIR_CHECK(parked_split_current(),
-                          where + " is parked with a stale record of its merge");
+                          where() + " is parked with a stale record of its merge");
           // Counted as the free block its merge makes: with its next when that is free.
           const bool merges = b->next && b->next->state == BlockState::free;
           if (merges) merged_into_parked = b->next;
@@ -115,9 +117,9 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
           break;
         }
         case BlockState::unmapped:
-          RESERVOIR_CHECK(seg->expandable, where + " is unmapped in a non-expandable segment");
+          RESERVOIR_CHECK(seg->expandable, where() + " is unmapped in a non-expandable segment");
           RESERVOIR_CHECK(unmapped_[pool].count(b) == 1 && *b->unmapped_at == b,
-                          where + " is unmapped but not in its pool's unmapped set");
+                          where() + " is unmapped but not in its pool's unmapped set");
           ++unmapped_blocks[pool];
           break;
       }
