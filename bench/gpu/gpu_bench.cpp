@@ -12,6 +12,7 @@
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
 //
 //   reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin] [--columns NAMES]
+//                       [--passes N]
 #include <zlib.h>
 
 #include <algorithm>
@@ -153,6 +154,12 @@ struct Rounds {
   double max = 0;
   int count = 0;
 };
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 template <typename Round>
 Rounds measure_rounds(Round&& round) {
   std::vector<double> ns;
@@ -162,10 +169,8 @@ Rounds measure_rounds(Round&& round) {
     ns.push_back(round());
     spent += std::chrono::duration<double>(clk::now() - t0).count();
   } while (spent < kRoundsTime && static_cast<int>(ns.size()) < kMaxRounds);
-  std::sort(ns.begin(), ns.end());
-  const std::size_t n = ns.size();
-  return {n % 2 ? ns[n / 2] : (ns[n / 2 - 1] + ns[n / 2]) / 2, ns.front(), ns.back(),
-          static_cast<int>(n)};
+  const auto [lo, hi] = std::minmax_element(ns.begin(), ns.end());
+  return {median_of(ns), *lo, *hi, static_cast<int>(ns.size())};
 }
 template <typename Round>
 double median_round(Round&& round) {
@@ -174,13 +179,14 @@ double median_round(Round&& round) {
 
 // One line per pinned single-thread cell on stdout: where it ran and how its rounds
 // spread, so that a slow cell can be told from a slow CPU (the tables keep medians).
-double logged_cell(const char* column, const std::string& cell, const QuietCpu& pin,
+double logged_cell(const char* column, const std::string& cell, int pass, const QuietCpu& pin,
                    const Rounds& r) {
   const reservoir_bench::CpuSweep& c = pin.sweep();
   std::printf(
-      "cell | %s | %s | CPU %d (calibration pair %.1f ns, chase step %.1f ns) | %d "
+      "cell | %s | %s | pass %d | CPU %d (calibration pair %.1f ns, chase step %.1f ns) | %d "
       "rounds: min %.1f, median %.1f, max %.1f ns\n",
-      column, cell.c_str(), c.cpu, c.best_ns, c.chase_ns, r.count, r.min, r.median, r.max);
+      column, cell.c_str(), pass + 1, c.cpu, c.best_ns, c.chase_ns, r.count, r.min, r.median,
+      r.max);
   std::fflush(stdout);
   return r.median;
 }
@@ -215,6 +221,34 @@ double bench_mixed(const Api& a, int iters, int live, cudaStream_t s, unsigned s
   auto t1 = clk::now();
   for (auto p : slot) a.free(p, s);
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / iters;
+}
+
+// The single-thread cells: three pair sizes and the log-uniform pattern. A host whose
+// CPUs are shared with other tenants slows for spells of seconds to minutes, and a
+// spell that covers one cell's quarter second moves it by half (the 512 B and 1 MiB
+// pairs, one code path, took 35.8 and 54.1 ns in one run on 2026-12-03, and the other
+// way round in others). So each cell is measured in g_passes passes spread over the
+// run (start, after the thread cells, after the replays and latency), each pass pinned
+// to the quietest CPU at its start, and the median pass is reported: a spell has to
+// cover most passes to move the figure. Every column is measured the same way.
+constexpr int kSingleCells = 4;
+const char* const kSingleCell[kSingleCells] = {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread",
+                                               "pair 64 MiB, 1 thread",
+                                               "log-uniform 256 B-64 MiB, 512 live, 1 thread"};
+int g_passes = 3;
+
+// One pass of a column's single-thread cells; each cell's median round goes to
+// out[cell].
+void single_thread_cells(const Api& a, int div, cudaStream_t s, int pass,
+                         std::vector<double> (&out)[kSingleCells]) {
+  const int it = (a.slow ? 2000 : 200000) / div;
+  const std::size_t sizes[] = {512, std::size_t{1} << 20, std::size_t{64} << 20};
+  for (int k = 0; k < kSingleCells; ++k) {
+    QuietCpu pin;
+    const Rounds r = k < 3 ? measure_rounds([&] { return bench_pair(a, sizes[k], it, s); })
+                           : measure_rounds([&] { return bench_mixed(a, it, 512, s, 42); });
+    out[k].push_back(logged_cell(a.name, kSingleCell[k], pass, pin, r));
+  }
 }
 
 // Several threads, each with its own stream, same-size pairs; total time / all pairs.
@@ -394,8 +428,12 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       << "Measured " << date << " on " << device << " in one run of reservoir_gpu_bench.\n"
       << setup << "\n\n"
       << "Host ns per alloc+free pair (threads: total time / all pairs; each cell the median "
-         "of rounds repeated while they took under 0.25 s in all, at most 31); replay: host ns "
-         "per trace event from a cold cache; ratio: peak reserved / peak requested. "
+         "of rounds repeated while they took under 0.25 s in all, at most 31; a single-thread "
+         "pair or log-uniform cell the median of "
+      << g_passes
+      << " such passes spread over the "
+         "run); replay: host ns per trace event from a cold cache; ratio: peak reserved / peak "
+         "requested. "
       << QuietCpu::describe() << "\n\n"
       << reservoir_bench::markdown_table(main_table(rows)) << "\n"
       << latency;
@@ -405,7 +443,7 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
 [[noreturn]] void usage(int code) {
   std::printf(
       "usage: reservoir_gpu_bench [--markdown PATH] [--traces DIR] [--smoke] [--no-pin]\n"
-      "                           [--columns NAME,...]\n"
+      "                           [--columns NAME,...] [--passes N]\n"
       "  --markdown PATH  also write the tables as markdown (with date and device)\n"
       "  --traces DIR     *.trace.gz to replay (default %s)\n"
       "  --smoke          1/100 of the iterations and calls, 2000 events per trace (a quick\n"
@@ -413,6 +451,8 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       "  --columns NAMES  measure and show only these columns (comma-separated: reservoir,\n"
       "                   c10, cudaMallocAsync, cudaMalloc, compact, reservoir-async;\n"
       "                   default all)\n"
+      "  --passes N       measure the single-thread cells N times, spread over the run, and\n"
+      "                   report each one's median pass (default 3)\n"
       "  --no-pin         run the single-thread cells wherever the scheduler puts them (by\n"
       "                   default each runs pinned to the CPU that ran the calibration\n"
       "                   loops fastest just before it: quiet_cpu.hpp)\n",
@@ -435,6 +475,14 @@ int main(int argc, char** argv) {
       smoke = true;
     } else if (arg == "--columns" && i + 1 < argc) {
       if (!select_columns(argv[++i])) usage(2);
+    } else if (arg == "--passes" && i + 1 < argc) {
+      char* end = nullptr;
+      const long n = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || n < 1 || n > 99) {
+        std::fprintf(stderr, "--passes: a whole number from 1 to 99, not '%s'\n", argv[i]);
+        usage(2);
+      }
+      g_passes = static_cast<int>(n);
     } else if (arg == "--no-pin") {
       QuietCpu::set_enabled(false);
     } else if (arg == "--help" || arg == "-h") {
@@ -546,42 +594,47 @@ int main(int argc, char** argv) {
       return rows.back();
     };
     // Fix the row order before measuring.
+    for (const char* p : kSingleCell) row(p);
     for (const char* p :
-         {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread", "pair 64 MiB, 1 thread",
-          "log-uniform 256 B-64 MiB, 512 live, 1 thread", "pair 1 MiB, 2 threads, own streams",
-          "pair 1 MiB, 8 threads, own streams"})
+         {"pair 1 MiB, 2 threads, own streams", "pair 1 MiB, 8 threads, own streams"})
       row(p);
     for (const Trace& t : traces) row("replay " + t.name + " (ns/event)");
     for (const Trace& t : traces) row("ratio " + t.name, true);
 
+    // The single-thread cells in g_passes passes spread over the run (one at its start,
+    // one after the thread cells, the rest after the replays), every column in each:
+    // a cell is the median of its passes (single_thread_cells).
+    std::vector<double> single[kApis][kSingleCells];
+    auto singles = [&](int pass) {
+      for (int c = 0; c < kApis; ++c) {
+        if (!apis[c]) continue;
+        std::printf("measuring %s: single-thread cells, pass %d of %d ...\n", apis[c]->name,
+                    pass + 1, g_passes);
+        std::fflush(stdout);
+        single_thread_cells(*apis[c], div, s, pass, single[c]);
+        apis[c]->reset();  // the next column starts from an empty device
+      }
+    };
+    singles(0);
     for (int c = 0; c < kApis; ++c) {
       if (!apis[c]) continue;
       const Api& a = *apis[c];
-      std::printf("measuring %s ...\n", a.name);
+      std::printf("measuring %s: threads ...\n", a.name);
       std::fflush(stdout);
-      const int it = (a.slow ? 2000 : 200000) / div;
-      const std::size_t sizes[] = {512, std::size_t{1} << 20, std::size_t{64} << 20};
-      const char* names[] = {"pair 512 B, 1 thread", "pair 1 MiB, 1 thread",
-                             "pair 64 MiB, 1 thread"};
-      for (int k = 0; k < 3; ++k) {
-        QuietCpu pin;
-        row(names[k]).value[c] = logged_cell(
-            a.name, names[k], pin, measure_rounds([&] { return bench_pair(a, sizes[k], it, s); }));
-      }
-      {
-        QuietCpu pin;
-        const char* name = "log-uniform 256 B-64 MiB, 512 live, 1 thread";
-        row(name).value[c] =
-            logged_cell(a.name, name, pin, measure_rounds([&] {
-                          return bench_mixed(a, (a.slow ? 2000 : 200000) / div, 512, s, 42);
-                        }));
-      }
       for (int threads : {2, 8}) {
         row("pair 1 MiB, " + std::to_string(threads) + " threads, own streams").value[c] =
             median_round([&] {
               return bench_threads(a, threads, std::size_t{1} << 20, (a.slow ? 500 : 100000) / div);
             });
       }
+      a.reset();
+    }
+    if (g_passes > 1) singles(1);
+    for (int c = 0; c < kApis; ++c) {
+      if (!apis[c]) continue;
+      const Api& a = *apis[c];
+      std::printf("measuring %s: replays, latency ...\n", a.name);
+      std::fflush(stdout);
       CK(cudaDeviceSynchronize());
       for (const Trace& t : traces) {
         std::vector<cudaStream_t> ss(t.streams);
@@ -603,6 +656,10 @@ int main(int argc, char** argv) {
       // Give the memory back so the next allocator starts from an empty device.
       a.reset();
     }
+    for (int pass = 2; pass < g_passes; ++pass) singles(pass);
+    for (int k = 0; k < kSingleCells; ++k)
+      for (int c = 0; c < kApis; ++c)
+        if (!single[c][k].empty()) row(kSingleCell[k]).value[c] = median_of(single[c][k]);
     for (const auto& a : apis)
       if (a && a->release_stream) a->release_stream(s);
     CK(cudaStreamDestroy(s));
