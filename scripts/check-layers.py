@@ -3,6 +3,9 @@
 
 Layers, each depending only on those before it:
     util -> backend -> engine -> front -> integrations -> tools
+Inside the engine, its parts (folders of src/engine/) are layers too, in this order:
+    books -> stats -> streams -> ipc -> pool -> compact -> device -> allocators
+and every engine file lies in one of them.
 Also: the engine includes no CUDA header. Tests, benchmarks and examples may include
 anything. Every header under include/reservoir/ must have a layer here.
 
@@ -16,6 +19,7 @@ import sys
 import tempfile
 
 LAYERS = ["util", "backend", "engine", "front", "integrations", "tools"]
+ENGINE_PARTS = ["books", "stats", "streams", "ipc", "pool", "compact", "device", "allocators"]
 
 # Public headers by layer: the vocabulary below the engine is util.
 PUBLIC = {
@@ -54,6 +58,14 @@ def layer_of_file(rel):
     return None
 
 
+def engine_part(rel):
+    """The engine part (folder under src/engine/) of a path, or None."""
+    pieces = rel.split("/")
+    if len(pieces) >= 4 and pieces[0] == "src" and pieces[1] == "engine":
+        return pieces[2]
+    return None
+
+
 def check(root):
     problems = []
     for top in ["include", "src", "tools"]:
@@ -70,6 +82,11 @@ def check(root):
                     problems.append(f"{rel}: public header without a layer (add it to "
                                     "scripts/check-layers.py)")
                     continue
+                part = engine_part(rel)
+                if mine == "engine" and part not in ENGINE_PARTS:
+                    problems.append(f"{rel}: an engine file outside the engine's parts "
+                                    f"(src/engine/{{{','.join(ENGINE_PARTS)}}}/)")
+                    continue
                 with open(path, encoding="utf-8", errors="replace") as fh:
                     for number, line in enumerate(fh, 1):
                         m = INCLUDE.match(line)
@@ -84,6 +101,12 @@ def check(root):
                             problems.append(f"{rel}:{number}: {name} has no layer")
                         elif theirs and LAYERS.index(theirs) > LAYERS.index(mine):
                             problems.append(f"{rel}:{number}: {mine} includes {name} ({theirs}, a later layer)")
+                        elif mine == "engine" and theirs == "engine":
+                            their_part = engine_part("src/" + name)
+                            if their_part in ENGINE_PARTS and (
+                                    ENGINE_PARTS.index(their_part) > ENGINE_PARTS.index(part)):
+                                problems.append(f"{rel}:{number}: engine/{part} includes {name} "
+                                                f"(engine/{their_part}, a later part)")
     return problems
 
 
@@ -95,16 +118,22 @@ def self_test():
                 fh.write(text)
         write("include/reservoir/allocator.hpp", "#pragma once\n")
         write("include/reservoir/types.hpp", "#pragma once\n")
-        write("src/engine/good.hpp", '#include "reservoir/types.hpp"\n#include <vector>\n')
+        write("src/engine/books/good.hpp", '#include "reservoir/types.hpp"\n#include <vector>\n')
+        write("src/engine/device/above.hpp", '#include "engine/books/good.hpp"\n')
         assert check(root) == [], check(root)
-        write("src/engine/bad.hpp", '#include "reservoir/allocator.hpp"\n')
-        write("src/engine/cuda.cpp", "#include <cuda.h>\n")
-        write("src/util/up.hpp", '#include "engine/good.hpp"\n')
+        write("src/engine/books/bad.hpp", '#include "reservoir/allocator.hpp"\n')
+        write("src/engine/books/cuda.cpp", "#include <cuda.h>\n")
+        write("src/util/up.hpp", '#include "engine/books/good.hpp"\n')
+        write("src/engine/books/part_up.hpp", '#include "engine/device/above.hpp"\n')
+        write("src/engine/loose.hpp", "#pragma once\n")
         found = check(root)
         assert any("bad.hpp:1: engine includes reservoir/allocator.hpp" in p for p in found), found
         assert any("CUDA header" in p for p in found), found
-        assert any("up.hpp:1: util includes engine/good.hpp" in p for p in found), found
-        assert len(found) == 3, found
+        assert any("up.hpp:1: util includes engine/books/good.hpp" in p for p in found), found
+        assert any("part_up.hpp:1: engine/books includes engine/device/above.hpp" in p
+                   for p in found), found
+        assert any("loose.hpp: an engine file outside" in p for p in found), found
+        assert len(found) == 5, found
     print("check-layers self-test: ok")
     return 0
 

@@ -51,7 +51,7 @@ namespace reservoir {
 // multiply it, as PyTorch multiplies the cudaMemGetInfo total.
 inline constexpr std::size_t kDefaultSimCapacity = 150109880320;
 
-// The simulated driver pool (src/backend/sim_memory_pool.hpp): how allocations are
+// The simulated driver pool (src/backend/sim/memory_pool.hpp): how allocations are
 // rounded and placed and how the pool grows. The defaults are the model compared with
 // cudaMallocAsync on an H200 (docs/async.md says how close it comes).
 struct SimPoolOptions {

@@ -10,9 +10,9 @@
 #include <mutex>
 #include <thread>
 
-#include "engine/async_pool_allocator.hpp"
-#include "engine/caching_allocator.hpp"
-#include "engine/uncached_allocator.hpp"
+#include "engine/allocators/async_pool_allocator.hpp"
+#include "engine/allocators/caching_allocator.hpp"
+#include "engine/allocators/uncached_allocator.hpp"
 #include "front/ipc_service.hpp"
 #include "front/request_layers.hpp"
 #include "reservoir/sim_backend.hpp"

@@ -1,7 +1,7 @@
 // IpcService: Allocator::share / open / close / unshare (docs/ipc.md). The owner's
 // side asks the engine what an allocated block is (CachingAllocator::share) and
 // exports it — the segment's IPC handle, or the pages' shareable handles — into the
-// versioned handle (engine/ipc_handle.hpp); the receiver's side decodes it and maps
+// versioned handle (engine/ipc/ipc_handle.hpp); the receiver's side decodes it and maps
 // it through the cache of IpcImports. Blocks shared with keep are held back when the
 // program frees them, until unshare.
 //
@@ -15,8 +15,8 @@
 #include <set>
 #include <vector>
 
-#include "engine/caching_allocator.hpp"
-#include "engine/ipc_imports.hpp"
+#include "engine/allocators/caching_allocator.hpp"
+#include "engine/ipc/ipc_imports.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/ipc.hpp"
 

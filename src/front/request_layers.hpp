@@ -14,7 +14,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/memory_resource.hpp"
+#include "engine/allocators/memory_resource.hpp"
 #include "front/trace_recorder.hpp"
 
 namespace reservoir::detail {

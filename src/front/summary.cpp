@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <string>
 
-#include "engine/oom_report.hpp"
+#include "engine/device/oom_report.hpp"
 #include "reservoir/allocator.hpp"
 #include "util/format.hpp"
 

@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "backend/sim_address_space.hpp"
-#include "backend/sim_placement.hpp"
+#include "backend/sim/address_space.hpp"
+#include "backend/sim/placement.hpp"
 #include "reservoir/errors.hpp"
 
 namespace reservoir {

@@ -2,7 +2,7 @@
 // sim_placement.hpp). Each test is one rule as the H200's driver showed it in the
 // placement probe (bench/gpu/placement/recorded/, named in each test); the recorded
 // sequences themselves are replayed in bench/gpu/placement/placement_test.cpp.
-#include "backend/sim_placement.hpp"
+#include "backend/sim/placement.hpp"
 
 #include <gtest/gtest.h>
 

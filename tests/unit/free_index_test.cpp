@@ -4,7 +4,7 @@
 // and each block's leaf (holds()) agree after every operation. Sizes repeat often so
 // that ties by address are exercised, bins grow past several levels of nodes and
 // shrink back to empty (node splits and removals), and sizes span every bin.
-#include "engine/free_index.hpp"
+#include "engine/books/free_index.hpp"
 
 #include <gtest/gtest.h>
 

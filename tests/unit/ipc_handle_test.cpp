@@ -1,6 +1,6 @@
-// The shareable handle's format (src/engine/ipc_handle.hpp): round trips, the cache
+// The shareable handle's format (src/engine/ipc/ipc_handle.hpp): round trips, the cache
 // key, and refusal of what is not a handle, malformed or of a newer version.
-#include "engine/ipc_handle.hpp"
+#include "engine/ipc/ipc_handle.hpp"
 
 #include <gtest/gtest.h>
 

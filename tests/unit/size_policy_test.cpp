@@ -1,4 +1,4 @@
-#include "engine/size_policy.hpp"
+#include "engine/books/size_policy.hpp"
 
 #include <gtest/gtest.h>
 

@@ -9,10 +9,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/block.hpp"
-#include "engine/block_owner.hpp"
-#include "engine/segment_map.hpp"
-#include "engine/stat_ledger.hpp"
+#include "engine/books/block.hpp"
+#include "engine/books/block_owner.hpp"
+#include "engine/books/segment_map.hpp"
+#include "engine/stats/stat_ledger.hpp"
 #include "util/address_map.hpp"
 #include "util/lock.hpp"
 

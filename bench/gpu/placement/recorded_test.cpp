@@ -21,7 +21,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "backend/sim_placement.hpp"
+#include "backend/sim/placement.hpp"
 #include "engine_ops.hpp"
 #include "logging_backend.hpp"
 #include "op_list.hpp"

@@ -1,0 +1,288 @@
+// CompactPool: reading the books (sizes, snapshots, error explanations) and the
+// validator's walk of arenas, blocks, pages and extents.
+#include <algorithm>
+
+#include "engine/compact/compact_pool.hpp"
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+std::size_t CompactPool::largest_free_block() {
+  Guard guard(lock_);
+  // The tail of an arena is address space, not memory: count only mapped free bytes.
+  std::size_t largest = 0;
+  for (auto& a : arenas_)
+    for (Block* b = a->segment->head; b; b = b->next) {
+      if (b->state != BlockState::free) continue;
+      auto [first, end] = page_span(*a, b->address, b->size);
+      end = std::min(end, a->pages.size());
+      std::size_t run = 0;
+      for (std::size_t i = first; i < end; ++i) {
+        run = a->pages[i].extent ? run + page_ : 0;
+        largest = std::max(largest, std::min(run, b->size));
+      }
+    }
+  return largest;
+}
+
+std::size_t CompactPool::cached_bytes() {
+  Guard guard(lock_);
+  std::size_t held = 0;
+  for (const Extent* x : spare_) held += x->pages * page_;
+  for (auto& a : arenas_) held += a->segment->mapped_bytes;
+  std::size_t allocated = 0;
+  allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
+  return held > allocated ? held - allocated : 0;
+}
+
+bool CompactPool::block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) {
+  Guard guard(lock_);
+  Block* b = allocated_.find(address);
+  if (!b) return false;
+  if (size) *size = b->size;
+  if (requested) *requested = b->requested;
+  return true;
+}
+
+bool CompactPool::segment_of(std::uintptr_t address, BaseAllocation*) {
+  Guard guard(lock_);
+  for (auto& a : arenas_)
+    if (a->segment->holds(address))
+      throw InvalidArgumentError(
+          "reservoir: " + format_pointer(reinterpret_cast<void*>(address)) +
+          " lies in policy:compact memory, whose pages are mapped where blocks live: it has no "
+          "single base allocation (and cannot be shared with other processes); allocate it "
+          "under policy:pytorch with expandable_segments:False");
+  return false;
+}
+
+std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
+  Guard guard(lock_);
+  for (auto& a : arenas_) {
+    if (!a->segment->holds(address)) continue;
+    for (Block* b = a->segment->head; b; b = b->next) {
+      if (address < b->address || address - b->address >= b->size) continue;
+      if (b->state == BlockState::allocated)
+        return "it points " + std::to_string(address - b->address) +
+               " bytes inside the allocated block at " +
+               format_pointer(reinterpret_cast<void*>(b->address)) + " (" + format_size(b->size) +
+               "); free the pointer that allocate() returned";
+      return "no block is allocated there: it was freed already (double free?) or never "
+             "handed out";
+    }
+  }
+  return "no Reservoir segment holds it any more";
+}
+
+std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
+  Guard guard(lock_);
+  std::size_t active = 0;
+  for (auto& a : arenas_) {
+    // Each run of mapped pages is reported as a segment; blocks clipped to it.
+    const std::uintptr_t base = a->segment->base;
+    for (std::size_t i = 0; i < a->pages.size();) {
+      if (!a->pages[i].extent) {
+        ++i;
+        continue;
+      }
+      std::size_t end = i;
+      while (end < a->pages.size() && a->pages[end].extent) ++end;
+      const std::uintptr_t lo = base + i * page_, hi = base + end * page_;
+      SegmentInfo info;
+      info.device = services_.device;
+      info.address = lo;
+      info.is_large = true;
+      info.is_expandable = true;
+      for (Block* b = a->segment->head; b; b = b->next) {
+        const std::uintptr_t bl = std::max(lo, b->address), bh = std::min(hi, b->address + b->size);
+        if (bl >= bh) continue;
+        BlockInfo block;
+        block.address = bl;
+        block.size = bh - bl;
+        block.context = b->context();
+        if (b->state == BlockState::allocated) {
+          block.state = BlockStateInfo::active_allocated;
+          block.requested_size = b->requested;
+          info.allocated_size += block.size;
+          info.active_size += block.size;
+          info.requested_size += b->requested;
+          info.stream = b->stream;
+          active += block.size;
+        }
+        info.total_size += block.size;
+        info.blocks.push_back(std::move(block));
+      }
+      out->push_back(std::move(info));
+      i = end;
+    }
+  }
+  return active;
+}
+
+void CompactPool::reset_accumulated() {
+  Guard guard(lock_);
+  StatLedger::reset_accumulated(&counters_);
+}
+
+void CompactPool::validate(ValidationTotals* totals) {
+  Guard guard(lock_);
+  validate_locked(totals);
+}
+
+void CompactPool::validate_locked(ValidationTotals* totals) {
+  auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
+  std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
+               requested[kPoolCount] = {};
+  std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
+  std::size_t held_extents = 0;  // pages of the mapped extents (then the spare ones too)
+  std::size_t listed = 0;        // mapped extents holding no block
+  // Pages of ghosts counted at their first page, less the pages naming them: 0 when every
+  // ghost's pages name it.
+  std::ptrdiff_t ghost_pages = 0;
+  {
+    const std::string fences = fences_.problem();
+    RESERVOIR_CHECK(fences.empty(), "stream markers: " + fences);
+  }
+  for (auto& a : arenas_) {
+    Segment* seg = a->segment;
+    RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
+    RESERVOIR_CHECK(a->pages.empty() || services_.segments.published(seg),
+                    "arena " + at(seg->base) + " missing from the segment map");
+    const BlockOwner* sole = services_.segments.sole_owner();
+    RESERVOIR_CHECK(a->pages.empty() || sole == nullptr || sole == this,
+                    "arena " + at(seg->base) + " is findable, but frees go to another owner");
+    RESERVOIR_CHECK(seg->head && seg->head->address == seg->base && !seg->head->prev,
+                    "arena " + at(seg->base) + " does not start with its head block");
+    std::vector<std::uint64_t> live(a->pages.size(), 0);
+    std::size_t tiled = 0;
+    for (Block* b = seg->head; b; b = b->next) {
+      // Built only when a check fails (as page() below).
+      auto where = [&] { return "block " + at(b->address) + " of arena " + at(seg->base); };
+      RESERVOIR_CHECK(b->segment == seg && b->address == seg->base + tiled && b->size > 0 &&
+                          b->size % SizePolicy::kMinBlockSize == 0,
+                      where() + " breaks the tiling");
+      RESERVOIR_CHECK(b->pool_index == seg->pool && b->in_expandable == seg->expandable,
+                      where() + "'s copies of its arena's pool and kind are stale");
+      if (b->next) {
+        RESERVOIR_CHECK(b->next->prev == b, where() + ": next->prev != block");
+        RESERVOIR_CHECK(!(b->state == BlockState::free && b->next->state == BlockState::free),
+                        where() + " and its successor are both free but not merged");
+      }
+      tiled += b->size;
+      if (b->state == BlockState::free) {
+        ++free_blocks;
+        RESERVOIR_CHECK(free_.holds(b), where() + " is free but not in the free set");
+        continue;
+      }
+      RESERVOIR_CHECK(b->state == BlockState::allocated,
+                      where() + " is neither free nor allocated");
+      RESERVOIR_CHECK(allocated_.find(b->address) == b,
+                      where() + " missing from the allocated map");
+      ++allocated_blocks;
+      const int pool = SizePolicy::pool_for(b->size);
+      allocation[pool] += 1;
+      allocated_bytes[pool] += static_cast<std::int64_t>(b->size);
+      requested[pool] += static_cast<std::int64_t>(b->requested);
+      auto [first, end] = page_span(*a, b->address, b->size);
+      for (std::size_t i = first; i < end; ++i) {
+        const std::uintptr_t lo = std::max(b->address, seg->base + i * page_);
+        const std::uintptr_t hi = std::min(b->address + b->size, seg->base + (i + 1) * page_);
+        live[i] += hi - lo;
+      }
+    }
+    RESERVOIR_CHECK(tiled == seg->size, "blocks of arena " + at(seg->base) + " do not tile it");
+    std::size_t mapped_here = 0;
+    for (std::size_t i = 0; i < a->pages.size(); ++i) {
+      const Page& p = a->pages[i];
+      // Built only when a check fails: the checks build validates after every operation.
+      auto page = [&] { return "page " + std::to_string(i) + " of arena " + at(seg->base); };
+      RESERVOIR_CHECK(p.live == live[i], page() + " counts " + std::to_string(p.live) +
+                                             " live bytes, its blocks " + std::to_string(live[i]));
+      RESERVOIR_CHECK(p.live == 0 || p.extent, page() + " holds a block but is unmapped");
+      RESERVOIR_CHECK(p.live == 0 || p.extent->accessible,
+                      page() + " holds a block but its access was never granted");
+      if (p.ghost) {
+        const Extent& g = *p.ghost;
+        RESERVOIR_CHECK(!p.extent && p.live == 0,
+                        page() + " is a ghost but holds memory or a block");
+        RESERVOIR_CHECK(
+            g.ghost_arena == a.get() && g.ghost_first <= i && i < g.ghost_first + g.pages,
+            page() + " names a ghost mapped elsewhere");
+        if (g.ghost_first == i) ghost_pages += g.pages;
+        --ghost_pages;
+      }
+      if (!p.extent) continue;
+      ++mapped_here;
+      const Extent& x = *p.extent;
+      RESERVOIR_CHECK(x.arena == a.get() && x.first <= i && i < x.first + x.pages,
+                      page() + " names an extent mapped elsewhere");
+      if (x.first != i) continue;
+      // The extent's books, once, at its first page.
+      RESERVOIR_CHECK(x.first + x.pages <= a->pages.size(),
+                      page() + ": its extent runs past the booked pages");
+      std::size_t live_pages = 0;
+      for (std::size_t j = i; j < i + x.pages; ++j) live_pages += live[j] > 0 ? 1 : 0;
+      RESERVOIR_CHECK(x.live_pages == live_pages,
+                      page() + ": its extent counts " + std::to_string(x.live_pages) +
+                          " pages in use, its blocks " + std::to_string(live_pages));
+      RESERVOIR_CHECK(x.listed == (x.live_pages == 0),
+                      page() + (x.listed ? ": its extent is reclaimable but holds a block"
+                                         : ": its extent holds nothing but is not reclaimable"));
+      held_extents += x.pages;
+      if (x.listed) ++listed;
+    }
+    std::size_t mapped_end = a->pages.size();
+    while (mapped_end > 0 && !a->pages[mapped_end - 1].extent) --mapped_end;
+    RESERVOIR_CHECK(a->mapped_end == mapped_end,
+                    "arena " + at(seg->base) + " places its frontier at page " +
+                        std::to_string(a->mapped_end) + ", its last mapped page ends at " +
+                        std::to_string(mapped_end));
+    RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
+                    "arena " + at(seg->base) + " counts mapped bytes wrong");
+    mapped_pages += mapped_here;
+    totals->segments += 1;
+  }
+  std::size_t spare_pages = 0;
+  for (const Extent* x : spare_) {
+    RESERVOIR_CHECK(!x->arena && !x->listed && !x->accessible && x->pages > 0,
+                    "a spare extent is mapped, listed or empty");
+    spare_pages += x->pages;
+  }
+  std::size_t walked = 0;
+  for (const Extent* x = reclaim_head_; x; x = x->next) {
+    RESERVOIR_CHECK(x->listed && x->arena, "the reclaimable list holds an extent not listed");
+    RESERVOIR_CHECK(x->next ? x->next->prev == x : reclaim_tail_ == x,
+                    "the reclaimable list's links are broken");
+    RESERVOIR_CHECK(++walked <= listed, "the reclaimable list holds more extents than are free");
+  }
+  RESERVOIR_CHECK(walked == listed, "a free mapped extent is missing from the reclaimable list");
+  // Every page of a mapped extent names it (each page was counted once above).
+  RESERVOIR_CHECK(held_extents == mapped_pages, "a mapped extent's pages do not all name it");
+  RESERVOIR_CHECK(ghost_pages == 0, "a ghost's pages do not all name it");
+  held_extents += spare_pages;
+  const std::size_t held = held_extents * page_;
+  totals->reserved += held;
+  RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
+  const std::string index_problem = free_.problem();
+  RESERVOIR_CHECK(index_problem.empty(), index_problem);
+  RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
+                  "the allocated map holds blocks that are not allocated");
+  RESERVOIR_CHECK(
+      counters_.get(kReservedBytes, kSmallPool) + counters_.get(kReservedBytes, kLargePool) ==
+          static_cast<std::int64_t>(held),
+      "reserved_bytes is not the physical memory held (" + std::to_string(held) + ")");
+  RESERVOIR_CHECK(counters_.get(kSegment, kLargePool) == static_cast<std::int64_t>(arenas_.size()),
+                  "segment count is not the number of arenas");
+  for (int pool = 0; pool < kPoolCount; ++pool) {
+    RESERVOIR_CHECK(counters_.get(kAllocation, pool) == allocation[pool],
+                    "allocation count of pool " + std::to_string(pool) + " is off");
+    RESERVOIR_CHECK(counters_.get(kAllocatedBytes, pool) == allocated_bytes[pool],
+                    "allocated_bytes of pool " + std::to_string(pool) + " is off");
+    RESERVOIR_CHECK(counters_.get(kRequestedBytes, pool) == requested[pool],
+                    "requested_bytes of pool " + std::to_string(pool) + " is off");
+  }
+}
+
+}  // namespace reservoir::detail

@@ -1,0 +1,311 @@
+// DeviceEngine: pool routing, the memory-fraction budget, and the device-wide
+// operations (garbage collection, releasing every cache, statistics, snapshots,
+// configuration). The out-of-memory ladder is in oom_ladder.cpp.
+#include "engine/device/device_engine.hpp"
+
+#include <algorithm>
+
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+
+namespace reservoir::detail {
+
+bool EngineHooks::run_free_memory_callbacks() {
+  std::vector<FreeMemoryCallback> callbacks;
+  {
+    std::lock_guard<std::mutex> guard(mutex);
+    callbacks = free_memory_callbacks;
+  }
+  bool freed = false;
+  for (auto& cb : callbacks) freed |= cb();
+  return freed;
+}
+
+std::vector<OomObserver> EngineHooks::observers() {
+  std::lock_guard<std::mutex> guard(mutex);
+  return oom_observers;
+}
+
+DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, SegmentMap& segments,
+                           EngineHooks& hooks)
+    : backend_(backend),
+      device_(device),
+      hooks_(hooks),
+      config_(config),
+      settings_(config),
+      events_(backend, device),
+      registry_(segments),
+      services_{backend_,  device_, events_, ledger_,  registry_, budget_,
+                counters_, gc_,     peers_,  history_, settings_, capture_} {
+  const bool compact = config.policy == Config::Policy::compact;
+  compact_on_.store(compact, std::memory_order_relaxed);
+  if (compact) detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
+  if (config.per_process_memory_fraction_set)
+    set_memory_fraction(config.per_process_memory_fraction);
+}
+
+DeviceEngine::~DeviceEngine() {
+  pools_.clear();
+  private_pools_.clear();
+  compact_.reset();
+}
+
+CompactPool& DeviceEngine::compact() {
+  if (CompactPool* c = compact_ptr_.load(std::memory_order_acquire)) return *c;
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  if (!compact_) {
+    compact_ = std::make_unique<CompactPool>(services_);
+    ledger_.attach(&compact_->counters());
+    compact_ptr_.store(compact_.get(), std::memory_order_release);
+  }
+  return *compact_;
+}
+
+void DeviceEngine::empty_cache() {
+  // During a capture nothing may go back to the device (nor may events be waited for).
+  if (capture_.underway()) return;
+  release_cached_everywhere();
+  if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
+}
+
+void DeviceEngine::release_stream(StreamHandle stream) {
+  // policy:compact defers work to a stream's later calls (its markers); the
+  // PyTorch-exact pools record what they need at the free, but unmapping expandable
+  // pages synchronizes the pool's stream: from now on they wait for the device.
+  for (StreamPool* p : all_pools_snapshot())
+    if (p->stream() == stream) p->release_stream();
+  if (CompactPool* c = compact_if_made()) c->release_stream(stream);
+}
+
+void DeviceEngine::host_waited(StreamHandle stream) {
+  pool(stream).process_events_now();
+  if (CompactPool* c = compact_if_made()) c->host_waited(stream);
+}
+
+std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
+  const Context context = history_.active() ? history_.gather(ContextLevel::state) : Context{};
+  if (private_registry_.routing())
+    if (PoolRegistry::Pool routed = private_registry_.route(stream))
+      return allocate_private(*routed, requested, stream, context);
+  if (compact_on_.load(std::memory_order_relaxed))
+    return allocate_compact(requested, stream, context);
+  StreamPool& p = pool(stream);
+  if (std::uintptr_t address = p.allocate_cached(requested, context)) return address;
+  return allocate_slow(p, requested, context);
+}
+
+StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  if (StreamPool* p = table_.find(stream)) return *p;  // created meanwhile
+  pools_.push_back(std::make_unique<StreamPool>(services_, stream));
+  StreamPool* pool = pools_.back().get();
+  ledger_.attach(&pool->counters());
+  table_.insert(stream, pool);
+  if (pools_.size() == 1) {
+    first_stream_ = stream;
+    first_pool_.store(pool, std::memory_order_release);
+  }
+  return *pool;
+}
+
+std::vector<StreamPool*> DeviceEngine::pools_snapshot() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  std::vector<StreamPool*> out;
+  out.reserve(pools_.size());
+  for (const auto& p : pools_) out.push_back(p.get());
+  return out;
+}
+
+std::vector<StreamPool*> DeviceEngine::all_pools_snapshot() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  std::vector<StreamPool*> out;
+  out.reserve(pools_.size() + private_pools_.size());
+  for (const auto& p : pools_) out.push_back(p.get());
+  for (const auto& p : private_pools_) out.push_back(p.get());
+  return out;
+}
+
+void DeviceEngine::add_peer(int device) {
+  if (!peers_.add(device)) return;
+  try {
+    for (StreamPool* p : all_pools_snapshot()) p->add_peer(device);
+  } catch (...) {
+    // Not a peer until every segment granted access: a retry grants the rest.
+    peers_.remove(device);
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------- budget
+
+void DeviceEngine::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0))
+    throw InvalidArgumentError("reservoir: memory fraction must be within [0, 1], got " +
+                               std::to_string(fraction));
+  MemoryInfo info;
+  if (backend_.memory_info(device_, &info) != DeviceStatus::ok)
+    throw DeviceError("reservoir: reading memory info of device " + std::to_string(device_) +
+                      " failed: " + backend_.last_error());
+  budget_.set_limit(static_cast<std::size_t>(fraction * static_cast<double>(info.total)));
+  std::lock_guard<std::mutex> guard(config_mutex_);
+  gc_.set_enabled(config_.garbage_collection_threshold > 0.0);
+}
+
+double DeviceEngine::memory_fraction() const {
+  if (!budget_.limited()) return 1.0;
+  MemoryInfo info;
+  if (backend_.memory_info(device_, &info) != DeviceStatus::ok || info.total == 0) return 1.0;
+  return static_cast<double>(budget_.limit()) / static_cast<double>(info.total);
+}
+
+// ---------------------------------------------------------------- device-wide release
+
+void DeviceEngine::garbage_collect() {
+  std::lock_guard<std::mutex> guard(ladder_mutex_);
+  double threshold_fraction;
+  {
+    std::lock_guard<std::mutex> cg(config_mutex_);
+    threshold_fraction = config_.garbage_collection_threshold;
+  }
+  const auto threshold =
+      static_cast<std::size_t>(threshold_fraction * static_cast<double>(budget_.limit()));
+  const std::size_t reserved_now = budget_.reserved();
+  if (reserved_now <= threshold) return;
+  const std::size_t target = reserved_now - threshold;
+  const std::uint64_t now = gc_.now();
+  auto pools = pools_snapshot();
+  GcTally tally;
+  for (StreamPool* p : pools) p->gc_scan(now, &tally);
+  while (tally.count > 0 && tally.reclaimed < target) {
+    double threshold_age = static_cast<double>(tally.total_age) / static_cast<double>(tally.count);
+    tally.freed_any = false;
+    for (StreamPool* p : pools) p->gc_release(now, threshold_age, &tally);
+    if (!tally.freed_any) break;
+  }
+}
+
+// The default pools and the released private pools (a pool still in use keeps its
+// cache: replays of its graphs need the addresses).
+void DeviceEngine::release_cached_everywhere() {
+  if (capture_.underway()) return;
+  {
+    std::lock_guard<std::mutex> guard(ladder_mutex_);
+    DeviceCounters::bump(counters_.sync_all_streams);
+    auto pools = pools_snapshot();
+    for (const PoolRegistry::Pool& released : private_registry_.released())
+      for (StreamPool* p : released->streams()) pools.push_back(p);
+    for (StreamPool* p : pools) p->synchronize_pending();
+    for (StreamPool* p : pools) p->release_cached();
+  }
+  collect_dead_pools();
+}
+
+std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
+  std::size_t total = 0;
+  for (StreamPool* p : pools_snapshot())
+    if (p != except) total += p->cached_bytes();
+  if (CompactPool* c = compact_if_made()) total += c->cached_bytes();
+  return total;
+}
+
+// ---------------------------------------------------------------- queries
+
+void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
+  std::size_t active = 0;
+  for (StreamPool* p : all_pools_snapshot()) active += p->snapshot(out);
+  if (CompactPool* c = compact_if_made()) active += c->snapshot(out);
+  if (history_.active()) services_.trace(TraceAction::snapshot, 0, active, 0, nullptr);
+}
+
+std::size_t DeviceEngine::largest_cached_block() {
+  std::size_t largest = 0;
+  for (StreamPool* p : all_pools_snapshot())  // private pools too, as c10's cacheInfo
+    largest =
+        std::max({largest, p->largest_free_block(kSmallPool), p->largest_free_block(kLargePool)});
+  if (CompactPool* c = compact_if_made()) largest = std::max(largest, c->largest_free_block());
+  return largest;
+}
+
+DeviceStats DeviceEngine::stats() {
+  DeviceStats s;
+  ledger_.read(&s);
+  s.num_alloc_retries = counters_.alloc_retries.load(std::memory_order_relaxed);
+  s.num_ooms = counters_.ooms.load(std::memory_order_relaxed);
+  s.num_sync_all_streams = counters_.sync_all_streams.load(std::memory_order_relaxed);
+  s.num_device_alloc = counters_.device_allocs.load(std::memory_order_relaxed);
+  s.num_device_free = counters_.device_frees.load(std::memory_order_relaxed);
+  s.num_device_map = counters_.device_maps.load(std::memory_order_relaxed);
+  s.num_device_unmap = counters_.device_unmaps.load(std::memory_order_relaxed);
+  s.num_stream_waits = counters_.stream_waits.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    for (const auto& p : private_pools_)
+      s.private_pool_reserved_bytes += p->counters().get(kReservedBytes, kSmallPool) +
+                                       p->counters().get(kReservedBytes, kLargePool);
+  }
+  s.private_pools = static_cast<std::int64_t>(private_registry_.pools().size());
+  std::lock_guard<std::mutex> guard(config_mutex_);
+  s.max_split_size = static_cast<std::int64_t>(settings_.policy.max_split_size());
+  return s;
+}
+
+void DeviceEngine::reset_accumulated_stats() {
+  for (StreamPool* p : all_pools_snapshot()) p->reset_accumulated();
+  if (CompactPool* c = compact_if_made()) c->reset_accumulated();
+  counters_.reset();
+}
+
+void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
+  {
+    // No pool is created meanwhile (creation reads the settings), and every existing
+    // one is locked while they change.
+    std::lock_guard<std::mutex> guard(config_mutex_);
+    std::lock_guard<std::mutex> creating(create_mutex_);
+    for (auto& p : pools_) p->lock().lock();
+    for (auto& p : private_pools_) p->lock().lock();
+    config_ = config;
+    settings_ = PoolSettings(config);
+    gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
+    for (auto& p : pools_) p->forget_fit();
+    for (auto& p : private_pools_) p->forget_fit();
+    const bool compact = config.policy == Config::Policy::compact;
+    compact_on_.store(compact, std::memory_order_relaxed);
+    if (compact)
+      detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
+    else
+      detours_.fetch_and(static_cast<std::uint8_t>(~kDetourCompact), std::memory_order_relaxed);
+    for (auto it = private_pools_.rbegin(); it != private_pools_.rend(); ++it)
+      (*it)->lock().unlock();
+    for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) (*it)->lock().unlock();
+  }
+  if (apply_fraction && config.per_process_memory_fraction_set)
+    set_memory_fraction(config.per_process_memory_fraction);
+}
+
+void DeviceEngine::validate(bool quiescent) {
+  RESERVOIR_CHECK(!(compact_on_.load(std::memory_order_relaxed) && capture_.underway()),
+                  "policy:compact is in force while a capture is under way");
+  ValidationTotals totals;
+  for (StreamPool* pool : all_pools_snapshot()) pool->validate(&totals);
+  private_registry_.validate();
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    for (StreamPool* spare : spare_)
+      RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
+    StreamPool* first = first_pool_.load(std::memory_order_acquire);
+    RESERVOIR_CHECK(first == (pools_.empty() ? nullptr : pools_[0].get()) &&
+                        (!first || table_.find(first_stream_) == first),
+                    "the first stream's pool is not the table's");
+  }
+  if (CompactPool* c = compact_if_made()) c->validate(&totals);
+  if (quiescent) {
+    const std::string ledger = ledger_.problem(true);
+    RESERVOIR_CHECK(ledger.empty(), ledger);
+    RESERVOIR_CHECK(totals.reserved == budget_.reserved(),
+                    "pools reserve " + std::to_string(totals.reserved) +
+                        " bytes but the device budget counts " +
+                        std::to_string(budget_.reserved()));
+  }
+}
+
+}  // namespace reservoir::detail

@@ -1,0 +1,228 @@
+// DeviceEngine: the allocator of one device. It routes each request to the
+// StreamPool of its stream (created on first use, found without a lock) and owns
+// what the pools share (PoolServices: the settings and size policy, the
+// memory-fraction budget, pooled events, the statistics ledger, the segment
+// registry, history) and the device-wide operations: garbage collection, releasing
+// every cache, statistics, snapshots, configuration changes.
+//
+// Invariants:
+//   budget_.reserved() == sum over pools of their mapped segment bytes, outside of
+//     an operation that is between reserving budget and recording its segment;
+//   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
+//   every pool in pools_ is reachable through table_ by its stream;
+//   first_pool_ == nullptr or first_pool_ == pools_[0] == table_.find(first_stream_);
+//   every StreamPool of private_pools_ serves one registered private pool, or is
+//     spare (no segment) and listed in spare_;
+//   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
+// Lock order: capture_gate_ -> config_mutex_ -> pool locks (in creation order) ->
+// ledger / segment map / event pool / registry mutexes. A pool lock is never held
+// while taking another's.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/compact/compact_pool.hpp"
+#include "engine/pool/device_state.hpp"
+#include "engine/streams/event_pool.hpp"
+#include "engine/stats/history.hpp"
+#include "engine/pool/pool_services.hpp"
+#include "engine/device/private_pools.hpp"
+#include "engine/books/segment_registry.hpp"
+#include "engine/stats/stat_ledger.hpp"
+#include "engine/pool/stream_pool.hpp"
+#include "engine/streams/stream_table.hpp"
+#include "reservoir/hooks.hpp"
+#include "reservoir/pools.hpp"
+#include "reservoir/stats.hpp"
+#include "util/compiler.hpp"
+
+namespace reservoir::detail {
+
+// Callbacks shared by every engine of an allocator (the first rung of the ladder and
+// the observers told before OutOfMemoryError is thrown).
+struct EngineHooks {
+  std::mutex mutex;
+  std::vector<FreeMemoryCallback> free_memory_callbacks;
+  std::vector<OomObserver> oom_observers;
+  std::atomic<bool> has_callbacks{false};
+
+  // Runs every callback (outside the mutex: they may free through the allocator);
+  // true if any freed memory.
+  bool run_free_memory_callbacks();
+  std::vector<OomObserver> observers();
+};
+
+class DeviceEngine {
+ public:
+  DeviceEngine(Backend& backend, int device, const Config& config, SegmentMap& segments,
+               EngineHooks& hooks);
+  ~DeviceEngine();
+  DeviceEngine(const DeviceEngine&) = delete;
+  DeviceEngine& operator=(const DeviceEngine&) = delete;
+
+  int device() const noexcept { return device_; }
+  Backend& backend() noexcept { return backend_; }
+
+  // ---- Requests ----
+  // A block of at least requested bytes (> 0) on stream: from the cache, else by the
+  // out-of-memory ladder (oom_ladder.cpp). Throws OutOfMemoryError or DeviceError.
+  std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
+    // With history on, the user's context recorder runs first (it may be slow or take
+    // its own locks), out of the hot path.
+    if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
+      return allocate_with_context(requested, stream);
+    StreamPool& p = pool(stream);
+    if (std::uintptr_t address = p.allocate_cached(requested, kNoContext, false)) return address;
+    return allocate_slow(p, requested, kNoContext);
+  }
+  // The pool of stream, created on first use. Lock-free once created.
+  StreamPool& pool(StreamHandle stream) {
+    // The first stream's pool without the table (a one-stream program's every request).
+    if (StreamPool* first = first_pool_.load(std::memory_order_acquire);
+        first && first_stream_ == stream)
+      return *first;
+    StreamPool* p = table_.find(stream);
+    return p ? *p : create_pool(stream);
+  }
+
+  // ---- Device-wide operations ----
+  void empty_cache();
+  // The host waited for stream: pending frees and fences on it are complete.
+  void host_waited(StreamHandle stream);
+  // The program is about to destroy stream: what is owed on it is recorded now.
+  void release_stream(StreamHandle stream);
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  std::size_t largest_cached_block();
+  DeviceStats stats();
+  void reset_peak_stats() { ledger_.reset_peaks(); }
+  void reset_accumulated_stats();
+  // Adds a statistics shard that is not a stream pool (uncached mode).
+  void attach_shard(ShardCounters* shard) { ledger_.attach(shard); }
+  // The end of an operation of that shard: the rebalance it owes, if any (under the
+  // shard's own lock, as pools do).
+  void settle(ShardCounters& shard) { ledger_.settle(shard); }
+  // Installs a new configuration with every pool locked; apply_fraction: the update
+  // set per_process_memory_fraction (else a fraction set at run time stays).
+  void update_config(const Config& config, bool apply_fraction);
+  // Segments of every pool with their blocks (adds a snapshot history entry).
+  void snapshot(std::vector<SegmentInfo>* out);
+  History& history() noexcept { return history_; }
+  // Walks every pool. quiescent: also reconcile device-wide totals (no operation may
+  // be in flight). Throws InvariantError.
+  void validate(bool quiescent);
+  // Grants device access to this device's expandable segments, now and later.
+  void add_peer(int device);
+
+  // ---- Private pools (device_pools.cpp; the vocabulary is reservoir/pools.hpp) ----
+  // Creates the pool (use count 1) or adds a use.
+  void retain_pool(PoolId id, const PoolOptions& options);
+  // Drops a use; at 0 the pool's memory goes back once its blocks are freed (at the
+  // next release of the device's caches).
+  void release_pool(PoolId id);
+  int pool_use_count(PoolId id);
+  // Routes requests that filter accepts to the pool (retaining it) until
+  // end_allocate_to_pool. capture: a graph capture may be under way meanwhile.
+  void begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture);
+  void end_allocate_to_pool(PoolId id);
+  PoolCheckpoint checkpoint_pool(PoolId id);
+  PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  // Whether the pool's allocated blocks are exactly expected.
+  bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected);
+  bool capture_underway() const noexcept { return capture_.underway(); }
+  // While held, no capture begins on this device (begin_allocate_to_pool with capture
+  // waits): update_config holds it to set policy:compact only where none is under way.
+  [[nodiscard]] std::unique_lock<std::mutex> hold_captures() {
+    return std::unique_lock<std::mutex>(capture_gate_);
+  }
+
+  // The compact pool if policy:compact was ever used (else null).
+  CompactPool* compact_if_made() const noexcept {
+    return compact_ptr_.load(std::memory_order_acquire);
+  }
+
+  // ---- The ladder's device-wide rungs (oom_ladder.cpp drives them) ----
+  EngineHooks& hooks() noexcept { return hooks_; }
+  DeviceBudget& budget() noexcept { return budget_; }
+  DeviceCounters& counters() noexcept { return counters_; }
+  bool gc_enabled() const noexcept { return gc_.enabled(); }
+  // Age-based release of cached large blocks (garbage_collection_threshold).
+  void garbage_collect();
+  // Waits for every pending free, then releases every free, unsplit segment (and
+  // free expandable page) of every pool.
+  void release_cached_everywhere();
+  // Free bytes cached on streams other than except's.
+  std::size_t cached_elsewhere(const StreamPool* except);
+  const char* backend_name() const noexcept { return backend_.name(); }
+
+ private:
+  // private_request: pool belongs to a private pool (no use_on_oom fallback).
+  std::uintptr_t allocate_slow(StreamPool& pool, std::size_t requested, const Context& context,
+                               bool private_request = false);
+  std::uintptr_t allocate_private(PrivatePool& pool, std::size_t requested, StreamHandle stream,
+                                  const Context& context);
+  // The use_on_oom pools' free blocks on stream (0 when none serves it).
+  std::uintptr_t allocate_from_use_on_oom(std::size_t requested, StreamHandle stream,
+                                          const Context& context);
+  StreamPool& private_stream_pool(PrivatePool& pool, StreamHandle stream);
+  // The registered, unreleased pool (throws InvalidArgumentError).
+  PoolRegistry::Pool live_pool(PoolId id, const char* action);
+  // Forgets released pools with nothing left, keeping their caches for reuse.
+  void collect_dead_pools();
+  // Every StreamPool: the default ones, then the private ones.
+  std::vector<StreamPool*> all_pools_snapshot();
+  // policy:compact: the device-wide pool, and its ladder (oom_ladder.cpp).
+  std::uintptr_t allocate_compact(std::size_t requested, StreamHandle stream,
+                                  const Context& context);
+  CompactPool& compact();
+  [[noreturn]] void raise_out_of_memory(StreamHandle stream, std::size_t requested,
+                                        std::size_t alloc_size, std::size_t largest_small,
+                                        std::size_t largest_large, std::size_t cached_elsewhere);
+  RESERVOIR_COLD std::uintptr_t allocate_with_context(std::size_t requested, StreamHandle stream);
+  static inline const Context kNoContext{};
+  StreamPool& create_pool(StreamHandle stream);
+  std::vector<StreamPool*> pools_snapshot();
+
+  Backend& backend_;
+  const int device_;
+  EngineHooks& hooks_;
+  Config config_;          // under config_mutex_
+  PoolSettings settings_;  // changes with every pool locked
+  EventPool events_;
+  StatLedger ledger_;
+  SegmentRegistry registry_;
+  DeviceBudget budget_;
+  DeviceCounters counters_;
+  GcClock gc_;
+  PeerSet peers_;
+  History history_;
+  CaptureState capture_;
+  PoolServices services_;
+
+  mutable std::mutex config_mutex_;  // lock-all operations
+  std::mutex capture_gate_;          // a capture's begin against a switch to policy:compact
+  std::mutex create_mutex_;          // pool creation
+  std::mutex ladder_mutex_;          // one device-wide release at a time
+  StreamTable<StreamPool> table_;
+  std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
+  // pools_[0] and its stream, set once (stream first, then the pool, released).
+  StreamHandle first_stream_ = 0;
+  std::atomic<StreamPool*> first_pool_{nullptr};
+  PoolRegistry private_registry_{detours_, kDetourRouting};
+  std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
+  std::vector<StreamPool*> spare_;                          // under create_mutex_
+  std::atomic<bool> compact_on_{false};                     // policy:compact in force
+  // Why a request cannot take the plain path, as bits: one load on the hot path.
+  static constexpr std::uint8_t kDetourCompact = 1, kDetourRouting = 2;
+  std::atomic<std::uint8_t> detours_{0};
+  std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
+  std::atomic<CompactPool*> compact_ptr_{nullptr};
+};
+
+}  // namespace reservoir::detail

@@ -1,0 +1,197 @@
+// DeviceEngine: private pools — routing requests to them, their caches (one
+// StreamPool per pool and stream, recycled once a released pool has given all its
+// memory back), use counts, capture bookkeeping, and checkpoints.
+#include <algorithm>
+#include <string>
+
+#include "engine/device/device_engine.hpp"
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+
+namespace reservoir::detail {
+
+std::uintptr_t DeviceEngine::allocate_private(PrivatePool& pool, std::size_t requested,
+                                              StreamHandle stream, const Context& context) {
+  StreamPool& p = private_stream_pool(pool, stream);
+  if (std::uintptr_t address = p.allocate_cached(requested, context)) return address;
+  return allocate_slow(p, requested, context, true);
+}
+
+std::uintptr_t DeviceEngine::allocate_from_use_on_oom(std::size_t requested, StreamHandle stream,
+                                                      const Context& context) {
+  for (const PoolRegistry::Pool& pool : private_registry_.use_on_oom_pools())
+    if (StreamPool* p = pool->find(stream))
+      if (std::uintptr_t address = p->allocate_cached(requested, context)) return address;
+  return 0;
+}
+
+StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle stream) {
+  if (StreamPool* p = pool.find(stream)) return *p;
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
+  StreamPool* made = nullptr;
+  auto spare = std::find_if(spare_.begin(), spare_.end(),
+                            [stream](StreamPool* p) { return p->stream() == stream; });
+  if (spare != spare_.end()) {
+    made = *spare;
+    spare_.erase(spare);
+  } else {
+    private_pools_.push_back(std::make_unique<StreamPool>(services_, stream));
+    made = private_pools_.back().get();
+    ledger_.attach(&made->counters());
+  }
+  made->set_private(pool.id(), pool.options().no_split);
+  pool.add(made);
+  return *made;
+}
+
+void DeviceEngine::collect_dead_pools() {
+  std::vector<PoolRegistry::Pool> dead = private_registry_.take_dead();
+  if (dead.empty()) return;
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  for (const PoolRegistry::Pool& pool : dead)
+    for (StreamPool* p : pool->streams()) {
+      p->set_private(PoolId{}, false);
+      spare_.push_back(p);
+    }
+}
+
+PoolRegistry::Pool DeviceEngine::live_pool(PoolId id, const char* action) {
+  PoolRegistry::Pool pool = private_registry_.find(id);
+  if (!pool)
+    throw InvalidArgumentError(std::string("reservoir: cannot ") + action + " private pool " +
+                               pool_name(id) + ": no such pool on device " +
+                               std::to_string(device_));
+  if (pool->use_count == 0)
+    throw InvalidArgumentError(std::string("reservoir: cannot ") + action + " private pool " +
+                               pool_name(id) + ": it was released");
+  return pool;
+}
+
+// ---------------------------------------------------------------- use counts
+
+void DeviceEngine::retain_pool(PoolId id, const PoolOptions& options) {
+  private_registry_.retain(id, options);
+}
+
+void DeviceEngine::release_pool(PoolId id) {
+  private_registry_.release(id);
+  collect_dead_pools();  // a pool that never held memory is forgotten at once
+}
+
+int DeviceEngine::pool_use_count(PoolId id) {
+  return private_registry_.use_count(id);
+}
+
+// ---------------------------------------------------------------- routing
+
+void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture) {
+  if (capture) {
+    // policy:compact queries events and moves pages on its own paths, which a capture
+    // forbids: refused rather than failing inside the capture. Checked and counted
+    // under the gate, so that policy:compact cannot be set in between (update_config).
+    std::lock_guard<std::mutex> gate(capture_gate_);
+    if (compact_on_.load(std::memory_order_relaxed))
+      throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
+                                 pool_name(id) +
+                                 " under policy:compact (it does not support captures yet; "
+                                 "use the default policy for CUDA graphs)");
+    // The capture is counted first: a free racing with begin must not record events.
+    capture_.begin();
+  }
+  try {
+    private_registry_.begin(id, std::move(filter), capture);
+  } catch (...) {
+    if (capture) capture_.end();
+    throw;
+  }
+}
+
+void DeviceEngine::end_allocate_to_pool(PoolId id) {
+  if (!private_registry_.end(id) || !capture_.end()) return;
+  // The last capture ended: the frees deferred meanwhile record their events now.
+  std::string failure;
+  for (StreamPool* p : all_pools_snapshot()) {
+    try {
+      p->flush_capture_deferred();
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  if (!failure.empty()) throw DeviceError(failure);
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+PoolCheckpoint DeviceEngine::checkpoint_pool(PoolId id) {
+  const std::vector<StreamPool*> caches = live_pool(id, "checkpoint")->streams();
+  if (!capture_.underway())
+    for (StreamPool* p : caches) {
+      p->flush_capture_deferred();
+      p->synchronize_pending();  // a checkpoint records no pending free
+    }
+  PoolCheckpoint out;
+  out.device = device_;
+  out.pool = id;
+  for (StreamPool* p : caches) p->checkpoint(&out.segments);
+  return out;
+}
+
+PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
+  if (checkpoint.device != device_)
+    throw InvalidArgumentError("reservoir: the checkpoint is of device " +
+                               std::to_string(checkpoint.device) + ", not " +
+                               std::to_string(device_));
+  if (capture_.underway())
+    throw InvalidArgumentError("reservoir: cannot restore private pool " +
+                               pool_name(checkpoint.pool) +
+                               " while a capture is under way (it frees and waits)");
+  PoolRegistry::Pool pool = live_pool(checkpoint.pool, "restore");
+  // Every check before any change: a bad checkpoint changes nothing.
+  std::vector<std::pair<StreamPool*, std::vector<const CheckpointSegment*>>> work;
+  for (StreamPool* p : pool->streams()) work.push_back({p, {}});
+  for (const CheckpointSegment& segment : checkpoint.segments) {
+    auto it = std::find_if(work.begin(), work.end(),
+                           [&](const auto& w) { return w.first->stream() == segment.stream; });
+    if (it == work.end())
+      throw InvalidArgumentError("reservoir: cannot restore the checkpoint: private pool " +
+                                 pool_name(checkpoint.pool) + " has no memory on stream " +
+                                 std::to_string(segment.stream));
+    it->second.push_back(&segment);
+  }
+  for (auto& [p, segments] : work) p->check_restorable(segments);
+  // A device error while freeing (waiting for a pending free's event) leaves every
+  // block of the pool freed, nothing of the checkpoint allocated, and is rethrown.
+  PoolRestore out;
+  std::string failure;
+  for (auto& [p, segments] : work) {
+    try {
+      p->flush_capture_deferred();
+      p->free_all_allocated(&out.freed);
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  if (!failure.empty()) throw DeviceError(failure);
+  std::vector<void*> allocated;
+  for (auto& [p, segments] : work) p->restore(segments, &allocated);
+  out.allocated = std::move(allocated);
+  return out;
+}
+
+bool DeviceEngine::pool_live_allocations_are(PoolId id, const std::vector<void*>& expected) {
+  PoolRegistry::Pool pool = private_registry_.find(id);
+  if (!pool)
+    throw InvalidArgumentError("reservoir: no private pool " + pool_name(id) + " on device " +
+                               std::to_string(device_));
+  std::vector<std::uintptr_t> live;
+  for (StreamPool* p : pool->streams()) p->allocated_addresses(&live);
+  std::vector<std::uintptr_t> want;
+  for (void* e : expected) want.push_back(reinterpret_cast<std::uintptr_t>(e));
+  std::sort(live.begin(), live.end());
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  return live == want;
+}
+
+}  // namespace reservoir::detail

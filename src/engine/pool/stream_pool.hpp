@@ -1,0 +1,395 @@
+// StreamPool: the cache of one stream on one device — the shard that lets threads
+// on different streams allocate without contending.
+//
+// It owns, under one Lock:
+//   - the segments allocated for its stream, and their blocks (block.hpp);
+//   - free blocks per pool in best-fit order (FreeIndex) and, for expandable
+//     segments, unmapped blocks by address (AddressSet);
+//   - the allocated blocks by address (AddressMap);
+//   - pending frees: blocks freed by the program but used on other streams, in one
+//     FIFO queue per using stream, so a slow stream never delays frees on another;
+//   - its statistics counters (ShardCounters, summed by the device's StatLedger).
+// Invariants (checked by validate()):
+//   counters.allocation[p] == number of allocated blocks in pool p segments,
+//   counters.allocated_bytes[p] == sum of their sizes,
+//   counters.pending[p], pending_bytes[p] == the same for pending blocks,
+//   counters.requested_bytes[p] == sum of requested sizes of allocated and pending blocks,
+//   counters.reserved_bytes[p] == sum of mapped bytes of its segments in pool p
+//     + held bytes of its expandable segments (memory a failed give-back kept),
+//   |free_[p]| == number of free blocks in pool p segments; |allocated_| == allocated blocks,
+//   pending_blocks_ == number of pending blocks with event_count > 0;
+//   every block in capture_deferred_ is pending with event_count == 0 (freed while a
+//     capture was under way: its events are recorded once no capture is, spec's
+//     needs_events_deferred_until_no_capture).
+// Parked free: the program's free of a block is often followed by a request of the
+// same size, which best fit would serve by splitting the very block the free merged
+// (so the merge and the split cancel out). free() therefore parks the block instead
+// of merging it, counting the statistics as if merged, and the next request takes it
+// back when best fit, run on the merged block, would hand out exactly that block;
+// anything else settles the block first (the merge, as the free would have done it).
+// Only a block of the size last requested is parked: the pattern that pays.
+//   parked_ == nullptr, or parked_ is the one block in state parked: no extras, not
+//     in allocated_ nor in any index, its prev not free; statistics count it (with
+//     its next, when that is free) as the free block the merge makes; gc_stamp ==
+//     the clock when it was freed;
+//   every member but allocate_cached() and free() settles it first (lock_settled()),
+//     so no other code ever meets a parked block;
+//   parked_split_ == parked_merge(parked_) while parked_ != nullptr.
+// The fit memo spares the steady pair (free, then the same request) the best-fit check:
+//   fit_block_ != nullptr (never a block of an expandable segment) => with
+//     p == fit_block_->pool(): while free_[p].version() == fit_version_,
+//     parked_fit(p, fit_block_->size) == fit_block_ whenever fit_block_ is parked (its
+//     size cannot change meanwhile: that takes a merge or a split, which the index sees);
+//   the engine calls forget_fit() when the size policy changes, and delete_block()
+//     forgets a deleted block.
+// A pool of a private pool (pool_id_ != {0, 0}) is the same cache, kept apart: the
+// engine routes only that pool's requests to it (private_pools.hpp).
+// It depends only on PoolServices (calls go one way: the engine and the
+// out-of-memory ladder call the pool; the pool calls nothing above it).
+// Locking: public members take the lock; a member never takes another pool's lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "engine/books/block.hpp"
+#include "engine/books/block_owner.hpp"
+#include "engine/books/free_index.hpp"
+#include "engine/pool/pool_services.hpp"
+#include "engine/stats/stat_ledger.hpp"
+#include "reservoir/history.hpp"
+#include "reservoir/pools.hpp"
+#include "util/address_map.hpp"
+#include "util/compiler.hpp"
+#include "util/lock.hpp"
+#include "util/node_pool.hpp"
+
+namespace reservoir::detail {
+
+// Totals a validation pass accumulates across pools.
+struct ValidationTotals {
+  std::size_t reserved = 0;
+  std::size_t segments = 0;
+};
+
+// Per-pool inputs and outputs of one garbage-collection round.
+struct GcTally {
+  std::uint64_t total_age = 0;
+  std::int64_t count = 0;
+  std::size_t reclaimed = 0;
+  bool freed_any = false;
+};
+
+// Cache-line aligned so that pools of different streams never share a line.
+class alignas(64) StreamPool final : public BlockOwner {
+ public:
+  StreamPool(PoolServices& services, StreamHandle stream);
+  ~StreamPool();  // returns every segment to the device
+  StreamPool(const StreamPool&) = delete;
+  StreamPool& operator=(const StreamPool&) = delete;
+
+  StreamHandle stream() const noexcept { return stream_; }
+  // The private pool this cache serves ({0, 0}: the default pools) and its no_split
+  // option. Set while the pool holds no segment (a new or recycled cache).
+  void set_private(PoolId pool, bool no_split);
+  PoolId pool_id() const noexcept { return pool_id_; }
+  ShardCounters& counters() noexcept { return counters_; }
+  Lock& lock() noexcept { return lock_; }
+  // The size policy changed (the caller holds the lock): the fit memo no longer holds.
+  void forget_fit() noexcept { fit_block_ = nullptr; }
+
+  // ---- Allocation: the cache hit, then the rungs of the out-of-memory ladder ----
+  // Each returns the address of a block of at least requested bytes (requested > 0),
+  // or 0 when that step cannot serve it. Device errors throw DeviceError.
+  // From cached blocks only (completing finished pending frees first). traced: history
+  // is on (read once per operation by the caller; the engine's fast path knows it off).
+  std::uintptr_t allocate_cached(std::size_t requested, const Context& context, bool traced);
+  std::uintptr_t allocate_cached(std::size_t requested, const Context& context) {
+    return allocate_cached(requested, context, tracing());
+  }
+  // From a new device allocation (or newly mapped pages); retry counts a retry.
+  std::uintptr_t allocate_new_segment(std::size_t requested, bool retry, const Context& context);
+  // After a device-wide release: cached blocks freed meanwhile, else a new segment.
+  std::uintptr_t allocate_after_release(std::size_t requested, const Context& context);
+  // Releases cached oversize blocks that could make room for requested bytes (the
+  // spec's release_available_cached_blocks); true when enough was released.
+  bool release_oversize(std::size_t requested);
+
+  // ---- BlockOwner (program requests on existing blocks) ----
+  bool free(std::uintptr_t address) override;
+  bool record_use(std::uintptr_t address, StreamHandle other) override;
+  bool block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) override;
+  bool segment_of(std::uintptr_t address, BaseAllocation* out) override;
+  std::string explain_not_allocated(std::uintptr_t address) override;
+  bool share(std::uintptr_t address, SharedBlock* out) override;
+
+  // ---- Cache control (called by DeviceEngine; each takes the lock) ----
+  void process_events_now();     // completes pending frees whose events have completed
+  void synchronize_pending();    // waits for every pending free's events and completes it
+  std::size_t release_cached();  // every free, unsplit segment and free page; bytes released
+  std::size_t largest_free_block(PoolIndex pool);
+  std::size_t cached_bytes();
+  void gc_scan(std::uint64_t now, GcTally* tally);
+  void gc_release(std::uint64_t now, double age_threshold, GcTally* tally);
+  void add_peer(int device);  // grants device access to every mapped expandable page
+  // The program is about to destroy this pool's stream (Allocator::release_stream):
+  // from now on, unmapping expandable pages waits for the whole device instead of
+  // naming the stream (a destroyed stream cannot be synchronized; its handle may even
+  // come back as another stream's). Never undone: a device-wide wait is always safe.
+  void release_stream();
+  // Records the events of frees deferred while a capture was under way (call once
+  // none is). Throws DeviceError after trying every block.
+  void flush_capture_deferred();
+  bool holds_segments();
+
+  // ---- Checkpoints of a private pool (stream_pool_checkpoint.cpp) ----
+  // Appends every segment with its blocks. Throws InvalidArgumentError for pending
+  // frees (synchronize first) or expandable segments.
+  void checkpoint(std::vector<CheckpointSegment>* out);
+  // Throws InvalidArgumentError (changing nothing) unless every segment of the
+  // checkpoint is a segment of this pool, of its size, tiled by its blocks.
+  void check_restorable(const std::vector<const CheckpointSegment*>& segments);
+  // Frees every allocated block (appending its address) and waits for the frees
+  // that wait for other streams.
+  void free_all_allocated(std::vector<void*>* freed);
+  // pre: free_all_allocated, check_restorable. Splits each segment as recorded and
+  // allocates the blocks recorded as allocated (appending their addresses).
+  void restore(const std::vector<const CheckpointSegment*>& segments,
+               std::vector<void*>* allocated);
+  // Appends the address of every allocated block.
+  void allocated_addresses(std::vector<std::uintptr_t>* out);
+  // Appends this pool's segments and blocks; returns the active bytes.
+  std::size_t snapshot(std::vector<SegmentInfo>* out);
+  void validate(ValidationTotals* totals);
+  void reset_accumulated();
+
+ private:
+  using Guard = std::unique_lock<Lock>;
+  // The lock, with a parked free settled: how every member but the hot two begins.
+  Guard lock_settled() {
+    Guard guard(lock_);
+    if (parked_) settle();
+    return guard;
+  }
+  // The two hot paths, which never unlock early: no ownership flag to keep.
+  using ScopedGuard = std::lock_guard<Lock>;
+  struct Pending {
+    EventHandle event;
+    Block* block;
+  };
+  struct UseQueue {
+    StreamHandle stream;
+    std::deque<Pending> entries;
+  };
+
+  const SizePolicy& policy() const noexcept { return policy_; }
+  bool tracing() const noexcept { return history_.active(); }
+  void trace(TraceAction action, std::uintptr_t address, std::size_t size,
+             const Context& context) const {
+    services_.trace(action, address, size, stream_, context, pool_id_);
+  }
+  // ---- blocks and their indexes ----
+  // (the small ones are defined inline at the end of this header: they are the hot path)
+  Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
+  void delete_block(Block* b);
+  void index_free(Block* b);  // b becomes free: into its pool's free set
+  void unindex_free(Block* b) { free_[b->pool()].erase(b); }
+  void reposition_free(Block* b);  // b's size or address changed while in the free set
+  void index_unmapped(Block* b);
+  void unindex_unmapped(Block* b) { unmapped_[b->pool()].erase(b->unmapped_at); }
+  // b (in no index) enters state (free or unmapped): merges with neighbours in that
+  // state and leaves one indexed block. Returns it; *absorbed gets the number and
+  // bytes of the neighbours merged in.
+  Block* coalesce(Block* b, BlockState state, std::int64_t* absorbed, std::int64_t* absorbed_bytes);
+  void link_segment(Segment* seg);
+  void unlink_segment(Segment* seg);
+
+  // ---- allocation ----
+  Block* find_free(PoolIndex pool, std::size_t size);
+  static std::size_t room_after(const Block* b);
+  // traced: history is on (the flag is loaded once per operation).
+  std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested, const Context& context,
+                          bool traced);
+  // out (allocated) goes to the program: the allocated map and the statistics.
+  void issue(Block* out, std::size_t requested, SplitChange split);
+  Block* new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
+                           const Context& context);
+  // ---- expandable segments (stream_pool_expandable.cpp) ----
+  Block* allocate_expandable(std::size_t size, PoolIndex pool, const Context& context);
+  Block* find_expandable(std::size_t size, PoolIndex pool);
+  Segment* new_expandable_segment(PoolIndex pool, std::size_t at_least);
+  std::size_t expandable_reserve();
+  Block* map_block(Block* block, std::size_t bytes, const Context& context);
+  bool unmap_block(Block* block);
+  bool release_expandable_segment(Segment* segment, std::string* error);
+  std::size_t release_idle_expandable();
+  void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
+  // ---- parked free (see the class comment) ----
+  bool parks(const Block* b) const noexcept;
+  void park(Block* b);
+  static SplitChange parked_merge(const Block* b);
+  // The parked block when best fit for size bytes of pool would hand it out as it is
+  // (its merge and that split cancel out), else nullptr.
+  Block* parked_fit(PoolIndex pool, std::size_t size);
+  std::uintptr_t take_parked(Block* b, std::size_t requested);
+  RESERVOIR_COLD void settle();  // merges the parked block as its free would have
+  // For the validator: parked_split_ is the parked block's merge; the fit memo, while
+  // it stands, gives what parked_fit() gives.
+  bool parked_split_current();
+  bool fit_memo_current();
+  // ---- free ----
+  RESERVOIR_COLD bool free_traced(std::uintptr_t address);
+  void release_block(Block* block, bool traced);
+  void release_block_outlined(Block* block);  // for the pool's other files
+  [[nodiscard]] SplitChange free_block(Block* block, bool traced);
+  void defer_free(Block* block);
+  RESERVOIR_COLD void defer_past_capture(Block* block);
+  Segment* segment_at(std::uintptr_t base);
+  void restore_segment(Segment* segment, const CheckpointSegment& record,
+                       std::vector<void*>* allocated);
+  void process_events(bool wait);
+  void release_segment(Segment* segment);
+
+  void finish_operation();
+  // The statistics ledger's owed rebalance (SettleOnExit makes it however a cold
+  // operation ends; the hot paths, and process_events and defer_free before they
+  // throw, call this themselves). StatLedger::settle() written out: so the ledger's
+  // address is loaded only when a rebalance is owed (4 instructions fewer per pair).
+  void settle_ledger() {
+    if (counters_.over) services_.ledger.rebalance(&counters_);
+  }
+  void validate_locked(ValidationTotals* totals);
+
+  PoolServices& services_;
+  // Of services_, what every request reads: one load fewer each (both are replaced in
+  // place by a configuration change, never moved).
+  const SizePolicy& policy_;
+  const History& history_;
+  const StreamHandle stream_;
+  Lock lock_;
+  std::size_t pending_blocks_ = 0;
+  Block* parked_ = nullptr;  // a freed block, merge postponed (the class comment)
+  // The rounded size of the last request: only a block of that size is parked (a
+  // settled block costs a little more than an immediate merge, so frees that are
+  // unlikely to meet their size's request next merge at once).
+  std::size_t last_size_ = 0;
+  SplitChange parked_split_;    // what the parked block's merge did to the split blocks
+  Block* fit_block_ = nullptr;  // the fit memo (the class comment)
+  std::uint64_t fit_version_ = 0;
+  bool no_split_ = false;         // read by every hand_out: kept on the lock's line
+  bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
+  ShardCounters counters_;
+  NodePool set_nodes_;
+  NodePool block_nodes_;
+  FreeIndex free_[kPoolCount];
+  AddressSet unmapped_[kPoolCount];  // unmapped blocks of expandable segments, by address
+  AddressMap<Block> allocated_;
+  Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
+  std::vector<UseQueue> pending_queues_;
+  std::vector<Block*> stranded_;  // pending forever after a device error
+  std::vector<Block*> capture_deferred_;
+  PoolId pool_id_{};
+};
+
+// ---------------------------------------------------------------- hot inline helpers
+
+RESERVOIR_INLINE Block* StreamPool::new_block(std::uintptr_t address, std::size_t size,
+                                              Segment* segment, BlockState state) {
+  Block* b = new (block_nodes_.get()) Block;  // default-init: only what is set below
+  b->address = address;
+  b->size = size;
+  b->prev = b->next = nullptr;
+  b->segment = segment;
+  b->pool_index = segment->pool;
+  b->in_expandable = segment->expandable;
+  b->requested = 0;
+  b->state = state;
+  b->oversize = false;
+  b->event_count = 0;
+  b->gc_stamp = 0;
+  return b;
+}
+
+RESERVOIR_INLINE void StreamPool::delete_block(Block* b) {
+  if (b == fit_block_) fit_block_ = nullptr;
+  b->~Block();
+  block_nodes_.put(b);
+}
+
+RESERVOIR_INLINE void StreamPool::index_free(Block* b) {
+  b->state = BlockState::free;
+  b->gc_stamp = services_.gc.now();
+  free_[b->pool()].insert(b);
+}
+
+// Keeps b's node when the order still holds (the common case of splitting or merging
+// the same block), else re-inserts it.
+RESERVOIR_INLINE void StreamPool::reposition_free(Block* b) {
+  b->gc_stamp = services_.gc.now();
+  free_[b->pool()].reposition(b);
+}
+
+RESERVOIR_INLINE void StreamPool::index_unmapped(Block* b) {
+  b->state = BlockState::unmapped;
+  b->unmapped_at = unmapped_[b->pool()].insert(b).first;
+}
+
+// The one merge routine (free blocks, newly mapped pages, newly unmapped pages). A
+// neighbour that absorbs b keeps its index node: in the free set it is repositioned;
+// in the address-ordered unmapped set its order cannot change (b is adjacent).
+RESERVOIR_INLINE Block* StreamPool::coalesce(Block* b, BlockState state, std::int64_t* absorbed,
+                                             std::int64_t* absorbed_bytes) {
+  const bool to_free = state == BlockState::free;
+  Block* keep = nullptr;  // the indexed survivor, once there is one
+  if (b->prev && b->prev->state == state) {
+    Block* prev = b->prev;
+    *absorbed += 1;
+    *absorbed_bytes += static_cast<std::int64_t>(prev->size);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (prev->next) prev->next->prev = prev;
+    delete_block(b);
+    keep = b = prev;
+  }
+  if (b->next && b->next->state == state) {
+    Block* next = b->next;
+    *absorbed += 1;
+    *absorbed_bytes += static_cast<std::int64_t>(next->size);
+    if (keep) {  // b (indexed) absorbs next, which leaves its index
+      if (to_free)
+        unindex_free(next);
+      else
+        unindex_unmapped(next);
+      b->size += next->size;
+      b->next = next->next;
+      if (b->next) b->next->prev = b;
+      delete_block(next);
+    } else {  // next absorbs b and keeps its node
+      next->address = b->address;
+      next->size += b->size;
+      next->prev = b->prev;
+      if (next->prev)
+        next->prev->next = next;
+      else
+        next->segment->head = next;
+      delete_block(b);
+      keep = b = next;
+    }
+  }
+  if (!keep) {
+    if (to_free)
+      index_free(b);
+    else
+      index_unmapped(b);
+  } else if (to_free) {
+    reposition_free(b);
+  }
+  return b;
+}
+
+}  // namespace reservoir::detail

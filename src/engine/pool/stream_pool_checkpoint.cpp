@@ -1,0 +1,172 @@
+// StreamPool: checkpoints of a private pool's cache (the spec's getCheckpointState /
+// setCheckpointPoolState, which CUDA graph trees use to roll a graph pool back to
+// the state right after a recording). A checkpoint lists each segment and the extent
+// and state of its blocks; restoring frees every allocated block, then splits each
+// recorded segment as recorded and allocates the blocks recorded as allocated, with
+// the statistics moved as the same frees and allocations would move them.
+#include <algorithm>
+
+#include "engine/pool/stream_pool.hpp"
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+namespace {
+std::string at(std::uintptr_t a) {
+  return format_pointer(reinterpret_cast<void*>(a));
+}
+}  // namespace
+
+void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
+  Guard guard = lock_settled();
+  for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
+    if (seg->expandable)
+      throw InvalidArgumentError(
+          "reservoir: cannot checkpoint a private pool with expandable segments (segment " +
+          at(seg->base) + "); use expandable_segments:False for CUDA graph trees");
+    CheckpointSegment record;
+    record.stream = stream_;
+    record.base = seg->base;
+    record.size = seg->size;
+    record.is_small = seg->is_small();
+    for (const Block* b = seg->head; b; b = b->next) {
+      if (b->state == BlockState::pending)
+        throw InvalidArgumentError("reservoir: cannot checkpoint private pool: block " +
+                                   at(b->address) +
+                                   " was freed but waits for work on other streams (a capture "
+                                   "is under way, or the device failed)");
+      record.blocks.push_back(
+          CheckpointBlock{b->address, b->size, b->requested, b->state == BlockState::allocated});
+    }
+    out->push_back(std::move(record));
+  }
+}
+
+Segment* StreamPool::segment_at(std::uintptr_t base) {
+  for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
+    if (seg->base == base) return seg;
+  return nullptr;
+}
+
+void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& segments) {
+  Guard guard = lock_settled();
+  for (const CheckpointSegment* record : segments) {
+    const std::string where =
+        "reservoir: cannot restore the checkpoint: segment " + at(record->base);
+    Segment* seg = segment_at(record->base);
+    if (!seg || seg->expandable || seg->size != record->size)
+      throw InvalidArgumentError(where +
+                                 " is not a segment of the pool any more (released, or the "
+                                 "checkpoint is of another pool)");
+    if (seg->is_small() != record->is_small)
+      throw InvalidArgumentError(where + " changed pool (small/large)");
+    std::uintptr_t next = record->base;
+    bool previous_free = false;
+    for (const CheckpointBlock& b : record->blocks) {
+      if (b.address != next || b.size == 0 || b.size % SizePolicy::kMinBlockSize != 0 ||
+          (b.allocated && (b.requested == 0 || b.requested > b.size)) ||
+          (!b.allocated && previous_free))
+        throw InvalidArgumentError(where + ": its blocks do not tile it as recorded (at " +
+                                   at(b.address) + ")");
+      next += b.size;
+      previous_free = !b.allocated;
+    }
+    if (next != record->base + record->size || record->blocks.empty())
+      throw InvalidArgumentError(where + ": its blocks do not cover it");
+    for (const Block* b = seg->head; b; b = b->next)
+      if (b->state == BlockState::pending && b->event_count == 0 &&
+          std::find(capture_deferred_.begin(), capture_deferred_.end(), b) ==
+              capture_deferred_.end())
+        throw InvalidArgumentError(where + " holds block " + at(b->address) +
+                                   ", kept out of use after a device error");
+  }
+}
+
+void StreamPool::free_all_allocated(std::vector<void*>* freed) {
+  Guard guard = lock_settled();
+  std::vector<std::uintptr_t> addresses;
+  for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
+    for (const Block* b = seg->head; b; b = b->next)
+      if (b->state == BlockState::allocated) addresses.push_back(b->address);
+  std::string failure;
+  for (std::uintptr_t address : addresses) {
+    Block* b = allocated_.erase(address);
+    RESERVOIR_ASSERT(b);
+    freed->push_back(reinterpret_cast<void*>(address));
+    if (tracing()) trace(TraceAction::free_requested, b->address, b->requested, b->context());
+    try {
+      release_block_outlined(b);  // a failed event record strands the block (DeviceError)
+    } catch (const DeviceError& e) {
+      if (failure.empty()) failure = e.what();
+    }
+  }
+  finish_operation();
+  if (failure.empty() && pending_blocks_ != 0) process_events(true);
+  finish_operation();
+  if (!failure.empty()) throw DeviceError(failure);
+}
+
+void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,
+                         std::vector<void*>* allocated) {
+  Guard guard = lock_settled();
+  for (const CheckpointSegment* record : segments) {
+    Segment* seg = segment_at(record->base);
+    RESERVOIR_ASSERT(seg);
+    restore_segment(seg, *record, allocated);
+  }
+  finish_operation();
+}
+
+// pre: every block of seg is free (so seg is one free block). Rebuilds the recorded
+// blocks in place of it.
+void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
+                                 std::vector<void*>* allocated) {
+  Block* whole = seg->head;
+  if (whole->next || whole->state != BlockState::free)
+    throw DeviceError("reservoir: restoring segment " + at(seg->base) +
+                      ": a block of it is still in use after its frees (device error?)");
+  const PoolIndex pool = seg->pool;
+  unindex_free(whole);
+  Block* prev = nullptr;
+  const bool split = record.blocks.size() > 1;
+  for (std::size_t i = 0; i < record.blocks.size(); ++i) {
+    const CheckpointBlock& r = record.blocks[i];
+    Block* b = i == 0 ? whole : new_block(r.address, r.size, seg, BlockState::free);
+    b->address = r.address;
+    b->size = r.size;
+    b->prev = prev;
+    b->next = nullptr;
+    if (prev)
+      prev->next = b;
+    else
+      seg->head = b;
+    prev = b;
+    if (r.allocated) {
+      b->state = BlockState::allocated;
+      b->requested = r.requested;
+      allocated_.insert(b->address, b);
+      counters_.on_allocate(pool, static_cast<std::int64_t>(b->size),
+                            static_cast<std::int64_t>(b->requested));
+      b->oversize = b->size >= policy().max_split_size();
+      if (b->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+      allocated->push_back(reinterpret_cast<void*>(b->address));
+      if (tracing()) trace(TraceAction::alloc, b->address, b->requested, nullptr);
+    } else {
+      b->requested = 0;
+      index_free(b);
+      if (split) {
+        counters_.add<kInactiveSplit>(pool, 1);
+        counters_.add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
+      }
+    }
+  }
+}
+
+void StreamPool::allocated_addresses(std::vector<std::uintptr_t>* out) {
+  Guard guard = lock_settled();
+  allocated_.for_each([out](std::uintptr_t address, Block*) { out->push_back(address); });
+}
+
+}  // namespace reservoir::detail

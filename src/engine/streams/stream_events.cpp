@@ -1,0 +1,164 @@
+#include "engine/streams/stream_events.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "reservoir/errors.hpp"
+
+namespace reservoir::detail {
+
+StreamEvents::~StreamEvents() {
+  for (Timeline& t : timelines_)
+    for (auto& [seq, event] : t.pending) events_.release(event);
+}
+
+StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
+  if (Timeline* t = find(stream)) return *t;
+  timelines_.emplace_back();
+  timelines_.back().stream = stream;
+  return timelines_.back();
+}
+
+std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
+  Timeline& t = timeline(stream);
+  if (t.wanted == 0) t.wanted = next_seq_++;
+  return t.wanted;
+}
+
+void StreamEvents::record(Timeline& t) {
+  if (t.wanted == 0) return;
+  // Markers nobody asked about yet are retired first when they have completed, so that
+  // their events are reused: a stream's markers stay few, and few events are created.
+  if (!t.pending.empty()) poll(t);
+  EventHandle e = events_.acquire();
+  if (backend_.record_event(device_, e, t.stream) != DeviceStatus::ok) {
+    events_.release(e);
+    throw DeviceError("reservoir: recording an event on device " + std::to_string(device_) +
+                      " (a fence for memory reuse) failed: " + backend_.last_error());
+  }
+  t.pending.emplace_back(t.wanted, e);
+  t.wanted = 0;
+  t.deferred = 0;
+}
+
+StreamEvents::Timeline* StreamEvents::find(StreamHandle stream) {
+  for (Timeline& t : timelines_)
+    if (t.stream == stream) return &t;
+  return nullptr;
+}
+
+void StreamEvents::settle(StreamHandle stream) {
+  Timeline* t = find(stream);
+  if (!t || t->wanted == 0) return;
+  if (t->deferred + 1 < kSettleEvery) {
+    ++t->deferred;
+    return;
+  }
+  // Counted only once recorded: a record that throws (a device error) leaves deferred
+  // below kSettleEvery, and the next allocation tries again (an increment first left it
+  // at kSettleEvery, past which it was never recorded here again).
+  record(*t);
+}
+
+void StreamEvents::poll(Timeline& t) {
+  while (!t.pending.empty()) {
+    auto [seq, event] = t.pending.front();
+    DeviceStatus st = backend_.query_event(device_, event);
+    if (st == DeviceStatus::not_ready) return;
+    if (st != DeviceStatus::ok)
+      throw DeviceError("reservoir: querying an event on device " + std::to_string(device_) +
+                        " failed: " + backend_.last_error());
+    t.completed = seq;
+    t.pending.pop_front();
+    events_.release(event);
+  }
+}
+
+bool StreamEvents::done(Timeline& t, std::uint64_t seq) {
+  if (seq <= t.completed) return true;
+  if (t.wanted != 0 && seq >= t.wanted) record(t);  // the marker it needs is owed
+  poll(t);
+  return seq <= t.completed;
+}
+
+bool StreamEvents::complete(const Fence& fence, StreamHandle on) {
+  for (std::size_t i = 0; i < fence.size(); ++i) {
+    const Fence::Mark& m = fence[i];
+    if (m.stream != on && !done(timeline(m.stream), m.seq)) return false;
+  }
+  return true;
+}
+
+EventHandle StreamEvents::event_of(Timeline& t, std::uint64_t seq) {
+  for (auto& [s, event] : t.pending)
+    if (s >= seq) return event;
+  return 0;  // unreachable when done(t, seq) is false
+}
+
+int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
+  int waits = 0;
+  for (std::size_t i = 0; i < fence.size(); ++i) {
+    const Fence::Mark& m = fence[i];
+    if (m.stream == stream) continue;
+    Timeline& t = timeline(m.stream);
+    if (done(t, m.seq)) continue;
+    EventHandle e = event_of(t, m.seq);
+    if (backend_.stream_wait_event(device_, stream, e) != DeviceStatus::ok)
+      throw DeviceError("reservoir: making a stream wait for another on device " +
+                        std::to_string(device_) + " failed: " + backend_.last_error());
+    ++waits;
+  }
+  return waits;
+}
+
+std::string StreamEvents::problem() const {
+  for (const Timeline& t : timelines_) {
+    auto stream = [&] { return "stream " + std::to_string(t.stream) + ": "; };
+    std::uint64_t last = t.completed;
+    for (const auto& [seq, event] : t.pending) {
+      if (seq <= last)
+        return stream() + "pending marker " + std::to_string(seq) + " not after " +
+               std::to_string(last);
+      last = seq;
+    }
+    if (t.wanted != 0 && t.wanted <= last)
+      return stream() + "owed marker " + std::to_string(t.wanted) + " not after " +
+             std::to_string(last);
+    if (t.wanted == 0 ? t.deferred != 0 : t.deferred >= kSettleEvery)
+      return stream() + std::to_string(t.deferred) + " allocations deferred its marker";
+    if (std::max(last, t.wanted) >= next_seq_) return stream() + "a marker from the future";
+  }
+  return {};
+}
+
+void StreamEvents::host_waited(StreamHandle stream) {
+  // The program says the host waited for stream: its markers have likely completed.
+  // They are queried, not assumed (a wrong hint must never let memory move early).
+  if (Timeline* t = find(stream)) {
+    record(*t);
+    poll(*t);
+  }
+}
+
+void StreamEvents::release(StreamHandle stream) {
+  if (Timeline* t = find(stream)) record(*t);
+}
+
+void StreamEvents::synchronize_all() {
+  if (timelines_.empty()) return;
+  if (backend_.synchronize_device(device_) != DeviceStatus::ok)
+    throw DeviceError("reservoir: waiting for device " + std::to_string(device_) +
+                      " (the out-of-memory ladder) failed: " + backend_.last_error());
+  for (Timeline& t : timelines_) {
+    for (auto& [seq, event] : t.pending) {
+      t.completed = seq;
+      events_.release(event);
+    }
+    t.pending.clear();
+    if (t.wanted != 0) t.completed = t.wanted;
+    t.wanted = 0;
+    t.deferred = 0;
+  }
+}
+
+}  // namespace reservoir::detail

@@ -1,0 +1,152 @@
+// StreamEvents and Fence: when memory last used on some streams may be used again —
+// on another stream (the device is made to wait) or at another address (its pages
+// unmapped and mapped elsewhere, which the host must know to be safe).
+//
+// Each stream has a timeline of markers: events recorded on it, numbered by a
+// device-wide sequence. A Fence is, per stream, the marker a block's past uses need
+// (the latest one wins: markers on one stream complete in order). A free does not
+// record an event at once: it asks for a marker on its stream, and the marker is
+// recorded at the next allocation on that stream or when a fence is first needed, so
+// a burst of frees shares one event. An allocation records the owed marker only every
+// kSettleEvery-th time it finds one owed (an event and its query cost ~0.9 us on an
+// H200, more than the rest of an allocation; alloc/free alternation would record one
+// per allocation), so a marker covers at most that many allocations' work more than it
+// must. A marker recorded later than the free it stands for only covers more work: it
+// may wait longer, never too little.
+//
+// A marker is recorded on its stream when a fence first needs it, whichever stream's
+// request that is: so a stream must exist until nothing is owed on it — the program
+// calls Allocator::release_stream before destroying a stream it allocated or freed on
+// (undefined otherwise, as any CUDA call on a destroyed stream).
+//
+// Invariants: per timeline, pending_ holds recorded, not yet known complete markers in
+//   increasing seq order, all > completed; wanted > completed means a marker is owed
+//   (its seq is wanted, not yet recorded), and then 0 <= deferred < kSettleEvery
+//   (deferred == 0 when nothing is owed); a Fence holds at most one mark per stream.
+// Not thread-safe: used under its owner's lock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/streams/event_pool.hpp"
+#include "reservoir/backend.hpp"
+
+namespace reservoir::detail {
+
+// Marks per stream, at most one each. Most memory is used on one or two streams:
+// those marks are kept inline (no heap allocation on the free path).
+class Fence {
+ public:
+  struct Mark {
+    StreamHandle stream;
+    std::uint64_t seq;
+  };
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  const Mark& operator[](std::size_t i) const noexcept {
+    return i < kInline ? inline_[i] : more_[i - kInline];
+  }
+  // Keeps the later of two marks on one stream.
+  void add(StreamHandle stream, std::uint64_t seq) {
+    for (std::size_t i = 0; i < size_; ++i) {
+      Mark& m = at(i);
+      if (m.stream == stream) {
+        if (seq > m.seq) m.seq = seq;
+        return;
+      }
+    }
+    if (size_ < kInline)
+      inline_[size_] = Mark{stream, seq};
+    else
+      more_.push_back(Mark{stream, seq});
+    ++size_;
+  }
+  void merge(const Fence& other) {
+    for (std::size_t i = 0; i < other.size_; ++i) add(other[i].stream, other[i].seq);
+  }
+  void clear() noexcept {
+    size_ = 0;
+    more_.clear();
+  }
+  // Whether every mark is on stream (nothing to order or wait for there).
+  bool only_on(StreamHandle stream) const noexcept {
+    for (std::size_t i = 0; i < size_; ++i)
+      if ((*this)[i].stream != stream) return false;
+    return true;
+  }
+
+ private:
+  static constexpr std::size_t kInline = 2;
+  Mark& at(std::size_t i) noexcept { return i < kInline ? inline_[i] : more_[i - kInline]; }
+  Mark inline_[kInline] = {};
+  std::size_t size_ = 0;
+  std::vector<Mark> more_;
+};
+
+class StreamEvents {
+ public:
+  StreamEvents(Backend& backend, int device, EventPool& events)
+      : backend_(backend), device_(device), events_(events) {}
+  ~StreamEvents();
+  StreamEvents(const StreamEvents&) = delete;
+  StreamEvents& operator=(const StreamEvents&) = delete;
+
+  // The seq of a marker after all work submitted to stream so far (owed: recorded
+  // lazily). For a Fence.
+  std::uint64_t want_marker(StreamHandle stream);
+  // At an allocation on stream: records its owed marker, if any, every kSettleEvery-th
+  // time (the others leave it owed; a fence that needs it records it).
+  void settle(StreamHandle stream);
+  static constexpr std::uint32_t kSettleEvery = 8;
+  // Whether every mark of fence on streams other than `on` has completed (queries,
+  // never waits; records owed markers it needs). Marks on `on` itself are ordered by
+  // the stream and need nothing.
+  bool complete(const Fence& fence, StreamHandle on);
+  // Whether every mark has completed, on any stream (the host may unmap then).
+  bool complete(const Fence& fence) { return complete(fence, kNoStream); }
+  // Makes stream wait on the device for every incomplete mark of fence on other
+  // streams; returns the number of waits inserted. Throws DeviceError.
+  int order_after(StreamHandle stream, const Fence& fence);
+  // The host waited for stream: its markers are checked (queried) now.
+  void host_waited(StreamHandle stream);
+  // The program is about to destroy stream: the marker owed there is recorded now,
+  // while it exists (later fences wait on recorded events only, which outlive it).
+  void release(StreamHandle stream);
+  // Waits on the host for all work on the device (the out-of-memory ladder): every
+  // marker, owed ones too, has completed then — one wait, which also covers streams
+  // destroyed since (no event can be recorded there). Throws DeviceError.
+  void synchronize_all();
+  // Streams seen so far.
+  std::size_t streams() const noexcept { return timelines_.size(); }
+  // The invariants above: empty when they hold, else what breaks them (the validator).
+  std::string problem() const;
+
+  static constexpr StreamHandle kNoStream = ~StreamHandle{0} - 0x5eed;
+
+ private:
+  struct Timeline {
+    StreamHandle stream;
+    std::uint64_t completed = 0;  // every marker <= completed has completed
+    std::uint64_t wanted = 0;     // owed marker (0: none)
+    std::uint32_t deferred = 0;   // allocations that left the owed marker unrecorded
+    std::deque<std::pair<std::uint64_t, EventHandle>> pending;
+  };
+  Timeline* find(StreamHandle stream);      // nullptr: never seen
+  Timeline& timeline(StreamHandle stream);  // made when first seen
+  void record(Timeline& t);                 // records the owed marker
+  void poll(Timeline& t);                   // retires completed markers (queries)
+  bool done(Timeline& t, std::uint64_t seq);
+  EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
+
+  Backend& backend_;
+  const int device_;
+  EventPool& events_;
+  std::vector<Timeline> timelines_;  // few streams: a linear search is cheapest
+  std::uint64_t next_seq_ = 1;
+};
+
+}  // namespace reservoir::detail
