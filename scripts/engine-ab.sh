@@ -12,7 +12,7 @@
 #       (default 3); FILTER (default 'LogUniform|BM_Pair/512$'), MIN_TIME (0.3). The
 #       reference is the variant whose name sorts first (e.g. a-base, b-try).
 # The host's VM had no hardware counters: a variant's worth there can only be timed,
-# and only side by side (docs/benchmarks.md, 2026-12-03 15:42-16:19 UTC).
+# and only side by side (docs/benchmarks.md, "A/B of engine builds").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?usage: scripts/engine-ab.sh build NAME [PATCH...] | run [CPUS] [ROUNDS]}

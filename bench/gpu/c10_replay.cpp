@@ -1,6 +1,6 @@
 // reservoir_c10_replay: a trace (docs/trace_format.md, plain or gzip) replayed through
 // PyTorch's native caching allocator (c10) or cudaMallocAsync on the GPU: the ground
-// truth Reservoir's replays are compared with (scripts/gpu-truth.sh). Built with
+// truth Reservoir's replays are compared with (scripts/gpu/truth.sh). Built with
 // -DTORCH_DIR; reservoir_async_replay is the same program without c10 (--api async).
 //
 //   reservoir_c10_replay TRACE [--api c10|async] [--fit] [--no-warmup]

@@ -8,7 +8,7 @@ simulated device, gathered into one JSON file (traces/gpu_truth.json).
 
 Needs, in the build directory, tools/replay/reservoir-replay, bench/gpu/
 reservoir_async_replay and bench/gpu/reservoir_c10_replay (configured with -DTORCH_DIR;
-scripts/gpu-truth.sh builds all three). Per trace and setting: c10 in a process of its own (PYTORCH_CUDA_ALLOC_CONF is
+scripts/gpu/truth.sh builds all three). Per trace and setting: c10 in a process of its own (PYTORCH_CUDA_ALLOC_CONF is
 read once, at c10's start), with the fit search for the settings in FIT_SETTINGS;
 cudaMallocAsync once per trace; `reservoir-replay TRACE --device cuda --config S --json`
 and the same with --device sim. Fits run last, so a --budget that runs out drops them

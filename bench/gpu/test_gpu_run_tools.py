@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""CPU checks of the GPU run's tools (scripts/gpu-run-a.sh): tools/trace_stats.py,
-bench/gpu/gpu_truth.py without a GPU, the workloads' command lines, the scripts' syntax.
+"""CPU checks of the GPU runs' tools (scripts/gpu/): tools/trace_stats.py,
+bench/gpu/gpu_truth.py without a GPU, the workloads' command lines, the scripts' syntax
+and their dry runs.
 
     python3 bench/gpu/test_gpu_run_tools.py BUILD_DIR     (CTest: gpu_run_tools)
 """
@@ -89,9 +90,34 @@ class ToolsTest(unittest.TestCase):
                 self.assertIn("--steps", p.stdout, name)
 
     def test_scripts_are_valid_bash(self):
-        for name in ("gpu-run-a.sh", "gpu-truth.sh", "capture-traces.sh"):
-            p = run("bash", "-n", os.path.join(REPO, "scripts", name))
+        gpu = os.path.join(REPO, "scripts", "gpu")
+        names = [os.path.join(gpu, n) for n in sorted(os.listdir(gpu)) if n.endswith(".sh")]
+        self.assertEqual([os.path.basename(n) for n in names],
+                         ["bench.sh", "check.sh", "common.sh", "ipc.sh", "multi-gpu.sh",
+                          "torch.sh", "truth.sh"])
+        for name in names + [os.path.join(REPO, "scripts", "capture-traces.sh")]:
+            p = run("bash", "-n", name)
             self.assertEqual(p.returncode, 0, name + p.stderr)
+
+    def test_gpu_scripts_dry_run_every_part(self):
+        # GPU_DRY_RUN=1 prints the build and each step instead of running them: every
+        # part of every script is known, and an unknown one is refused (exit code 2).
+        gpu = os.path.join(REPO, "scripts", "gpu")
+        env = dict(os.environ, GPU_DRY_RUN="1")
+        parts = {"check.sh": "tests memcheck examples",
+                 "bench.sh": "default expandable driver-calls replay-calls",
+                 "truth.sh": "placement capture truth replays async",
+                 "torch.sh": "native memory-api graphs viewer cudnn train sources",
+                 "ipc.sh": "pair memcheck cupy", "multi-gpu.sh": "ddp allreduce peer"}
+        for name, every in parts.items():
+            out = os.path.join(self.dir.name, name)
+            p = run(os.path.join(gpu, name), out, *every.split(), env=env)
+            self.assertEqual(p.returncode, 0, name + p.stdout + p.stderr)
+            self.assertIn("[dry run]", p.stdout, name)
+            self.assertTrue(p.stdout.rstrip().endswith(": ok"), name + p.stdout)
+            p = run(os.path.join(gpu, name), out, "no-such-part", env=env)
+            self.assertEqual(p.returncode, 2, name + p.stdout)
+            self.assertIn("unknown part 'no-such-part'", p.stdout, name)
 
 
 if __name__ == "__main__":

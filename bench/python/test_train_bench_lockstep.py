@@ -4,7 +4,7 @@ workers never overlap, step i is taken by every worker before any takes step i +
 the order rotates, a worker's own figures come back, and a failing worker is
 reported with its output. The workers here are small Python processes that speak
 the lockstep protocol (the training workers need PyTorch and a GPU; their GPU run
-is scripts/gpu-run-b.sh train).
+is scripts/gpu/torch.sh OUT train).
 
     python3 bench/python/test_train_bench_lockstep.py      (CTest: train_bench_lockstep)
 """

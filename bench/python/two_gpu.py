@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Issue 17 (two GPUs): the workers that scripts/gpu2-*.sh run. Each takes the
-allocator mode: pytorch (PyTorch's own allocator), or a Reservoir setting: default,
-expandable (expandable_segments:True), compact (policy:compact).
+"""Two GPUs under PyTorch's distributed training: the workers that
+scripts/gpu/multi-gpu.sh runs. Each takes the allocator mode: pytorch (PyTorch's own
+allocator), or a Reservoir setting: default, expandable (expandable_segments:True),
+compact (policy:compact).
 
   torchrun --nproc_per_node 2 two_gpu.py ddp MODE OUT.json
       GPT-2 small DDP training (transformers, random init, seed 1234, batch 4,

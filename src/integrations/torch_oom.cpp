@@ -4,8 +4,8 @@
 // Why this is needed: CUDAPluggableAllocator::malloc lets whatever the alloc hook
 // throws propagate, and PyTorch's Python bindings map c10::OutOfMemoryError to
 // torch.cuda.OutOfMemoryError but any other std::exception to a plain RuntimeError
-// (pytorch/pytorch issue 133280). Returning nullptr instead is worse: PyTorch does
-// not check it and hands out a tensor without memory.
+// (https://github.com/pytorch/pytorch/issues/133280). Returning nullptr instead is
+// worse: PyTorch does not check it and hands out a tensor without memory.
 //
 // How, without PyTorch's headers: reservoir.torch.install() looks up, in the
 // libraries PyTorch loaded, the constructor c10::Error(SourceLocation,

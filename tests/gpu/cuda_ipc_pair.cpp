@@ -1,4 +1,4 @@
-// Issue 16 on a real GPU, between two real processes (docs/ipc.md): the program forks
+// Sharing memory on a real GPU, between two real processes (docs/ipc.md): the program forks
 // before either side touches CUDA (a CUDA context does not survive fork), then
 //   1. for an ordinary (cudaMalloc) and an expandable-segment block: the owner shares
 //      it twice and sends both handles over a Unix socket (descriptors by SCM_RIGHTS);
@@ -7,7 +7,7 @@
 //   2. the receiver holds 4 GiB while the owner asks for more than the device has: the
 //      OutOfMemoryError lists the receiver's process and its memory (NVML).
 // One "PASS name" or "FAIL name: why" line per check, "SKIP" without a device; exit
-// status 0 only when everything passed. Run by scripts/gpu-ipc-async.sh (also under
+// status 0 only when everything passed. Run by scripts/gpu/ipc.sh (also under
 // compute-sanitizer memcheck).
 #include <cuda_runtime_api.h>
 #include <sys/socket.h>

@@ -240,7 +240,7 @@ TEST(IpcProcesses, AChildOpensBothKindsOfBlockAndTheParentSeesItsWrites) {
   expandable.alloc->deallocate(b);
 }
 
-// Issue 16's third part: the processes using the device in the OOM report (after
+// The processes using the device in the OOM report (after
 // PyTorch's first sentences) and in the summary, or why the list is unavailable (no
 // NVML; here the simulated device refuses the call).
 TEST(IpcProcessMemory, TheOomReportListsOtherProcessesOrSaysWhyNot) {

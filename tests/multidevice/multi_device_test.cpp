@@ -91,7 +91,8 @@ TEST_P(MultiDevice, APointerIsFreedFromAThreadWhoseCurrentDeviceDiffers) {
 }
 
 TEST_P(MultiDevice, TwoThreadsDriveTwoDevicesAtOnce) {
-  // Issue 17: one process, a thread per device, frees crossing over at the end.
+  // Several GPUs driven from one process, a thread per device (as DDP's ranks in
+  // threads would), frees crossing over at the end.
   std::vector<std::vector<void*>> kept(2);
   auto drive = [&](int device) {
     sim_->set_current_device(device);

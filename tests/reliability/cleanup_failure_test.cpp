@@ -36,10 +36,11 @@ std::string device_error(Body&& body) {
   return "";
 }
 
-// Issue 18: a 64 MiB request maps four 20 MiB pages; the second map fails and the
-// undo's unmap of the first page fails too. The new segment's release retries it
-// at once; when that fails as well, the page stays counted as reserved and
-// empty_cache gives it back once the device takes it.
+// Device memory is never forgotten when a clean-up call fails (docs/reliability.md,
+// "When a call that gives memory back fails"): a 64 MiB request maps four 20 MiB
+// pages; the second map fails and the undo's unmap of the first page fails too. The
+// new segment's release retries it at once; when that fails as well, the page stays
+// counted as reserved and empty_cache gives it back once the device takes it.
 TEST(HeldMemory, AFailedUndoKeepsThePageCountedUntilEmptyCache) {
   for (std::uint64_t unmap_failures : {1, 2}) {
     SCOPED_TRACE(std::to_string(unmap_failures) + " unmap failures");

@@ -1,6 +1,6 @@
 // The owner's side of sharing a block with another process: what a segment's owner
 // tells IPC about an allocated block (BlockOwner::share; the front exports it,
-// src/front/ipc.cpp). An ordinary segment is shared whole (the receiver maps it once,
+// src/front/ipc_service.cpp). An ordinary segment is shared whole (the receiver maps it once,
 // whichever of its blocks it opens); an expandable segment shares the pages that hold
 // the block.
 #include "engine/pool/expandable_segment.hpp"

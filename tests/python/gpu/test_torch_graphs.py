@@ -6,7 +6,7 @@ each run in two processes - PyTorch's own allocator and Reservoir - whose output
 must be equal; a snapshot after capture that shows the graph pool and opens in
 torch.cuda._memory_viz; torch.cuda.MemPool and use_mem_pool on Reservoir's pools.
 
-    scripts/gpu-torch-graphs.sh            # or:
+    scripts/gpu/torch.sh OUT graphs        # or:
     python3 -m unittest -v tests/python/gpu/test_torch_graphs.py
 """
 
