@@ -3,7 +3,9 @@
     python3 -m pip install ./python                          # pip fetches setuptools
     python3 -m pip install --no-build-isolation ./python     # the setuptools installed
 
-The package is pure Python (ctypes) around the library. The library bundled is,
+The package is pure Python (ctypes) around the library; the headers that
+reservoir.torch's native part is compiled with at install time (reservoir.h and
+src/integrations/torch_hooks.hpp) are bundled too. The library bundled is,
 in order: RESERVOIR_LIBRARY (a path), else the newest libreservoir.so under any
 build*/**/src of this repository (build/, build-py/, build/release/, a preset's
 build/<preset>/ ...), else one built now with CMake into build/python-package/
@@ -102,9 +104,32 @@ def library_to_bundle():
     return None
 
 
+# The library's headers the native part (reservoir/_native/*.cpp, compiled at
+# install time) includes: (folder of the checkout, path under it). Bundled as
+# reservoir/_native/include/PATH, where reservoir/_torch_native.py looks first.
+NATIVE_HEADERS = (("include", "reservoir/reservoir.h"), ("src", "integrations/torch_hooks.hpp"))
+
+
+def bundle_native_headers(build_lib, root=ROOT):
+    """Copies NATIVE_HEADERS into the package being built; returns how many."""
+    copied = 0
+    for folder, name in NATIVE_HEADERS:
+        source = os.path.join(root, folder, name)
+        if not os.path.exists(source):
+            _say("%s not found: reservoir.torch's native part cannot be built from this "
+                 "package (install it from a Reservoir checkout)" % source)
+            continue
+        target = os.path.join(build_lib, "reservoir", "_native", "include", name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)
+        copied += 1
+    return copied
+
+
 class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
+        bundle_native_headers(self.build_lib)
         library = library_to_bundle()
         if library is None:
             return

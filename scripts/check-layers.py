@@ -12,11 +12,12 @@ anything. Every header under include/reservoir/ must have a layer here.
     scripts/check-layers.py [--root DIR]   # exit 1 and a line per violation
     scripts/check-layers.py --self-test    # proves the check catches violations
 """
-import argparse
 import os
 import re
 import sys
 import tempfile
+
+import check_cli
 
 LAYERS = ["util", "backend", "engine", "front", "integrations", "tools"]
 ENGINE_PARTS = ["books", "stats", "streams", "ipc", "pool", "compact", "device", "allocators"]
@@ -113,9 +114,7 @@ def check(root):
 def self_test():
     with tempfile.TemporaryDirectory() as root:
         def write(rel, text):
-            os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
-            with open(os.path.join(root, rel), "w") as fh:
-                fh.write(text)
+            check_cli.write(root, rel, text)
         write("include/reservoir/allocator.hpp", "#pragma once\n")
         write("include/reservoir/types.hpp", "#pragma once\n")
         write("src/engine/books/good.hpp", '#include "reservoir/types.hpp"\n#include <vector>\n')
@@ -139,20 +138,10 @@ def self_test():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
-    parser.add_argument("--self-test", action="store_true")
-    args = parser.parse_args()
-    if args.self_test:
-        return self_test()
-    problems = check(os.path.abspath(args.root))
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"check-layers: {len(problems)} include(s) break the layer order (src/README.md)")
-        return 1
-    print("check-layers: ok")
-    return 0
+    return check_cli.main(
+        __doc__, check, self_test,
+        lambda n: f"check-layers: {n} include(s) break the layer order (src/README.md)",
+        lambda root: "check-layers: ok")
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ class RESERVOIR_API Allocator {
   void reset_accumulated_stats(int device = -1);
   // A readable table of the statistics (like torch.cuda.memory_summary()).
   std::string summary(int device = -1);
+  // The same table with options (SummaryOptions{} gives summary(device)'s).
+  std::string summary(int device, const SummaryOptions& options);
 
   // ---- Hooks ----
   void attach_oom_observer(OomObserver observer);

@@ -95,6 +95,18 @@ RESERVOIR_C_API reservoir_status reservoir_stats_text(int device, char* buffer, 
 /* The memory summary table, same buffer convention. */
 RESERVOIR_C_API reservoir_status reservoir_summary(int device, char* buffer, size_t capacity,
                                                    size_t* needed);
+/* Bits of reservoir_summary_with_options' options. */
+typedef enum reservoir_summary_option {
+  /* Each statistic's row for all pools only (no "from large/small pool" rows). */
+  RESERVOIR_SUMMARY_ABBREVIATED = 1,
+  /* A line with the synchronizations of all streams and the max split size. */
+  RESERVOIR_SUMMARY_SYNC_AND_SPLIT = 2
+} reservoir_summary_option;
+/* The summary table with options (0: reservoir_summary's table), same buffer
+ * convention. An unknown bit is RESERVOIR_ERROR_INVALID_ARGUMENT. */
+RESERVOIR_C_API reservoir_status reservoir_summary_with_options(int device, unsigned options,
+                                                                char* buffer, size_t capacity,
+                                                                size_t* needed);
 
 /* Writes every request to path (docs/trace_format.md; ".gz" compresses), replacing
  * a running recording. The file is complete on disk after each buffer and written

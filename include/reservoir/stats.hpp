@@ -59,6 +59,12 @@ struct DeviceStats {
   std::int64_t private_pools = 0;
 };
 
+// What Allocator::summary(device, options) shows besides its default table.
+struct SummaryOptions {
+  bool abbreviated = false;     // each statistic's all-pools row only (no large/small rows)
+  bool sync_and_split = false;  // a line with num_sync_all_streams and max_split_size
+};
+
 // "allocated_bytes.all.current" style key for one of the 9 StatArray members.
 RESERVOIR_API const char* const* stat_array_names() noexcept;  // 9 names, in member order
 

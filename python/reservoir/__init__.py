@@ -360,134 +360,24 @@ def metrics_json():
     return _lib.read_text(_lib.load().reservoir_metrics_json)
 
 
+def memory_summary(device=None, abbreviated=False):
+    """A readable table of the statistics, laid out like torch.cuda.memory_summary():
+    one row per statistic (with its large/small pool split unless abbreviated) and
+    the columns current, peak, total allocated and total freed. The C library's
+    table (Allocator::summary) with the synchronizations of all streams and the max
+    split size added."""
+    options = _lib.RESERVOIR_SUMMARY_SYNC_AND_SPLIT
+    if abbreviated:
+        options |= _lib.RESERVOIR_SUMMARY_ABBREVIATED
+    lib = _lib.load()
+    return _lib.read_text(lib.reservoir_summary_with_options, _device_index(device), options)
+
+
 def engine_summary(device=None):
-    """The C++ allocator's own summary table (Allocator::summary())."""
+    """The C library's table as C and C++ get it (reservoir_summary,
+    Allocator::summary()): memory_summary() without the line it adds."""
     lib = _lib.load()
     return _lib.read_text(lib.reservoir_summary, _device_index(device))
-
-
-# ---- memory_summary: the layout of torch.cuda.memory_summary() ----
-
-_WIDTH = 75  # characters between the outer bars
-
-
-def _format_bytes(value):
-    sign = "-" if value < 0 else ""
-    value = abs(value)
-    if value < 1024:
-        return "%s%d B" % (sign, value)
-    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
-        value /= 1024.0
-        if value < 1024 or unit == "EiB":
-            break
-    digits = 2 if value < 100 else 1
-    return "%s%.*f %s" % (sign, digits, value, unit)
-
-
-def _format_count(value):
-    return str(value)
-
-
-def _line(char="-"):
-    return "|" + char * _WIDTH + "|"
-
-
-def _centered(text):
-    return "|" + text.center(_WIDTH) + "|"
-
-
-def _row(name, values):
-    cells = "".join(" %10s |" % v for v in values)
-    return "| %-21s |%s" % (name, cells)
-
-
-def _two_cells(left, right):
-    half = (_WIDTH - 1) // 2
-    return "|" + (" " + left).ljust(half) + "|" + (" " + right).ljust(_WIDTH - 1 - half) + "|"
-
-
-_BYTE_ROWS = (
-    ("allocated_bytes", "Allocated memory"),
-    ("active_bytes", "Active memory"),
-    ("requested_bytes", "Requested memory"),
-    ("reserved_bytes", "Reserved memory"),
-    ("inactive_split_bytes", "Non-releasable memory"),
-)
-_COUNT_ROWS = (
-    ("allocation", "Allocations"),
-    ("active", "Active allocs"),
-    ("segment", "Reserved segments"),
-    ("inactive_split", "Non-releasable allocs"),
-)
-_OVERSIZE_ROWS = (
-    ("oversize_allocations", "Oversize allocations"),
-    ("oversize_segments", "Oversize segments"),
-)
-_METRICS = ("current", "peak", "allocated", "freed")
-_HEADERS = ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")
-
-
-def memory_summary(device=None, abbreviated=False):
-    """A readable table of memory_stats(), laid out like torch.cuda.memory_summary():
-    one row per statistic (with its large/small pool split unless abbreviated) and
-    the columns current, peak, total allocated and total freed."""
-    stats = memory_stats(device)
-    index = _device_index(device)
-    if index < 0:
-        index = current_device()
-    title = "Reservoir memory summary, device ID %d (%s)" % (index, backend_name())
-    lines = [
-        _line("="),
-        _centered(title),
-        _line("-"),
-        _two_cells(
-            "Out-of-memory errors: %d" % stats["num_ooms"],
-            "Device allocation retries: %d" % stats["num_alloc_retries"],
-        ),
-        _line("="),
-        "| %-21s |%s" % ("Metric", "".join(" %-10s |" % h for h in _HEADERS)),
-    ]
-
-    def section(rows, fmt, pools):
-        for key, label in rows:
-            lines.append(_line("-"))
-            prefix = key + ".all." if pools else key + "."
-            lines.append(_row(label, [fmt(stats[prefix + m]) for m in _METRICS]))
-            if pools and not abbreviated:
-                for pool, pool_label in (("large_pool", "large"), ("small_pool", "small")):
-                    prefix = "%s.%s." % (key, pool)
-                    lines.append(
-                        _row("      from %s pool" % pool_label,
-                             [fmt(stats[prefix + m]) for m in _METRICS])
-                    )
-
-    section(_BYTE_ROWS, _format_bytes, True)
-    section(_COUNT_ROWS, _format_count, True)
-    section(_OVERSIZE_ROWS, _format_count, False)
-    lines.append(_line("="))
-    split = stats["max_split_size"]
-    split_text = "unlimited" if split <= 0 or split >= (1 << 62) else _format_bytes(split)
-    lines.append(
-        _two_cells(
-            "Device allocs: %d" % stats["num_device_alloc"],
-            "Device frees: %d" % stats["num_device_free"],
-        )
-    )
-    lines.append(
-        _two_cells(
-            "Synchronizations: %d" % stats["num_sync_all_streams"],
-            "Max split size: %s" % split_text,
-        )
-    )
-    pools = private_pool_stats(device)
-    lines.append(
-        _two_cells(
-            "Private pools: %d" % pools["private_pools"],
-            "Private reserved: %s" % _format_bytes(pools["private_pool_reserved_bytes"]),
-        )
-    )
-    lines.append(_line("="))
-    return "\n".join(lines) + "\n"
 
 
 # Sharing blocks with other processes (docs/ipc.md). Imported last: reservoir.open

@@ -80,6 +80,10 @@ _ERRORS = {
     7: ReservoirIoError,
 }
 
+# reservoir_summary_option's bits (reservoir.h).
+RESERVOIR_SUMMARY_ABBREVIATED = 1
+RESERVOIR_SUMMARY_SYNC_AND_SPLIT = 2
+
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 # uintptr_t: same width as size_t on every platform Reservoir builds for.
@@ -134,6 +138,10 @@ _SIGNATURES = {
     "reservoir_summary": (
         ctypes.c_int,
         [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, _c_size_p],
+    ),
+    "reservoir_summary_with_options": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t, _c_size_p],
     ),
     "reservoir_start_trace_recording": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_stop_trace_recording": (ctypes.c_int, []),

@@ -11,12 +11,15 @@ calls of torch.compile's cudagraph trees (answered in C++, so PyTorch's own
 restore gives live storages their deleter), and allocation without the
 pluggable's map of live pointers. A C++ virtual can only be overridden by C++
 compiled against the same PyTorch, so install() compiles it on first use with
-the system's C++ compiler (CXX, else c++ / g++), PyTorch's bundled headers and
-CUDA's runtime headers, and caches the library in RESERVOIR_CACHE_DIR (default
-~/.cache/reservoir), keyed by the source, PyTorch's version and library folder,
-and libreservoir.so's path: about 8 s once on an H200 host, then a load.
+the system's C++ compiler (CXX, else c++ / g++), PyTorch's bundled headers,
+CUDA's runtime headers and libreservoir.so's own (reservoir.h and the PyTorch
+hooks' header: bundled into the package, else from the checkout), and caches
+the library in RESERVOIR_CACHE_DIR (default ~/.cache/reservoir), keyed by the
+source and those headers, PyTorch's version and library folder, and
+libreservoir.so's path: about 8 s once on an H200 host, then a load.
 RESERVOIR_TORCH_NATIVE=0 skips it. Where it cannot be built (no compiler, no
-CUDA headers), install() goes on with the plain pluggable allocator and warns.
+CUDA headers, no library headers), install() goes on with the plain pluggable
+allocator and warns.
 """
 
 import ctypes
@@ -31,8 +34,13 @@ import tempfile
 
 from . import _lib
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native",
-                      "torch_native_allocator.cpp")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "_native", "torch_native_allocator.cpp")
+# The library's headers SOURCE includes, as paths under an include folder: in an
+# installed package under _native/include (python/setup.py bundles them), in a
+# checkout under include/ and src/.
+HEADERS = ("reservoir/reservoir.h", "integrations/torch_hooks.hpp")
+BUNDLED_INCLUDE = os.path.join(HERE, "_native", "include")
 
 _state = {"library": None, "active": False, "reason": None}
 
@@ -85,6 +93,26 @@ def _cuda_include_dirs(torch):
                            "CUDA_HOME to a CUDA toolkit" % ", ".join(roots))
 
 
+def include_dirs(bundled=None, root=None):
+    """The folders to compile SOURCE with, where every one of HEADERS is found: the
+    copies bundled into the package (BUNDLED_INCLUDE), else include/ and src/ of
+    the checkout the package runs from (root: python/reservoir/ two levels up)."""
+    bundled = bundled or BUNDLED_INCLUDE
+    root = root or os.path.dirname(os.path.dirname(HERE))
+    for dirs in ([bundled], [os.path.join(root, "include"), os.path.join(root, "src")]):
+        if all(any(os.path.isfile(os.path.join(d, h)) for d in dirs) for h in HEADERS):
+            return dirs
+    raise NativeBuildError("the library's headers (%s) are neither bundled in %s nor in a "
+                           "checkout at %s; install the package from a Reservoir checkout "
+                           "(pip install ./python)" % (", ".join(HEADERS), bundled, root))
+
+
+def _headers(dirs):
+    """Paths of HEADERS in dirs."""
+    return [next(os.path.join(d, h) for d in dirs if os.path.isfile(os.path.join(d, h)))
+            for h in HEADERS]
+
+
 def _command(torch, compiler, output, standard):
     torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
     include = os.path.join(torch_dir, "include")
@@ -96,6 +124,8 @@ def _command(torch, compiler, output, standard):
                "-isystem", os.path.join(include, "torch", "csrc", "api", "include")]
     for folder in _cuda_include_dirs(torch):
         command += ["-isystem", folder]
+    for folder in include_dirs():
+        command += ["-I", folder]
     command += [SOURCE, "-o", output, "-L" + lib_dir, "-Wl,-rpath," + lib_dir,
                 "-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_cuda", reservoir_lib,
                 "-Wl,-rpath," + os.path.dirname(reservoir_lib)]
@@ -104,8 +134,9 @@ def _command(torch, compiler, output, standard):
 
 def _key(torch):
     digest = hashlib.sha256()
-    with open(SOURCE, "rb") as f:
-        digest.update(f.read())
+    for path in [SOURCE] + _headers(include_dirs()):
+        with open(path, "rb") as f:
+            digest.update(f.read())
     for part in (torch.__version__, os.path.dirname(os.path.abspath(torch.__file__)),
                  os.path.realpath(_lib.path()), sys.version):
         digest.update(part.encode("utf-8", "replace"))

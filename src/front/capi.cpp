@@ -371,6 +371,22 @@ reservoir_status reservoir_summary(int device, char* buffer, size_t capacity, si
   });
 }
 
+reservoir_status reservoir_summary_with_options(int device, unsigned options, char* buffer,
+                                                size_t capacity, size_t* needed) {
+  constexpr const char* kFn = "reservoir_summary_with_options";
+  return guarded(kFn, [&] {
+    constexpr unsigned kKnown = RESERVOIR_SUMMARY_ABBREVIATED | RESERVOIR_SUMMARY_SYNC_AND_SPLIT;
+    if ((options & ~kKnown) != 0) {
+      throw reservoir::InvalidArgumentError(std::string(kFn) + ": unknown option bits " +
+                                            std::to_string(options & ~kKnown));
+    }
+    reservoir::SummaryOptions chosen;
+    chosen.abbreviated = (options & RESERVOIR_SUMMARY_ABBREVIATED) != 0;
+    chosen.sync_and_split = (options & RESERVOIR_SUMMARY_SYNC_AND_SPLIT) != 0;
+    copy_out(Allocator::instance().summary(device, chosen), buffer, capacity, needed);
+  });
+}
+
 reservoir_status reservoir_start_trace_recording(const char* path) {
   constexpr const char* kFn = "reservoir_start_trace_recording";
   return guarded(kFn, [&] {

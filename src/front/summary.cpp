@@ -1,5 +1,6 @@
 // The statistics table (Allocator::summary), laid out like
 // torch.cuda.memory_summary() so that users find what they know.
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -32,16 +33,29 @@ void row(std::string& out, const char* name, const Stat& s, bool bytes) {
   out += buf;
 }
 
-void block(std::string& out, const char* name, const StatArray& a, bool bytes) {
+void block(std::string& out, const char* name, const StatArray& a, bool bytes, bool abbreviated) {
   row(out, name, a.all(), bytes);
-  row(out, "      from large pool", a.large(), bytes);
-  row(out, "      from small pool", a.small(), bytes);
+  if (!abbreviated) {
+    row(out, "      from large pool", a.large(), bytes);
+    row(out, "      from small pool", a.small(), bytes);
+  }
   out += "|-----------------------+--------------+--------------+--------------+--------------|\n";
+}
+
+// The setting in force: 0 or less (SIZE_MAX cast to int64) and anything past 4 EiB
+// mean that no block is too large to split.
+std::string split_size(std::int64_t max_split_size) {
+  if (max_split_size <= 0 || max_split_size >= (std::int64_t{1} << 62)) return "unlimited";
+  return detail::format_size(static_cast<std::uint64_t>(max_split_size));
 }
 
 }  // namespace
 
 std::string Allocator::summary(int device) {
+  return summary(device, SummaryOptions{});
+}
+
+std::string Allocator::summary(int device, const SummaryOptions& options) {
   DeviceStats s = stats(device);
   int d = device;
   if (d < 0 && backend().current_device(&d) != DeviceStatus::ok) d = 0;
@@ -69,18 +83,26 @@ std::string Allocator::summary(int device) {
                  "   device-side stream waits: " + std::to_string(s.num_stream_waits))
                     .c_str());
   out += buf;
+  if (options.sync_and_split) {
+    std::snprintf(buf, sizeof buf, "| %-82s|\n",
+                  ("synchronizations of all streams: " + std::to_string(s.num_sync_all_streams) +
+                   "   max split size: " + split_size(s.max_split_size))
+                      .c_str());
+    out += buf;
+  }
   out += rule;
   out += "| Metric                |  Cur Usage   |  Peak Usage  |  Tot Alloc   |  Tot Freed   |\n";
   out += "|-----------------------+--------------+--------------+--------------+--------------|\n";
-  block(out, "Allocated memory", s.allocated_bytes, true);
-  block(out, "Active memory", s.active_bytes, true);
-  block(out, "Requested memory", s.requested_bytes, true);
-  block(out, "Reserved memory", s.reserved_bytes, true);
-  block(out, "Non-releasable memory", s.inactive_split_bytes, true);
-  block(out, "Allocations", s.allocation, false);
-  block(out, "Active allocs", s.active, false);
-  block(out, "Reserved segments", s.segment, false);
-  block(out, "Non-releasable allocs", s.inactive_split, false);
+  const bool brief = options.abbreviated;
+  block(out, "Allocated memory", s.allocated_bytes, true, brief);
+  block(out, "Active memory", s.active_bytes, true, brief);
+  block(out, "Requested memory", s.requested_bytes, true, brief);
+  block(out, "Reserved memory", s.reserved_bytes, true, brief);
+  block(out, "Non-releasable memory", s.inactive_split_bytes, true, brief);
+  block(out, "Allocations", s.allocation, false, brief);
+  block(out, "Active allocs", s.active, false, brief);
+  block(out, "Reserved segments", s.segment, false, brief);
+  block(out, "Non-releasable allocs", s.inactive_split, false, brief);
   row(out, "Oversize allocations", s.oversize_allocations, false);
   row(out, "Oversize segments", s.oversize_segments, false);
   out += rule;

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "integrations/torch_hooks.hpp"
 #include "integrations/torch_oom.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"

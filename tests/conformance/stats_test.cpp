@@ -130,5 +130,34 @@ TEST_P(Conformance, SummaryTableShowsTheStatistics) {
   free(small);
 }
 
+// The options: abbreviated drops the per-pool rows, sync_and_split adds the line
+// with num_sync_all_streams and max_split_size; the rest is summary(device)'s table.
+TEST_P(Conformance, SummaryOptions) {
+  void* p = alloc(3 * MiB);
+  const std::string plain = a().summary(0);
+  EXPECT_EQ(a().summary(0, SummaryOptions{}), plain);
+  SummaryOptions brief;
+  brief.abbreviated = true;
+  const std::string abbreviated = a().summary(0, brief);
+  EXPECT_EQ(abbreviated.find("from large pool"), std::string::npos) << abbreviated;
+  EXPECT_EQ(abbreviated.find("from small pool"), std::string::npos) << abbreviated;
+  EXPECT_NE(abbreviated.find("| Allocated memory "), std::string::npos) << abbreviated;
+  SummaryOptions more;
+  more.sync_and_split = true;
+  const std::string full = a().summary(0, more);
+  const std::string line =
+      "synchronizations of all streams: " + std::to_string(a().stats(0).num_sync_all_streams) +
+      "   max split size: ";
+  const std::size_t at = full.find(line);
+  ASSERT_NE(at, std::string::npos) << full;
+  const std::size_t end = full.find('\n', at);
+  const std::string rest = full.substr(0, full.rfind('\n', at) + 1) + full.substr(end + 1);
+  EXPECT_EQ(rest, plain);
+  const std::int64_t split = a().stats(0).max_split_size;
+  const bool unlimited = split <= 0 || split >= (std::int64_t{1} << 62);
+  EXPECT_EQ(full.find("max split size: unlimited") != std::string::npos, unlimited) << full;
+  free(p);
+}
+
 }  // namespace
 }  // namespace reservoir::testing

@@ -52,22 +52,32 @@ class PipInstallTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stdout[-3000:] + result.stderr[-3000:])
             bundled = os.path.join(target, "reservoir", "libreservoir.so")
             self.assertTrue(os.path.exists(bundled))
-            # The native part's source travels with the package (compiled at install()).
-            self.assertTrue(os.path.exists(os.path.join(
-                target, "reservoir", "_native", "torch_native_allocator.cpp")))
+            # The native part's source travels with the package (compiled at install()),
+            # and so do the library's headers it includes, copies of the checkout's.
+            native = os.path.join(target, "reservoir", "_native")
+            self.assertTrue(os.path.exists(os.path.join(native, "torch_native_allocator.cpp")))
+            for folder, name in (("include", "reservoir/reservoir.h"),
+                                 ("src", "integrations/torch_hooks.hpp")):
+                with open(os.path.join(REPO, folder, name)) as f:
+                    original = f.read()
+                with open(os.path.join(native, "include", name)) as f:
+                    self.assertEqual(f.read(), original, name)
             env = {k: v for k, v in os.environ.items()
                    if k not in ("RESERVOIR_LIBRARY", "PYTHONPATH")}
             env.update(PYTHONPATH=target, RESERVOIR_ALLOC_CONF="device:sim")
             check = subprocess.run(
                 [sys.executable, "-c",
                  "import reservoir; print(reservoir.library_path()); "
-                 "p = reservoir.raw_alloc(4096); reservoir.raw_free(p); print('ok')"],
+                 "p = reservoir.raw_alloc(4096); reservoir.raw_free(p); print('ok'); "
+                 "from reservoir import _torch_native; print(*_torch_native.include_dirs())"],
                 env=env, capture_output=True, text=True, timeout=120, cwd=target,
             )
             self.assertEqual(check.returncode, 0, check.stderr)
             lines = check.stdout.split()
             self.assertEqual(lines[0], bundled)
             self.assertEqual(lines[1], "ok")
+            # The native part is compiled with the bundled headers.
+            self.assertEqual(lines[2:], [os.path.join(native, "include")])
 
 
 @unittest.skipUnless(HAVE_SETUPTOOLS, "needs setuptools")

@@ -53,7 +53,7 @@ class MemPoolTest(unittest.TestCase):
         stats = reservoir.private_pool_stats()
         self.assertEqual(stats["private_pools"], 1)
         self.assertEqual(stats["private_pool_reserved_bytes"], segments[0]["total_size"])
-        self.assertIn("Private pools: 1", reservoir.memory_summary())
+        self.assertIn("Private pools (CUDA graphs, MemPool): 1", reservoir.memory_summary())
         reservoir.raw_free(mine)
         reservoir.raw_free(other[0])
         pool.release()

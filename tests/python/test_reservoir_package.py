@@ -394,6 +394,9 @@ class StatsTest(unittest.TestCase):
 
 
 class SummaryTest(unittest.TestCase):
+    """memory_summary() is the C library's table (Allocator::summary), asked for with
+    reservoir_summary_with_options; Python formats nothing."""
+
     def test_layout(self):
         ptr = reservoir.raw_alloc(3 * MiB)
         try:
@@ -402,33 +405,46 @@ class SummaryTest(unittest.TestCase):
             reservoir.raw_free(ptr)
         lines = text.rstrip("\n").split("\n")
         widths = {len(line) for line in lines}
-        self.assertEqual(widths, {77}, text)
-        self.assertIn("Reservoir memory summary, device ID 0", text)
+        self.assertEqual(widths, {85}, text)
+        self.assertIn("Reservoir memory summary, device 0 (sim", text)
         for label in ("Allocated memory", "Active memory", "Requested memory",
                       "Reserved memory", "Non-releasable memory", "Allocations",
                       "Active allocs", "Reserved segments", "Non-releasable allocs",
                       "Oversize allocations", "Oversize segments", "from large pool",
-                      "from small pool", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"):
+                      "from small pool", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed",
+                      "Private pools (CUDA graphs, MemPool): 0", "Processes using the device"):
             self.assertIn(label, text)
         requested = next(line for line in lines if line.startswith("| Requested memory"))
         cells = [cell.strip() for cell in requested.split("|")[2:-1]]
         self.assertEqual(cells[0], "3.00 MiB", requested)
 
+    def test_sync_and_split_line_is_added_to_the_c_table(self):
+        stats = reservoir.memory_stats()
+        text = reservoir.memory_summary()
+        line = "synchronizations of all streams: %d   max split size: unlimited" % (
+            stats["num_sync_all_streams"])
+        self.assertIn(line, text)
+        # The rest is the table C and C++ get.
+        plain = [row for row in text.split("\n") if "synchronizations of all streams" not in row]
+        self.assertEqual("\n".join(plain), reservoir.engine_summary())
+        result = run_python("import reservoir\nprint(reservoir.memory_summary())\n",
+                            RESERVOIR_ALLOC_CONF="device:sim,max_split_size_mb:256")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("max split size: 256.00 MiB", result.stdout)
+
     def test_abbreviated_and_explicit_device(self):
         text = reservoir.memory_summary(device=0, abbreviated=True)
         self.assertNotIn("from large pool", text)
         self.assertIn("Allocated memory", text)
+        self.assertIn("synchronizations of all streams", text)
+        self.assertIn("from large pool", reservoir.memory_summary(device=0))
 
-    def test_byte_formatting(self):
-        fmt = reservoir._format_bytes
-        self.assertEqual(fmt(0), "0 B")
-        self.assertEqual(fmt(1023), "1023 B")
-        self.assertEqual(fmt(1536), "1.50 KiB")
-        self.assertEqual(fmt(3 * MiB), "3.00 MiB")
-        self.assertEqual(fmt(150 << 30), "150.0 GiB")
-        self.assertEqual(fmt((1 << 20) - 1), "1024.0 KiB")
-        for value in (1, 999, 1 << 40, (1 << 63) - 1):
-            self.assertLessEqual(len(fmt(value)), 10)
+    def test_unknown_option_bits_are_refused(self):
+        lib = _lib.load()
+        needed = ctypes.c_size_t(0)
+        status = lib.reservoir_summary_with_options(0, 4, None, 0, ctypes.byref(needed))
+        self.assertEqual(status, 3)  # RESERVOIR_ERROR_INVALID_ARGUMENT
+        self.assertIn("unknown option bits 4", lib.reservoir_last_error().decode())
 
     def test_engine_summary(self):
         ptr = reservoir.raw_alloc(3 * MiB)
@@ -440,6 +456,7 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("Reservoir memory summary, device 0 (sim", text)
         self.assertIn("device allocs/frees: %d/%d" % (stats["num_device_alloc"],
                                                       stats["num_device_free"]), text)
+        self.assertNotIn("synchronizations of all streams", text)
         # The Allocations row's current and peak counts are the statistics'.
         row = next(line for line in text.split("\n") if line.startswith("| Allocations "))
         cells = [cell.strip() for cell in row.strip("|").split("|")]

@@ -40,6 +40,48 @@ class TorchNativeTest(unittest.TestCase):
         self.assertIn("void cacheInfo(c10::DeviceIndex device, size_t* largest) override", text)
         self.assertIn("reservoir_torch_native_install", text)
 
+    def test_the_library_headers_come_from_the_checkout_or_the_package(self):
+        # From a checkout: include/ and src/ (reservoir.h, the PyTorch hooks' header).
+        root = os.path.dirname(os.path.dirname(_torch_native.HERE))  # python/reservoir/
+        dirs = _torch_native.include_dirs()
+        self.assertEqual(dirs, [os.path.join(root, "include"), os.path.join(root, "src")])
+        self.assertEqual(_torch_native._headers(dirs),
+                         [os.path.join(root, "include", "reservoir", "reservoir.h"),
+                          os.path.join(root, "src", "integrations", "torch_hooks.hpp")])
+        # Installed: the copies bundled into the package come first.
+        bundled = os.path.join(self.folder.name, "bundled")
+        for name in _torch_native.HEADERS:
+            os.makedirs(os.path.dirname(os.path.join(bundled, name)), exist_ok=True)
+            open(os.path.join(bundled, name), "w").close()
+        self.assertEqual(_torch_native.include_dirs(bundled=bundled), [bundled])
+        # Neither: the error names the headers and says how to get them.
+        with self.assertRaises(_torch_native.NativeBuildError) as caught:
+            _torch_native.include_dirs(bundled=os.path.join(self.folder.name, "none"),
+                                       root=self.folder.name)
+        self.assertIn("reservoir/reservoir.h", str(caught.exception))
+        self.assertIn("pip install ./python", str(caught.exception))
+
+    def test_the_compiler_is_pointed_at_the_library_headers(self):
+        torch = fake_torch(os.path.join(self.folder.name, "site"))
+        with mock.patch.object(_torch_native, "_cuda_include_dirs", return_value=[]):
+            command = _torch_native._command(torch, "c++", "out.so", "c++20")
+        for folder in _torch_native.include_dirs():
+            self.assertIn(folder, command)
+            self.assertEqual(command[command.index(folder) - 1], "-I")
+
+    def test_the_cache_key_follows_the_library_headers(self):
+        torch = fake_torch(os.path.join(self.folder.name, "site"))
+        bundled = os.path.join(self.folder.name, "bundled")
+        for name in _torch_native.HEADERS:
+            os.makedirs(os.path.dirname(os.path.join(bundled, name)), exist_ok=True)
+            with open(os.path.join(bundled, name), "w") as f:
+                f.write("// one\n")
+        with mock.patch.object(_torch_native, "BUNDLED_INCLUDE", bundled):
+            before = _torch_native._key(torch)
+            with open(os.path.join(bundled, _torch_native.HEADERS[0]), "w") as f:
+                f.write("// two\n")
+            self.assertNotEqual(_torch_native._key(torch), before)
+
     def test_a_failed_build_says_why_and_leaves_nothing_behind(self):
         torch = fake_torch(os.path.join(self.folder.name, "site"))
         with mock.patch.object(_torch_native, "_cuda_include_dirs", return_value=[]):

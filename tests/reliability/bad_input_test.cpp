@@ -368,6 +368,37 @@ TEST(BadInputC, UnknownDeviceIndex) {
   EXPECT_EQ(c_stats(), before);
 }
 
+// reservoir_summary_with_options: 0 is reservoir_summary's table; an unknown bit is
+// refused (a newer caller's option is never silently dropped).
+TEST(BadInputC, SummaryOptions) {
+  auto summary = [](unsigned options, reservoir_status expected) {
+    size_t needed = 0;
+    EXPECT_EQ(reservoir_summary_with_options(0, options, nullptr, 0, &needed), expected);
+    std::string text(needed, '\0');
+    if (expected == RESERVOIR_OK) {
+      EXPECT_EQ(reservoir_summary_with_options(0, options, text.data(), needed, &needed),
+                RESERVOIR_OK);
+    }
+    return std::string(text.c_str());
+  };
+  size_t needed = 0;
+  EXPECT_EQ(reservoir_summary(0, nullptr, 0, &needed), RESERVOIR_OK);
+  std::string plain(needed, '\0');
+  EXPECT_EQ(reservoir_summary(0, plain.data(), needed, &needed), RESERVOIR_OK);
+  EXPECT_EQ(summary(0, RESERVOIR_OK), plain.c_str());
+  EXPECT_EQ(summary(RESERVOIR_SUMMARY_ABBREVIATED, RESERVOIR_OK).find("from large pool"),
+            std::string::npos);
+  const std::string full = summary(RESERVOIR_SUMMARY_SYNC_AND_SPLIT, RESERVOIR_OK);
+  EXPECT_NE(full.find("max split size: unlimited"), std::string::npos) << full;
+  for (unsigned bad : {4u, 0x80000000u, ~0u}) {
+    summary(bad, RESERVOIR_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(reservoir_last_error()).find("unknown option bits"), std::string::npos)
+        << reservoir_last_error();
+  }
+  EXPECT_EQ(reservoir_summary_with_options(7, 0, nullptr, 0, &needed),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(BadInputC, ForeignDoubleAndInteriorFrees) {
   void* p = nullptr;
   ASSERT_EQ(reservoir_allocate(&p, 3 * MiB, -1, 1), RESERVOIR_OK);

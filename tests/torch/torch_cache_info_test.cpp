@@ -6,9 +6,8 @@
 
 #include <cstddef>
 
+#include "integrations/torch_hooks.hpp"
 #include "reservoir/allocator.hpp"
-
-extern "C" void reservoir_torch_cache_info(int device, size_t* largest);
 
 namespace {
 

@@ -9,10 +9,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "integrations/torch_hooks.hpp"
 #include "reservoir/allocator.hpp"
-
-struct CUstream_st;
-extern "C" void* reservoir_torch_malloc(size_t size, int device, CUstream_st* stream);
 
 namespace {
 

@@ -27,7 +27,6 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <cstddef>
-#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <memory>
@@ -35,32 +34,11 @@
 #include <unordered_set>
 #include <vector>
 
-// libreservoir.so's C API (include/reservoir/reservoir.h), declared here so the
-// package needs no header of its own.
-extern "C" {
-struct reservoir_pool_id {
-  std::uint64_t first;
-  std::uint64_t second;
-};
-struct reservoir_pool_checkpoint;
-struct reservoir_pool_restore;
-const char* reservoir_last_error(void);
-int reservoir_pool_checkpoint_take(int device, reservoir_pool_id id,
-                                   reservoir_pool_checkpoint** out);
-int reservoir_pool_checkpoint_restore(const reservoir_pool_checkpoint* checkpoint,
-                                      reservoir_pool_restore** out);
-void reservoir_pool_checkpoint_free(reservoir_pool_checkpoint* checkpoint);
-std::size_t reservoir_pool_restore_count(const reservoir_pool_restore* result, int which);
-void* reservoir_pool_restore_pointer(const reservoir_pool_restore* result, int which,
-                                     std::size_t index);
-void reservoir_pool_restore_free(reservoir_pool_restore* result);
-int reservoir_pool_live_allocations_are(int device, reservoir_pool_id id, void* const* ptrs,
-                                        std::size_t count, int* result);
-// src/integrations/torch_allocator.cpp
-void* reservoir_torch_malloc(std::size_t size, int device, cudaStream_t stream);
-void reservoir_torch_free(void* ptr, std::size_t size, int device, cudaStream_t stream) noexcept;
-void reservoir_torch_cache_info(int device, std::size_t* largest);
-}
+// libreservoir.so's C API and the hooks of it called here, from the library's own
+// headers: _torch_native.py points the compiler at the copies bundled into the
+// package (python/setup.py), or at include/ and src/ of the checkout.
+#include "integrations/torch_hooks.hpp"
+#include "reservoir/reservoir.h"
 
 namespace {
 
@@ -79,8 +57,8 @@ reservoir_pool_id pool_of(MempoolId_t id) {
   return reservoir_pool_id{id.first, id.second};
 }
 
-void check(int status, const char* what) {
-  if (status == 0) return;
+void check(reservoir_status status, const char* what) {
+  if (status == RESERVOIR_OK) return;
   const char* message = reservoir_last_error();
   TORCH_CHECK(false, "Reservoir: ", what, " failed: ", message ? message : "(no message)");
 }
