@@ -48,12 +48,14 @@ struct Allocator::Impl {
   // What device -1 ("the current device") means without asking the backend: 0 when
   // there is one device (the only device that can be current), else -1 (ask).
   int implicit_device = -1;
-  std::unique_ptr<detail::CachingAllocator> core;       // the engine: always there
-  std::unique_ptr<detail::UncachedAllocator> uncached;  // RESERVOIR_NO_CACHING=1
-  std::unique_ptr<detail::AsyncPoolAllocator> async;    // backend:cudaMallocAsync
-  detail::BlockResource* base = nullptr;                // core, uncached or async
-  std::atomic<detail::MemoryResource*> top{nullptr};    // base, or layers around it
-  std::unique_ptr<detail::IpcService> ipc;              // share / open (docs/ipc.md)
+  // The caching engine, whose ledgers, peers and history every engine keeps: always there.
+  std::unique_ptr<detail::CachingAllocator> core;
+  // The engine in force when it is not core: the uncached mode (RESERVOIR_NO_CACHING=1)
+  // or backend:cudaMallocAsync. What sets the engines apart, the front asks base.
+  std::unique_ptr<detail::BlockResource> other;
+  detail::BlockResource* base = nullptr;              // core or other
+  std::atomic<detail::MemoryResource*> top{nullptr};  // base, or layers around it
+  std::unique_ptr<detail::IpcService> ipc;            // share / open (docs/ipc.md)
 
   // The layers in force, and every layer ever made (a thread may still be inside a
   // layer that was just taken out of the chain, so none is destroyed before this).
@@ -88,7 +90,7 @@ struct Allocator::Impl {
     if (size >= kOneEiB) too_large(size, d);
     return top.load(std::memory_order_acquire)->allocate(size, stream, d);
   }
-  detail::DeviceEngine& pool_engine(int device);  // throws in uncached mode
+  detail::DeviceEngine& pool_engine(int device);  // throws where the engine has no pools
 
   // Rebuilds the chain above the recording layer (under layers_mutex).
   void relink(Allocator& owner) {
@@ -133,15 +135,11 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
   im.config = config;
   im.core = std::make_unique<detail::CachingAllocator>(*im.backend, config, count);
   core_ = im.core.get();
-  if (env_flag("RESERVOIR_NO_CACHING")) {
-    im.uncached = std::make_unique<detail::UncachedAllocator>(*im.backend, *im.core);
-    im.base = im.uncached.get();
-  } else if (config.backend == "cudaMallocAsync") {
-    im.async = std::make_unique<detail::AsyncPoolAllocator>(*im.backend, *im.core);  // ConfigError
-    im.base = im.async.get();
-  } else {
-    im.base = im.core.get();
-  }
+  if (env_flag("RESERVOIR_NO_CACHING"))
+    im.other = std::make_unique<detail::UncachedAllocator>(*im.backend, *im.core);
+  else if (config.backend == "cudaMallocAsync")
+    im.other = std::make_unique<detail::AsyncPoolAllocator>(*im.backend, *im.core);  // ConfigError
+  im.base = im.other ? im.other.get() : im.core.get();
   im.top.store(im.base);
   im.ipc = std::make_unique<detail::IpcService>(*im.backend, *im.core);
   im.oom_snapshot_path = config.oom_snapshot;
@@ -281,7 +279,7 @@ void Allocator::enable_peer_access(int device, int peer) {
     throw DeviceError("reservoir: enabling access from device " + std::to_string(d) +
                       " to device " + std::to_string(p) + " failed: " + im.backend->last_error());
   im.core->engine(p).add_peer(d);
-  if (im.async) im.async->add_peer(p, d);
+  im.base->add_peer(p, d);
   im.ipc->add_peer(p, d);
 }
 
@@ -289,12 +287,11 @@ void Allocator::enable_peer_access(int device, int peer) {
 
 SharedHandle Allocator::share(void* ptr, bool keep) {
   Impl& im = *impl_;
-  if (im.base != im.core.get())
-    throw InvalidArgumentError(
-        std::string("reservoir: cannot share ") + detail::format_pointer(ptr) + ": " +
-        (im.async ? "backend:cudaMallocAsync memory cannot be shared (PyTorch's cannot either)"
-                  : "uncached mode (RESERVOIR_NO_CACHING=1) does not share memory") +
-        "; use backend:native");
+  const std::string_view refusal = im.base->traits().share_refusal;
+  if (!refusal.empty())
+    throw InvalidArgumentError(std::string("reservoir: cannot share ") +
+                               detail::format_pointer(ptr) + ": " + std::string(refusal) +
+                               "; use backend:native");
   return im.ipc->share(ptr, keep);
 }
 
@@ -318,15 +315,8 @@ std::atomic<std::uint64_t> g_next_pool{std::uint64_t{1} << 62};
 }  // namespace
 
 detail::DeviceEngine& Allocator::Impl::pool_engine(int device) {
-  if (uncached)
-    throw InvalidArgumentError(
-        "reservoir: private pools need the caching allocator (RESERVOIR_NO_CACHING=1 is set): "
-        "CUDA graphs and memory pools cannot run uncached");
-  if (async)
-    throw InvalidArgumentError(
-        "reservoir: private pools need Reservoir's caching engine, and backend:cudaMallocAsync "
-        "is set (its memory comes from the driver's pool); use backend:native for CUDA graphs "
-        "and memory pools");
+  const std::string_view refusal = base->traits().pool_refusal;
+  if (!refusal.empty()) throw InvalidArgumentError(std::string(refusal));
   return engine(device);
 }
 
@@ -390,7 +380,7 @@ DeviceStats Allocator::stats(int device) {
   Impl& im = *impl_;
   const int d = im.resolve(device);
   DeviceStats s = im.core->engine(d).stats();
-  if (im.async) im.async->adjust_stats(d, &s);
+  im.base->adjust_stats(d, &s);
   return s;
 }
 
@@ -398,14 +388,14 @@ void Allocator::reset_peak_stats(int device) {
   Impl& im = *impl_;
   const int d = im.resolve(device);
   im.core->engine(d).reset_peak_stats();
-  if (im.async) im.async->reset_peaks(d);
+  im.base->reset_peaks(d);
 }
 
 void Allocator::reset_accumulated_stats(int device) {
   Impl& im = *impl_;
   const int d = im.resolve(device);
   im.core->engine(d).reset_accumulated_stats();
-  if (im.async) im.async->reset_accumulated(d);
+  im.base->reset_accumulated(d);
 }
 
 void Allocator::attach_oom_observer(OomObserver observer) {
@@ -479,7 +469,7 @@ Snapshot Allocator::snapshot() {
     e->snapshot(&out.segments);
     out.device_traces[static_cast<std::size_t>(d)] = e->history().entries();
   }
-  if (im.async) im.async->snapshot(&out.segments);
+  im.base->snapshot(&out.segments);
   std::sort(out.segments.begin(), out.segments.end(),
             [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
   out.annotations = im.core->annotations();
@@ -512,12 +502,11 @@ std::vector<int> Allocator::devices_in_use() {
 }
 
 bool Allocator::caching() const {
-  return impl_->uncached == nullptr;
+  return impl_->base->traits().caches;
 }
 
 const std::string& Allocator::engine_name() const {
-  static const std::string native = "native", async = "cudaMallocAsync", uncached = "uncached";
-  return impl_->uncached ? uncached : impl_->async ? async : native;
+  return impl_->base->traits().name;
 }
 
 void Allocator::validate() {

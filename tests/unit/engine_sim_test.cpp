@@ -6,9 +6,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <string>
 #include <thread>
 
 #include "reservoir/allocator.hpp"
+#include "reservoir/errors.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "support/sim_allocator.hpp"
 
@@ -165,6 +167,66 @@ TEST(EngineOnSim, UncachedModeCallsTheDeviceEveryTime) {
   EXPECT_EQ(s.a.stats(0).allocated_bytes.all().peak, 1000);
   int x;
   EXPECT_THROW(s.a.deallocate(&x), InvalidPointerError);
+}
+
+// What each engine tells the user about itself and what it refuses, word for word (the
+// front asks the engine in force; it does not know which one it has).
+TEST(EngineOnSim, EachEngineNamesItselfAndItsRefusals) {
+  auto refusal = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const InvalidArgumentError& e) {
+      return e.what();
+    }
+    return "(no refusal)";
+  };
+  auto ends_with = [](const std::string& text, const std::string& end) {
+    return text.size() >= end.size() &&
+           text.compare(text.size() - end.size(), end.size(), end) == 0;
+  };
+  {
+    SimAllocator native;
+    EXPECT_EQ(native.a.engine_name(), "native");
+    EXPECT_TRUE(native.a.caching());
+    EXPECT_NO_THROW(native.a.create_pool({}, 0));
+  }
+  {
+    SimAllocator async("backend:cudaMallocAsync");
+    EXPECT_EQ(async.a.engine_name(), "cudaMallocAsync");
+    EXPECT_TRUE(async.a.caching());
+    void* p = async.a.allocate(4096, 0, 0);
+    const std::string share = refusal([&] { async.a.share(p); });
+    EXPECT_EQ(share.rfind("reservoir: cannot share ", 0), 0u) << share;
+    EXPECT_TRUE(ends_with(share,
+                          ": backend:cudaMallocAsync memory cannot be shared (PyTorch's cannot "
+                          "either); use backend:native"))
+        << share;
+    EXPECT_EQ(refusal([&] { async.a.create_pool({}, 0); }),
+              "reservoir: private pools need Reservoir's caching engine, and "
+              "backend:cudaMallocAsync is set (its memory comes from the driver's pool); use "
+              "backend:native for CUDA graphs and memory pools");
+    async.a.deallocate(p);
+  }
+  {
+    setenv("RESERVOIR_NO_CACHING", "1", 1);
+    SimAllocator uncached;
+    unsetenv("RESERVOIR_NO_CACHING");
+    EXPECT_EQ(uncached.a.engine_name(), "uncached");
+    EXPECT_FALSE(uncached.a.caching());
+    void* p = uncached.a.allocate(4096, 0, 0);
+    const std::string share = refusal([&] { uncached.a.share(p); });
+    EXPECT_EQ(share.rfind("reservoir: cannot share ", 0), 0u) << share;
+    EXPECT_TRUE(ends_with(
+        share,
+        ": uncached mode (RESERVOIR_NO_CACHING=1) does not share memory; use backend:native"))
+        << share;
+    EXPECT_EQ(refusal([&] {
+                uncached.a.begin_allocate_to_pool({0, 7}, nullptr, 0);
+              }),
+              "reservoir: private pools need the caching allocator (RESERVOIR_NO_CACHING=1 is "
+              "set): CUDA graphs and memory pools cannot run uncached");
+    uncached.a.deallocate(p);
+  }
 }
 
 // With several owners a free asks this thread's last segment first: right after a

@@ -1,7 +1,6 @@
 #include "call_profile.hpp"
 
 #include <chrono>
-#include <stdexcept>
 #include <utility>
 
 namespace reservoir::replay {
@@ -52,9 +51,73 @@ const char* to_string(CallKind kind) noexcept {
   return "?";
 }
 
-CallProfile::CallProfile(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {
-  if (!inner_) throw std::invalid_argument("CallProfile: no backend to profile");
+CallKind kind_of(BackendCall call) noexcept {
+  switch (call) {
+    case BackendCall::allocate:
+      return CallKind::allocate;
+    case BackendCall::deallocate:
+      return CallKind::deallocate;
+    case BackendCall::create_event:
+      return CallKind::create_event;
+    case BackendCall::destroy_event:
+      return CallKind::destroy_event;
+    case BackendCall::record_event:
+      return CallKind::record_event;
+    case BackendCall::query_event:
+      return CallKind::query_event;
+    case BackendCall::synchronize_event:
+      return CallKind::synchronize_event;
+    case BackendCall::stream_wait_event:
+      return CallKind::stream_wait_event;
+    case BackendCall::synchronize_stream:
+      return CallKind::synchronize_stream;
+    case BackendCall::synchronize_device:
+      return CallKind::synchronize_device;
+    case BackendCall::reserve_address_range:
+      return CallKind::reserve_address_range;
+    case BackendCall::release_address_range:
+      return CallKind::release_address_range;
+    case BackendCall::create_physical:
+      return CallKind::create_physical;
+    case BackendCall::release_physical:
+      return CallKind::release_physical;
+    case BackendCall::map:
+      return CallKind::map;
+    case BackendCall::unmap:
+      return CallKind::unmap;
+    case BackendCall::set_access:
+      return CallKind::set_access;
+    case BackendCall::create_pool:
+    case BackendCall::destroy_pool:
+    case BackendCall::allocate_from_pool:
+    case BackendCall::free_async:
+    case BackendCall::set_pool_release_threshold:
+    case BackendCall::trim_pool:
+    case BackendCall::pool_usage:
+    case BackendCall::reset_pool_peaks:
+    case BackendCall::set_pool_access:
+      return CallKind::pool;
+    case BackendCall::device_count:  // device queries, streams, IPC, processes, peers
+    case BackendCall::current_device:
+    case BackendCall::memory_info:
+    case BackendCall::create_stream:
+    case BackendCall::destroy_stream:
+    case BackendCall::granularity:
+    case BackendCall::export_ipc:
+    case BackendCall::open_ipc:
+    case BackendCall::close_ipc:
+    case BackendCall::export_shareable:
+    case BackendCall::import_shareable:
+    case BackendCall::process_memory:
+    case BackendCall::can_access_peer:
+    case BackendCall::enable_peer_access:
+    case BackendCall::count_:
+      break;
+  }
+  return CallKind::other;
 }
+
+CallProfile::CallProfile(std::shared_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
 
 std::vector<CallCount> CallProfile::counts() const {
   std::vector<CallCount> out;
@@ -66,150 +129,16 @@ std::vector<CallCount> CallProfile::counts() const {
   return out;
 }
 
-template <class F>
-DeviceStatus CallProfile::timed(CallKind kind, F&& call) {
+DeviceStatus CallProfile::forward(BackendCall call, const ForwardedCall& it) {
   const auto start = std::chrono::steady_clock::now();
-  const DeviceStatus status = call();
+  const DeviceStatus status = it();
   const auto ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
           .count();
-  Slot& slot = slots_[static_cast<std::size_t>(kind)];
+  Slot& slot = slots_[static_cast<std::size_t>(kind_of(call))];
   slot.count.fetch_add(1, std::memory_order_relaxed);
   slot.ns.fetch_add(static_cast<std::uint64_t>(ns), std::memory_order_relaxed);
   return status;
 }
-
-// One forwarding body per function: the kind it counts under and the call.
-#define RESERVOIR_FORWARD(kind, expr) return timed(CallKind::kind, [&] { return inner_->expr; })
-
-DeviceStatus CallProfile::device_count(int* count) {
-  RESERVOIR_FORWARD(other, device_count(count));
-}
-DeviceStatus CallProfile::current_device(int* device) {
-  RESERVOIR_FORWARD(other, current_device(device));
-}
-DeviceStatus CallProfile::memory_info(int device, MemoryInfo* info) {
-  RESERVOIR_FORWARD(other, memory_info(device, info));
-}
-DeviceStatus CallProfile::allocate(int device, std::size_t size, void** ptr) {
-  RESERVOIR_FORWARD(allocate, allocate(device, size, ptr));
-}
-DeviceStatus CallProfile::deallocate(int device, void* ptr, std::size_t size) {
-  RESERVOIR_FORWARD(deallocate, deallocate(device, ptr, size));
-}
-DeviceStatus CallProfile::create_event(int device, EventHandle* event) {
-  RESERVOIR_FORWARD(create_event, create_event(device, event));
-}
-DeviceStatus CallProfile::destroy_event(int device, EventHandle event) {
-  RESERVOIR_FORWARD(destroy_event, destroy_event(device, event));
-}
-DeviceStatus CallProfile::record_event(int device, EventHandle event, StreamHandle stream) {
-  RESERVOIR_FORWARD(record_event, record_event(device, event, stream));
-}
-DeviceStatus CallProfile::query_event(int device, EventHandle event) {
-  RESERVOIR_FORWARD(query_event, query_event(device, event));
-}
-DeviceStatus CallProfile::synchronize_event(int device, EventHandle event) {
-  RESERVOIR_FORWARD(synchronize_event, synchronize_event(device, event));
-}
-DeviceStatus CallProfile::stream_wait_event(int device, StreamHandle stream, EventHandle event) {
-  RESERVOIR_FORWARD(stream_wait_event, stream_wait_event(device, stream, event));
-}
-DeviceStatus CallProfile::synchronize_stream(int device, StreamHandle stream) {
-  RESERVOIR_FORWARD(synchronize_stream, synchronize_stream(device, stream));
-}
-DeviceStatus CallProfile::create_stream(int device, StreamHandle* stream) {
-  RESERVOIR_FORWARD(other, create_stream(device, stream));
-}
-DeviceStatus CallProfile::destroy_stream(int device, StreamHandle stream) {
-  RESERVOIR_FORWARD(other, destroy_stream(device, stream));
-}
-DeviceStatus CallProfile::synchronize_device(int device) {
-  RESERVOIR_FORWARD(synchronize_device, synchronize_device(device));
-}
-DeviceStatus CallProfile::granularity(int device, std::size_t* bytes) {
-  RESERVOIR_FORWARD(other, granularity(device, bytes));
-}
-DeviceStatus CallProfile::reserve_address_range(int device, std::size_t size, std::size_t alignment,
-                                                void** ptr) {
-  RESERVOIR_FORWARD(reserve_address_range, reserve_address_range(device, size, alignment, ptr));
-}
-DeviceStatus CallProfile::release_address_range(int device, void* ptr, std::size_t size) {
-  RESERVOIR_FORWARD(release_address_range, release_address_range(device, ptr, size));
-}
-DeviceStatus CallProfile::create_physical(int device, std::size_t size, PhysicalHandle* handle) {
-  RESERVOIR_FORWARD(create_physical, create_physical(device, size, handle));
-}
-DeviceStatus CallProfile::release_physical(int device, PhysicalHandle handle) {
-  RESERVOIR_FORWARD(release_physical, release_physical(device, handle));
-}
-DeviceStatus CallProfile::map(int device, void* ptr, std::size_t size, PhysicalHandle handle) {
-  RESERVOIR_FORWARD(map, map(device, ptr, size, handle));
-}
-DeviceStatus CallProfile::unmap(int device, void* ptr, std::size_t size) {
-  RESERVOIR_FORWARD(unmap, unmap(device, ptr, size));
-}
-DeviceStatus CallProfile::set_access(int device, void* ptr, std::size_t size, const int* devices,
-                                     int count) {
-  RESERVOIR_FORWARD(set_access, set_access(device, ptr, size, devices, count));
-}
-DeviceStatus CallProfile::export_ipc(int device, void* base, IpcHandle* handle) {
-  RESERVOIR_FORWARD(other, export_ipc(device, base, handle));
-}
-DeviceStatus CallProfile::open_ipc(int device, const IpcHandle& handle, void** ptr) {
-  RESERVOIR_FORWARD(other, open_ipc(device, handle, ptr));
-}
-DeviceStatus CallProfile::close_ipc(int device, void* ptr) {
-  RESERVOIR_FORWARD(other, close_ipc(device, ptr));
-}
-DeviceStatus CallProfile::export_shareable(int device, PhysicalHandle handle,
-                                           ShareableHandle::Kind kind, ShareableHandle* out) {
-  RESERVOIR_FORWARD(other, export_shareable(device, handle, kind, out));
-}
-DeviceStatus CallProfile::import_shareable(int device, const ShareableHandle& shared,
-                                           PhysicalHandle* handle) {
-  RESERVOIR_FORWARD(other, import_shareable(device, shared, handle));
-}
-DeviceStatus CallProfile::create_pool(int device, PoolHandle* pool) {
-  RESERVOIR_FORWARD(pool, create_pool(device, pool));
-}
-DeviceStatus CallProfile::destroy_pool(int device, PoolHandle pool) {
-  RESERVOIR_FORWARD(pool, destroy_pool(device, pool));
-}
-DeviceStatus CallProfile::allocate_from_pool(int device, PoolHandle pool, std::size_t size,
-                                             StreamHandle stream, void** ptr) {
-  RESERVOIR_FORWARD(pool, allocate_from_pool(device, pool, size, stream, ptr));
-}
-DeviceStatus CallProfile::free_async(int device, void* ptr, StreamHandle stream) {
-  RESERVOIR_FORWARD(pool, free_async(device, ptr, stream));
-}
-DeviceStatus CallProfile::set_pool_release_threshold(int device, PoolHandle pool,
-                                                     std::uint64_t bytes) {
-  RESERVOIR_FORWARD(pool, set_pool_release_threshold(device, pool, bytes));
-}
-DeviceStatus CallProfile::trim_pool(int device, PoolHandle pool, std::size_t keep) {
-  RESERVOIR_FORWARD(pool, trim_pool(device, pool, keep));
-}
-DeviceStatus CallProfile::pool_usage(int device, PoolHandle pool, PoolUsage* out) {
-  RESERVOIR_FORWARD(pool, pool_usage(device, pool, out));
-}
-DeviceStatus CallProfile::reset_pool_peaks(int device, PoolHandle pool) {
-  RESERVOIR_FORWARD(pool, reset_pool_peaks(device, pool));
-}
-DeviceStatus CallProfile::set_pool_access(int device, PoolHandle pool, const int* devices,
-                                          int count) {
-  RESERVOIR_FORWARD(pool, set_pool_access(device, pool, devices, count));
-}
-DeviceStatus CallProfile::process_memory(int device, std::vector<ProcessMemory>* out) {
-  RESERVOIR_FORWARD(other, process_memory(device, out));
-}
-DeviceStatus CallProfile::can_access_peer(int device, int peer, bool* can) {
-  RESERVOIR_FORWARD(other, can_access_peer(device, peer, can));
-}
-DeviceStatus CallProfile::enable_peer_access(int device, int peer) {
-  RESERVOIR_FORWARD(other, enable_peer_access(device, peer));
-}
-
-#undef RESERVOIR_FORWARD
 
 }  // namespace reservoir::replay

@@ -26,8 +26,6 @@ std::string hex(std::uintptr_t a) {
 
 }  // namespace
 
-LoggingBackend::LoggingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
-
 std::vector<PlacementCall> LoggingBackend::calls() const {
   std::lock_guard<std::mutex> guard(mutex_);
   return calls_;
@@ -47,99 +45,29 @@ DeviceStatus LoggingBackend::log(PlacementCall::Kind kind, std::uint64_t size,
 
 // ---- logged ----
 DeviceStatus LoggingBackend::allocate(int device, std::size_t size, void** ptr) {
-  const DeviceStatus st = inner_->allocate(device, size, ptr);
+  const DeviceStatus st = ForwardingBackend::allocate(device, size, ptr);
   return log(PlacementCall::alloc, size, st == DeviceStatus::ok ? addr(*ptr) : 0, st);
 }
 DeviceStatus LoggingBackend::deallocate(int device, void* ptr, std::size_t size) {
-  return log(PlacementCall::free, size, addr(ptr), inner_->deallocate(device, ptr, size));
+  return log(PlacementCall::free, size, addr(ptr),
+             ForwardingBackend::deallocate(device, ptr, size));
 }
 DeviceStatus LoggingBackend::reserve_address_range(int device, std::size_t size,
                                                    std::size_t alignment, void** ptr) {
-  const DeviceStatus st = inner_->reserve_address_range(device, size, alignment, ptr);
+  const DeviceStatus st = ForwardingBackend::reserve_address_range(device, size, alignment, ptr);
   return log(PlacementCall::reserve, size, st == DeviceStatus::ok ? addr(*ptr) : 0, st);
 }
 DeviceStatus LoggingBackend::release_address_range(int device, void* ptr, std::size_t size) {
   return log(PlacementCall::release, size, addr(ptr),
-             inner_->release_address_range(device, ptr, size));
+             ForwardingBackend::release_address_range(device, ptr, size));
 }
 DeviceStatus LoggingBackend::map(int device, void* ptr, std::size_t size,
                                  reservoir::PhysicalHandle handle) {
-  return log(PlacementCall::map, size, addr(ptr), inner_->map(device, ptr, size, handle));
+  return log(PlacementCall::map, size, addr(ptr),
+             ForwardingBackend::map(device, ptr, size, handle));
 }
 DeviceStatus LoggingBackend::unmap(int device, void* ptr, std::size_t size) {
-  return log(PlacementCall::unmap, size, addr(ptr), inner_->unmap(device, ptr, size));
-}
-
-// ---- forwarded ----
-DeviceStatus LoggingBackend::device_count(int* count) {
-  return inner_->device_count(count);
-}
-DeviceStatus LoggingBackend::current_device(int* device) {
-  return inner_->current_device(device);
-}
-DeviceStatus LoggingBackend::memory_info(int device, reservoir::MemoryInfo* info) {
-  return inner_->memory_info(device, info);
-}
-DeviceStatus LoggingBackend::create_event(int device, reservoir::EventHandle* event) {
-  return inner_->create_event(device, event);
-}
-DeviceStatus LoggingBackend::destroy_event(int device, reservoir::EventHandle event) {
-  return inner_->destroy_event(device, event);
-}
-DeviceStatus LoggingBackend::record_event(int device, reservoir::EventHandle event,
-                                          reservoir::StreamHandle stream) {
-  return inner_->record_event(device, event, stream);
-}
-DeviceStatus LoggingBackend::query_event(int device, reservoir::EventHandle event) {
-  return inner_->query_event(device, event);
-}
-DeviceStatus LoggingBackend::synchronize_event(int device, reservoir::EventHandle event) {
-  return inner_->synchronize_event(device, event);
-}
-DeviceStatus LoggingBackend::stream_wait_event(int device, reservoir::StreamHandle stream,
-                                               reservoir::EventHandle event) {
-  return inner_->stream_wait_event(device, stream, event);
-}
-DeviceStatus LoggingBackend::synchronize_stream(int device, reservoir::StreamHandle stream) {
-  return inner_->synchronize_stream(device, stream);
-}
-DeviceStatus LoggingBackend::create_stream(int device, reservoir::StreamHandle* stream) {
-  return inner_->create_stream(device, stream);
-}
-DeviceStatus LoggingBackend::destroy_stream(int device, reservoir::StreamHandle stream) {
-  return inner_->destroy_stream(device, stream);
-}
-DeviceStatus LoggingBackend::synchronize_device(int device) {
-  return inner_->synchronize_device(device);
-}
-DeviceStatus LoggingBackend::granularity(int device, std::size_t* bytes) {
-  return inner_->granularity(device, bytes);
-}
-DeviceStatus LoggingBackend::create_physical(int device, std::size_t size,
-                                             reservoir::PhysicalHandle* handle) {
-  return inner_->create_physical(device, size, handle);
-}
-DeviceStatus LoggingBackend::release_physical(int device, reservoir::PhysicalHandle handle) {
-  return inner_->release_physical(device, handle);
-}
-DeviceStatus LoggingBackend::set_access(int device, void* ptr, std::size_t size, const int* devices,
-                                        int count) {
-  return inner_->set_access(device, ptr, size, devices, count);
-}
-DeviceStatus LoggingBackend::export_ipc(int device, void* base, reservoir::IpcHandle* handle) {
-  return inner_->export_ipc(device, base, handle);
-}
-DeviceStatus LoggingBackend::open_ipc(int device, const reservoir::IpcHandle& handle, void** ptr) {
-  return inner_->open_ipc(device, handle, ptr);
-}
-DeviceStatus LoggingBackend::close_ipc(int device, void* ptr) {
-  return inner_->close_ipc(device, ptr);
-}
-DeviceStatus LoggingBackend::can_access_peer(int device, int peer, bool* can) {
-  return inner_->can_access_peer(device, peer, can);
-}
-DeviceStatus LoggingBackend::enable_peer_access(int device, int peer) {
-  return inner_->enable_peer_access(device, peer);
+  return log(PlacementCall::unmap, size, addr(ptr), ForwardingBackend::unmap(device, ptr, size));
 }
 
 // ---- reading the log ----

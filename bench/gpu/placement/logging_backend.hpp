@@ -1,4 +1,4 @@
-// LoggingBackend: a Backend adaptor that forwards every call to an inner backend and
+// LoggingBackend: a ForwardingBackend (every call goes to an inner backend) that
 // keeps, in order, the calls that place memory (allocate, deallocate, address
 // reservations, physical maps) with the addresses the inner backend gave.
 //
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "op_list.hpp"
-#include "reservoir/backend.hpp"
+#include "reservoir/forwarding_backend.hpp"
 
 namespace reservoir_bench::placement {
 
@@ -31,58 +31,27 @@ struct PlacementCall {
   DeviceStatus status = DeviceStatus::ok;
 };
 
-class LoggingBackend final : public Backend {
+class LoggingBackend final : public reservoir::ForwardingBackend {
  public:
-  explicit LoggingBackend(std::shared_ptr<Backend> inner);
+  using ForwardingBackend::ForwardingBackend;  // of a borrowed or a shared backend
 
   std::vector<PlacementCall> calls() const;
   void clear();
-  Backend& inner() { return *inner_; }
 
-  // ---- Backend: everything forwarded ----
-  const char* name() const noexcept override { return inner_->name(); }
-  std::uint32_t capabilities() const noexcept override { return inner_->capabilities(); }
-  DeviceStatus device_count(int* count) override;
-  DeviceStatus current_device(int* device) override;
-  DeviceStatus memory_info(int device, reservoir::MemoryInfo* info) override;
+  // ---- Backend: the calls that place memory are logged, the rest forwarded ----
   DeviceStatus allocate(int device, std::size_t size, void** ptr) override;
   DeviceStatus deallocate(int device, void* ptr, std::size_t size) override;
-  DeviceStatus create_event(int device, reservoir::EventHandle* event) override;
-  DeviceStatus destroy_event(int device, reservoir::EventHandle event) override;
-  DeviceStatus record_event(int device, reservoir::EventHandle event,
-                            reservoir::StreamHandle stream) override;
-  DeviceStatus query_event(int device, reservoir::EventHandle event) override;
-  DeviceStatus synchronize_event(int device, reservoir::EventHandle event) override;
-  DeviceStatus stream_wait_event(int device, reservoir::StreamHandle stream,
-                                 reservoir::EventHandle event) override;
-  DeviceStatus synchronize_stream(int device, reservoir::StreamHandle stream) override;
-  DeviceStatus create_stream(int device, reservoir::StreamHandle* stream) override;
-  DeviceStatus destroy_stream(int device, reservoir::StreamHandle stream) override;
-  DeviceStatus synchronize_device(int device) override;
-  DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;
   DeviceStatus release_address_range(int device, void* ptr, std::size_t size) override;
-  DeviceStatus create_physical(int device, std::size_t size,
-                               reservoir::PhysicalHandle* handle) override;
-  DeviceStatus release_physical(int device, reservoir::PhysicalHandle handle) override;
   DeviceStatus map(int device, void* ptr, std::size_t size,
                    reservoir::PhysicalHandle handle) override;
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
-  DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
-                          int count) override;
-  DeviceStatus export_ipc(int device, void* base, reservoir::IpcHandle* handle) override;
-  DeviceStatus open_ipc(int device, const reservoir::IpcHandle& handle, void** ptr) override;
-  DeviceStatus close_ipc(int device, void* ptr) override;
-  DeviceStatus can_access_peer(int device, int peer, bool* can) override;
-  DeviceStatus enable_peer_access(int device, int peer) override;
-  std::uint64_t now_us() const override { return inner_->now_us(); }
 
  private:
   DeviceStatus log(PlacementCall::Kind kind, std::uint64_t size, std::uintptr_t address,
                    DeviceStatus status);
 
-  std::shared_ptr<Backend> inner_;
   mutable std::mutex mutex_;
   std::vector<PlacementCall> calls_;
 };

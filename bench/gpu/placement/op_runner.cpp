@@ -1,17 +1,10 @@
 #include "op_runner.hpp"
 
-#include <memory>
-
 namespace reservoir_bench::placement {
 
 namespace {
 
 constexpr int kDevice = 0;
-
-// Borrows a backend the caller owns (LoggingBackend holds a shared_ptr).
-std::shared_ptr<Backend> borrow(Backend& b) {
-  return std::shared_ptr<Backend>(&b, [](Backend*) {});
-}
 
 struct Reservation {
   void* ptr;
@@ -22,7 +15,7 @@ struct Reservation {
 
 OpRun run_ops(const OpList& list, Backend& backend) {
   validate(list);
-  LoggingBackend log(borrow(backend));
+  LoggingBackend log(backend);  // borrows the caller's backend
   std::size_t granularity = 0;
   if (log.granularity(kDevice, &granularity) != DeviceStatus::ok || granularity == 0)
     granularity = 2 * kMiB;

@@ -14,11 +14,6 @@
 namespace reservoir::detail {
 
 namespace {
-// Blocks are counted in the pool their size would use in the caching engine.
-int pool_of(std::size_t size) {
-  return SizePolicy::is_small(size) ? kSmallPool : kLargePool;
-}
-
 std::string where(int device) {
   return " on device " + std::to_string(device) + " (backend:cudaMallocAsync)";
 }
@@ -103,7 +98,7 @@ bool AsyncPoolAllocator::try_allocate(int device, std::size_t size, StreamHandle
   d.used += size;
   ShardCounters& s = *d.shard;
   const auto bytes = static_cast<std::int64_t>(size);
-  s.on_allocate(pool_of(size), bytes, bytes);
+  s.on_allocate(SizePolicy::pool_for(size), bytes, bytes);  // the caching engine's pool
   DeviceCounters::bump(e.counters().device_allocs);
   e.settle(s);
   return true;
@@ -240,7 +235,7 @@ void AsyncPoolAllocator::deallocate(void* ptr) {
       throw DeviceError("reservoir: freeing " + format_pointer(ptr) + where(l.device) +
                         " failed: " + backend_.last_error());
     const auto bytes = static_cast<std::int64_t>(l.size);
-    d.shard->on_free(pool_of(l.size), bytes, bytes);
+    d.shard->on_free(SizePolicy::pool_for(l.size), bytes, bytes);
     d.used -= l.size;
     DeviceCounters::bump(e.counters().device_frees);
     address = it->first;
@@ -292,6 +287,16 @@ void AsyncPoolAllocator::empty_cache(int device) {
   }
 }
 
+const EngineTraits& AsyncPoolAllocator::traits() const {
+  static const EngineTraits kAsync{
+      "cudaMallocAsync", true,
+      "backend:cudaMallocAsync memory cannot be shared (PyTorch's cannot either)",
+      "reservoir: private pools need Reservoir's caching engine, and backend:cudaMallocAsync is "
+      "set (its memory comes from the driver's pool); use backend:native for CUDA graphs and "
+      "memory pools"};
+  return kAsync;
+}
+
 PoolUsage AsyncPoolAllocator::usage(int device) {
   std::lock_guard<std::mutex> guard(mutex_);
   PoolUsage u;
@@ -334,7 +339,7 @@ void AsyncPoolAllocator::snapshot(std::vector<SegmentInfo>* out) {
     seg.address = address;
     seg.total_size = seg.allocated_size = seg.active_size = seg.requested_size = l.size;
     seg.stream = l.stream;
-    seg.is_large = pool_of(l.size) == kLargePool;
+    seg.is_large = SizePolicy::pool_for(l.size) == kLargePool;
     seg.context = l.context;
     seg.blocks.push_back(
         BlockInfo{address, l.size, l.size, BlockStateInfo::active_allocated, l.context});

@@ -55,18 +55,19 @@ class AsyncPoolAllocator final : public BlockResource {
   // Unknown inside the driver's pool: 0.
   std::size_t largest_cached_block(int) override { return 0; }
 
+  const EngineTraits& traits() const override;
   // Reserved memory is the pool's (cudaMemPoolAttrReservedMem{Current,High}):
   // writes it into stats read from the ledger, all of it in the large pool.
-  void adjust_stats(int device, DeviceStats* stats);
+  void adjust_stats(int device, DeviceStats* stats) override;
   // Also resets the pool's high marks.
-  void reset_peaks(int device);
+  void reset_peaks(int device) override;
   // The device shard's allocated / freed totals (the ledger does the pools').
-  void reset_accumulated(int device);
+  void reset_accumulated(int device) override;
   // One segment per live allocation, with one block.
-  void snapshot(std::vector<SegmentInfo>* out);
+  void snapshot(std::vector<SegmentInfo>* out) override;
   // Lets peer read and write device's pool memory (cuMemPoolSetAccess), now and
   // for pools made later.
-  void add_peer(int device, int peer);
+  void add_peer(int device, int peer) override;
   // The pool's figures (zero before the device's first allocation).
   PoolUsage usage(int device);
 

@@ -129,6 +129,11 @@ void CachingAllocator::empty_cache(int device) {
       if (DeviceEngine* e = engine_if_made(d)) e->empty_cache();
 }
 
+const EngineTraits& CachingAllocator::traits() const {
+  static const EngineTraits kNative{"native", true, {}, {}};
+  return kNative;
+}
+
 std::size_t CachingAllocator::largest_cached_block(int device) {
   return engine(device).largest_cached_block();
 }

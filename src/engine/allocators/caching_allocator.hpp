@@ -19,12 +19,12 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/allocators/memory_resource.hpp"
 #include "engine/books/block.hpp"
 #include "engine/books/block_owner.hpp"
+#include "engine/books/segment_map.hpp"
 #include "engine/device/device_engine.hpp"
 #include "engine/ipc/ipc_handle.hpp"
-#include "engine/allocators/memory_resource.hpp"
-#include "engine/books/segment_map.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/config.hpp"
 #include "reservoir/history.hpp"
@@ -57,6 +57,7 @@ class CachingAllocator final : public BlockResource {
   std::size_t requested_size(void* ptr) override;
   void empty_cache(int device) override;  // -1: every device in use
   std::size_t largest_cached_block(int device) override;
+  const EngineTraits& traits() const override;
   // The allocated block at ptr, as IPC shares it (throws InvalidPointerError).
   SharedBlock share(void* ptr);
 

@@ -10,8 +10,13 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
 
+#include "reservoir/history.hpp"
 #include "reservoir/hooks.hpp"
+#include "reservoir/stats.hpp"
 #include "reservoir/types.hpp"
 
 namespace reservoir::detail {
@@ -25,6 +30,18 @@ class MemoryResource {
   virtual void notify_host_wait(StreamHandle stream, int device) = 0;
 };
 
+// What the front tells users about an engine, and what it refuses.
+struct EngineTraits {
+  std::string name;    // Allocator::engine_name(): "native", "cudaMallocAsync", "uncached"
+  bool caches = true;  // false: every request goes to the device, every free back
+  // Why the engine's memory cannot be shared with another process (the middle of
+  // Allocator::share's refusal); empty when it can.
+  std::string_view share_refusal;
+  // Why private pools (CUDA graphs, MemPool) cannot be used: the whole message; empty
+  // when they can.
+  std::string_view pool_refusal;
+};
+
 // The bottom of a chain: it holds the blocks, so it also answers for them.
 class BlockResource : public MemoryResource {
  public:
@@ -36,6 +53,22 @@ class BlockResource : public MemoryResource {
   // The program is about to destroy stream (Allocator::release_stream): nothing may be
   // left to record on it. Only the caching core defers work to a stream's later calls.
   virtual void release_stream(StreamHandle, int) {}
+
+  // What sets this engine apart (the front asks this, never which engine it has).
+  virtual const EngineTraits& traits() const = 0;
+
+  // ---- What an engine keeps beyond the caching core's books ----
+  // The core holds every engine's ledger, peers and history, and the front reads those
+  // from it; these add what the engine in force keeps elsewhere (the defaults: nothing).
+  // peer may now read and write device's memory: also what the engine maps itself.
+  virtual void add_peer(int /*device*/, int /*peer*/) {}
+  // Writes the engine's own figures into stats read from device's ledger.
+  virtual void adjust_stats(int /*device*/, DeviceStats* /*stats*/) {}
+  // Resets the high marks, and the allocated / freed totals, that the engine keeps.
+  virtual void reset_peaks(int /*device*/) {}
+  virtual void reset_accumulated(int /*device*/) {}
+  // Appends the segments the engine holds outside the core's engines (a snapshot).
+  virtual void snapshot(std::vector<SegmentInfo>* /*out*/) {}
 };
 
 }  // namespace reservoir::detail

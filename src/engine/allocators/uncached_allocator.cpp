@@ -6,13 +6,6 @@
 
 namespace reservoir::detail {
 
-namespace {
-// Uncached blocks are counted in the pool their size would use when cached.
-int pool_of(std::size_t size) {
-  return SizePolicy::is_small(size) ? kSmallPool : kLargePool;
-}
-}  // namespace
-
 UncachedAllocator::UncachedAllocator(Backend& backend, CachingAllocator& engines)
     : backend_(backend), engines_(engines) {
   shards_.resize(static_cast<std::size_t>(engines.device_count() > 0 ? engines.device_count() : 1));
@@ -56,7 +49,7 @@ void* UncachedAllocator::allocate(std::size_t size, StreamHandle stream, int dev
   std::lock_guard<std::mutex> guard(mutex_);
   live_[reinterpret_cast<std::uintptr_t>(ptr)] = Live{size, device};
   ShardCounters& s = shard(device);
-  const int pool = pool_of(size);
+  const int pool = SizePolicy::pool_for(size);  // the pool it would use when cached
   const auto bytes = static_cast<std::int64_t>(size);
   s.on_allocate(pool, bytes, bytes);
   s.add<kSegment>(pool, 1);
@@ -84,7 +77,7 @@ void UncachedAllocator::deallocate(void* ptr) {
                       " (uncached mode) failed: " + backend_.last_error());
   live_.erase(reinterpret_cast<std::uintptr_t>(ptr));
   ShardCounters& s = shard(l.device);
-  const int pool = pool_of(l.size);
+  const int pool = SizePolicy::pool_for(l.size);
   const auto bytes = static_cast<std::int64_t>(l.size);
   s.on_free(pool, bytes, bytes);
   s.add<kSegment>(pool, -1);
@@ -105,6 +98,14 @@ BaseAllocation UncachedAllocator::base_allocation(void* ptr) {
 std::size_t UncachedAllocator::block_size(void* ptr) {
   std::lock_guard<std::mutex> guard(mutex_);
   return live(ptr, "size").size;
+}
+
+const EngineTraits& UncachedAllocator::traits() const {
+  static const EngineTraits kUncached{
+      "uncached", false, "uncached mode (RESERVOIR_NO_CACHING=1) does not share memory",
+      "reservoir: private pools need the caching allocator (RESERVOIR_NO_CACHING=1 is set): CUDA "
+      "graphs and memory pools cannot run uncached"};
+  return kUncached;
 }
 
 }  // namespace reservoir::detail

@@ -38,6 +38,7 @@ class UncachedAllocator final : public BlockResource {
   std::size_t requested_size(void* ptr) override { return block_size(ptr); }
   void empty_cache(int) override {}
   std::size_t largest_cached_block(int) override { return 0; }
+  const EngineTraits& traits() const override;
 
  private:
   struct Live {
