@@ -13,6 +13,15 @@ from test_reservoir_package import MiB, reservoir
 from reservoir import _torch_memory_api
 
 
+def block_at(ptr):
+    """The snapshot's (segment, block) whose block starts at ptr, or (None, None)."""
+    for segment in _torch_memory_api.snapshot(include_traces=False)["segments"]:
+        for block in segment["blocks"]:
+            if block["address"] == ptr:
+                return segment, block
+    return None, None
+
+
 class ArgumentTest(unittest.TestCase):
     def test_addresses_must_be_ints(self):
         for bad in ("abc", b"abc", 1.5, True, [1]):
@@ -55,9 +64,20 @@ class ArgumentTest(unittest.TestCase):
             def __index__(self):
                 return self.value
 
-        ptr = reservoir.raw_alloc(Index(4096), device=Index(0), stream=Index(3))
-        reservoir.notify_host_wait(Index(3))
-        reservoir.raw_free(Index(ptr))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "index.trace")
+            with reservoir.record_trace(path):
+                ptr = reservoir.raw_alloc(Index(4096), device=Index(0), stream=Index(3))
+                segment, block = block_at(ptr)
+                reservoir.notify_host_wait(Index(3))
+                reservoir.raw_free(Index(ptr))
+            with open(path) as f:
+                requests = f.read().splitlines()[1:]
+        self.assertEqual((segment["device"], segment["stream"]), (0, 3))
+        self.assertEqual((block["requested_size"], block["state"]), (4096, "active_allocated"))
+        self.assertEqual(block_at(ptr)[1]["state"], "inactive")  # the free found the block
+        # The trace numbers streams by first use: the wait named the allocation's stream.
+        self.assertEqual(requests, ["a,0,4096,0", "s,0", "f,0"])
 
     def test_stream_objects_give_their_handle(self):
         class TorchStream:
@@ -66,15 +86,25 @@ class ArgumentTest(unittest.TestCase):
         class CupyStream:
             ptr = 12
 
-        for stream in (TorchStream(), CupyStream()):
+        active = reservoir.memory_stats()["active.all.current"]
+        torch_stream, cupy_stream = TorchStream(), CupyStream()
+        for stream, handle, other in ((torch_stream, 11, cupy_stream),
+                                      (cupy_stream, 12, torch_stream)):
             ptr = reservoir.raw_alloc(MiB, stream=stream)
-            reservoir.record_stream(ptr, stream)
+            self.assertEqual(block_at(ptr)[0]["stream"], handle)
+            reservoir.record_stream(ptr, stream)  # its own stream: nothing to wait for
             reservoir.raw_free(ptr)
+            self.assertEqual(block_at(ptr)[1]["state"], "inactive")
+            ptr = reservoir.raw_alloc(MiB, stream=stream)
+            reservoir.record_stream(ptr, other)  # the other object's stream: the free waits
+            reservoir.raw_free(ptr)
+            self.assertEqual(block_at(ptr)[1]["state"], "active_pending_free")
             reservoir.release_stream(stream)  # before the program destroys it
+        reservoir.empty_cache()  # waits for the pending frees
+        self.assertEqual(reservoir.memory_stats()["active.all.current"], active)
 
-    # NEEDS THE ENGINE FIX from the lead's branch (the stream table's empty-slot
-    # marker): until it is merged this test crashes the interpreter it runs in, so it
-    # runs in a child process and reports that.
+    # Stream UINTPTR_MAX once wrapped the stream table's empty-slot marker and crashed
+    # the interpreter: the test runs in a child process, so a crash is reported.
     def test_largest_stream_handle_is_served(self):
         from test_reservoir_package import run_python
 

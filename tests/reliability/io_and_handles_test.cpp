@@ -110,8 +110,7 @@ TEST(IoErrors, OomSnapshotFailureIsInTheOutOfMemoryMessage) {
 
 // Every stream value is a handle the allocator serves (streams are opaque to it);
 // UINTPTR_MAX once wrapped the stream table's empty-slot marker and crashed in
-// StreamPool::allocate. NEEDS THE ENGINE FIX from the lead's branch: until it is
-// merged this test crashes (segfault) instead of failing.
+// StreamPool::allocate.
 TEST(StreamHandles, EveryValueIsServedOrRefused) {
   for (std::uintptr_t stream : {std::uintptr_t{0}, std::uintptr_t{1}, std::uintptr_t{0xdeadbeef},
                                 UINTPTR_MAX - 1, UINTPTR_MAX, std::uintptr_t{1} << 63}) {

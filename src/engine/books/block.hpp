@@ -129,17 +129,26 @@ struct alignas(64) Segment {
     return std::atomic_ref<BlockOwner*>(const_cast<BlockOwner*&>(owner))
         .load(std::memory_order_acquire);
   }
+  // Release, paired with base_now() and size_now(): a reader that sees a recycled
+  // object's new range also sees what preceded the recycling (the SegmentMap erase
+  // that moved its generation; SegmentMap::remember relies on it).
   void set_range(std::uintptr_t new_base, std::size_t new_size) noexcept {
-    std::atomic_ref<std::uintptr_t>(base).store(new_base, std::memory_order_relaxed);
-    std::atomic_ref<std::size_t>(size).store(new_size, std::memory_order_relaxed);
+    std::atomic_ref<std::uintptr_t>(base).store(new_base, std::memory_order_release);
+    std::atomic_ref<std::size_t>(size).store(new_size, std::memory_order_release);
+  }
+  // base and size as a reader without the owner's lock sees them (plain loads on x86).
+  std::uintptr_t base_now() const noexcept {
+    return std::atomic_ref<std::uintptr_t>(const_cast<std::uintptr_t&>(base))
+        .load(std::memory_order_acquire);
+  }
+  std::size_t size_now() const noexcept {
+    return std::atomic_ref<std::size_t>(const_cast<std::size_t&>(size))
+        .load(std::memory_order_acquire);
   }
   // Whether address lies in [base, base + size), read as SegmentMap's readers do.
   bool holds(std::uintptr_t address) const noexcept {
-    auto b = std::atomic_ref<std::uintptr_t>(const_cast<std::uintptr_t&>(base))
-                 .load(std::memory_order_relaxed);
-    auto n = std::atomic_ref<std::size_t>(const_cast<std::size_t&>(size))
-                 .load(std::memory_order_relaxed);
-    return address >= b && address - b < n;
+    const std::uintptr_t b = base_now();
+    return address >= b && address - b < size_now();
   }
 };
 

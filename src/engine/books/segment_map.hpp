@@ -76,10 +76,13 @@ class SegmentMap {
     return h.generation == generation && address - h.base < h.size ? h.owner : nullptr;
   }
   // Records segment (found under generation, read before the lookup) and its owner as
-  // this thread's hint.
+  // this thread's hint. Another thread may be recycling the segment object meanwhile
+  // (it was erased, so generation() has moved on): its range is read atomically, and
+  // a range of the object's next use, read with acquire, makes this thread's later
+  // generation() reads see that move, so such a hint never matches.
   static void remember(std::uint64_t generation, const Segment* segment,
                        BlockOwner* owner) noexcept {
-    tls_owner_hint = {generation, segment->base, segment->size, owner};
+    tls_owner_hint = {generation, segment->base_now(), segment->size_now(), owner};
   }
   // owner is going away: it is no longer the sole owner (nor will any be).
   void owner_gone(BlockOwner* owner);
