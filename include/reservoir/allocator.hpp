@@ -37,7 +37,7 @@ class CachingAllocator;
 class RESERVOIR_API Allocator {
  public:
   // Uses backend (must outlive nothing: it is shared) and config.
-  Allocator(std::shared_ptr<Backend> backend, Config config);
+  Allocator(std::shared_ptr<Backend> backend, const Config& config);
   // Picks the backend from config.device ("auto": CUDA when a device is present,
   // else SimBackend) and reads the configuration from the environment.
   Allocator();

@@ -224,7 +224,7 @@ class RESERVOIR_API Backend {
 
  protected:
   // Records the description that last_error() returns on this thread; returns status.
-  static DeviceStatus fail(DeviceStatus status, std::string message);
+  static DeviceStatus fail(DeviceStatus status, const std::string& message);
 };
 
 }  // namespace reservoir

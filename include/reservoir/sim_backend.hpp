@@ -129,7 +129,7 @@ RESERVOIR_API const char* to_string(SimOp op) noexcept;
 
 class RESERVOIR_API SimBackend final : public Backend {
  public:
-  explicit SimBackend(SimOptions options = {});
+  explicit SimBackend(const SimOptions& options = {});
   ~SimBackend() override;
   SimBackend(const SimBackend&) = delete;
   SimBackend& operator=(const SimBackend&) = delete;

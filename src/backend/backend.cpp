@@ -42,7 +42,7 @@ const char* to_string(DeviceStatus status) noexcept {
 
 Backend::~Backend() = default;
 
-DeviceStatus Backend::fail(DeviceStatus status, std::string message) {
+DeviceStatus Backend::fail(DeviceStatus status, const std::string& message) {
   set_last_error(message);
   return status;
 }

@@ -122,7 +122,7 @@ struct Allocator::Impl {
   }
 };
 
-Allocator::Allocator(std::shared_ptr<Backend> backend, Config config)
+Allocator::Allocator(std::shared_ptr<Backend> backend, const Config& config)
     : impl_(std::make_unique<Impl>()) {
   if (!backend) throw InvalidArgumentError("reservoir: Allocator needs a backend");
   Impl& im = *impl_;

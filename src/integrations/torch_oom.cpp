@@ -70,7 +70,7 @@ std::atomic<const C10Errors*> g_c10{nullptr};
 
 std::string torch_out_of_memory_message(const char* reservoir) {
   static const std::string kFirst = "CUDA out of memory.";
-  const std::string message = reservoir;
+  std::string message = reservoir;
   // The engine's reports already begin with PyTorch's sentences.
   if (message.compare(0, kFirst.size(), kFirst) == 0) return message;
   return kFirst + " " + message;

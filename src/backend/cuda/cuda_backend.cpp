@@ -287,15 +287,16 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
       throw DeviceError("CUDA backend unavailable: cuDeviceGet(" + std::to_string(i) +
                         "): " + detail::cuda::describe(api, r));
     int value = 0;
-    s.vmm[i] =
+    s.vmm[i] = static_cast<char>(
         api.DeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                                s.devices[i]) == CUDA_SUCCESS &&
-        value != 0;
+        value != 0);
     value = 0;
-    s.posix_fd[i] = api.DeviceGetAttribute(
-                        &value, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                        s.devices[i]) == CUDA_SUCCESS &&
-                    value != 0;
+    s.posix_fd[i] = static_cast<char>(
+        api.DeviceGetAttribute(&value,
+                               CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                               s.devices[i]) == CUDA_SUCCESS &&
+        value != 0);
     auto attribute = [&](CUdevice_attribute a) {
       int v = 0;
       return api.DeviceGetAttribute(&v, a, s.devices[i]) == CUDA_SUCCESS && v != 0;
@@ -303,7 +304,8 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
     // Fabric handles only on request (RESERVOIR_FABRIC_HANDLES=1): without an IMEX
     // channel cuMemCreate refuses them, and a refused call is an API error that
     // tools like compute-sanitizer report (docs/ipc.md).
-    s.fabric[i] = fabric_requested() && attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
+    s.fabric[i] = static_cast<char>(fabric_requested() &&
+                                    attribute(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED));
     s.fabric_refused[i].store(false);
     all_vmm = all_vmm && s.vmm[i];
     all_fd = all_fd && s.posix_fd[i];

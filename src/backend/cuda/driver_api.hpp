@@ -72,7 +72,9 @@ namespace reservoir::detail::cuda {
   X(DeviceGetPCIBusId, cuDeviceGetPCIBusId)
 
 struct DriverApi {
-#define RESERVOIR_CUDA_DRIVER_FIELD(field, symbol) decltype(&::symbol) field = nullptr;
+// A declarator cannot be parenthesized.
+#define RESERVOIR_CUDA_DRIVER_FIELD(field, symbol) \
+  decltype(&::symbol) field = nullptr;  // NOLINT(bugprone-macro-parentheses)
   RESERVOIR_CUDA_DRIVER_API(RESERVOIR_CUDA_DRIVER_FIELD)
 #undef RESERVOIR_CUDA_DRIVER_FIELD
 

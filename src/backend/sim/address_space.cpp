@@ -365,9 +365,10 @@ std::string VirtualSpace::unmap(int device, void* ptr, std::size_t size, std::si
   for (auto it = first; it != last; ++it) {
     auto ph = physical_.find(it->second.handle);
     if (host_backed_ && ph->second.fd >= 0) {
-      // Back to the reservation's PROT_NONE pages; the memfd keeps the contents.
-      mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+      // Back to the reservation's PROT_NONE pages; the memfd keeps the contents. Should
+      // this fail, the old pages stay readable: nothing the books depend on.
+      (void)mmap(reinterpret_cast<void*>(it->first), it->second.size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     } else if (host_backed_) {
       // Contents need not survive an unmap; drop them so the pages go back to the host.
       host_discard(it->first, it->second.size);

@@ -185,7 +185,7 @@ DeviceStatus SimBackend::export_shareable(int device, PhysicalHandle handle,
     if (out == nullptr) return error("sim: export_shareable: null out");
     int fd = -1;
     if (std::string problem = s.vm.export_fd(device, handle, &fd); !problem.empty())
-      return error(std::move(problem));
+      return error(problem);
     *out = ShareableHandle{};
     out->kind = ShareableHandle::posix_fd;
     out->fd = fd;
@@ -205,7 +205,7 @@ DeviceStatus SimBackend::import_shareable(int device, const ShareableHandle& sha
     if (handle == nullptr) return error("sim: import_shareable: null handle");
     std::size_t size = 0;
     if (std::string problem = s.vm.import_fd(device, shared.fd, handle, &size); !problem.empty())
-      return error(std::move(problem));
+      return error(problem);
     ++s.counters.shareable_imports;
     return DeviceStatus::ok;
   });

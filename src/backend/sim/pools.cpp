@@ -154,7 +154,7 @@ DeviceStatus SimBackend::free_async(int device, void* ptr, StreamHandle stream) 
     if (std::string problem =
             p->model->free(address, stream, position, std::move(after), s.progress());
         !problem.empty())
-      return error(std::move(problem));
+      return error(problem);
     s.pool_of.erase(owner);
     ++s.counters.pool_frees;
     return DeviceStatus::ok;

@@ -198,7 +198,7 @@ const char* to_string(SimOp op) noexcept {
   return kOpNames[static_cast<std::size_t>(op)];
 }
 
-SimBackend::SimBackend(SimOptions options) : state_(std::make_unique<State>(options)) {}
+SimBackend::SimBackend(const SimOptions& options) : state_(std::make_unique<State>(options)) {}
 
 SimBackend::~SimBackend() = default;
 
@@ -433,7 +433,7 @@ DeviceStatus SimBackend::reserve_address_range(int device, std::size_t size, std
   return s.call(device, SimOp::reserve_address_range, [&](State::Device&) {
     if (ptr == nullptr) return error("sim: reserve_address_range: null ptr");
     if (std::string problem = s.vm.reserve(device, size, alignment, ptr); !problem.empty()) {
-      return error(std::move(problem));
+      return error(problem);
     }
     ++s.counters.reservations;
     return DeviceStatus::ok;
@@ -446,7 +446,7 @@ DeviceStatus SimBackend::release_address_range(int device, void* ptr, std::size_
   return s.call(device, SimOp::release_address_range, [&](State::Device&) {
     if (auto refused = s.refused_by_capture("release_address_range")) return *refused;
     std::string problem = s.vm.release(device, ptr, size);
-    return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
+    return problem.empty() ? DeviceStatus::ok : error(problem);
   });
 }
 
@@ -484,7 +484,7 @@ DeviceStatus SimBackend::release_physical(int device, PhysicalHandle handle) {
     if (auto refused = s.refused_by_capture("release_physical")) return *refused;
     std::size_t freed = 0;
     if (std::string problem = s.vm.release_physical(device, handle, &freed); !problem.empty()) {
-      return error(std::move(problem));
+      return error(problem);
     }
     d.used -= freed;
     ++s.counters.physical_releases;
@@ -497,7 +497,7 @@ DeviceStatus SimBackend::map(int device, void* ptr, std::size_t size, PhysicalHa
   if (!s.options.virtual_memory) return Backend::map(device, ptr, size, handle);
   return s.call(device, SimOp::map, [&](State::Device&) {
     if (std::string problem = s.vm.map(device, ptr, size, handle); !problem.empty()) {
-      return error(std::move(problem));
+      return error(problem);
     }
     ++s.counters.maps;
     s.charge(s.options.map_us);
@@ -513,7 +513,7 @@ DeviceStatus SimBackend::unmap(int device, void* ptr, std::size_t size) {
     if (size == 0) return error("sim: unmap: size 0");
     std::size_t freed = 0;
     if (std::string problem = s.vm.unmap(device, ptr, size, &freed); !problem.empty()) {
-      return error(std::move(problem));
+      return error(problem);
     }
     d.used -= freed;  // handles released earlier, now unmapped everywhere
     ++s.counters.unmaps;
@@ -530,7 +530,7 @@ DeviceStatus SimBackend::set_access(int device, void* ptr, std::size_t size, con
     if (size == 0) return error("sim: set_access: size 0");
     std::string problem =
         s.vm.set_access(device, ptr, size, devices, count, s.options.device_count);
-    return problem.empty() ? DeviceStatus::ok : error(std::move(problem));
+    return problem.empty() ? DeviceStatus::ok : error(problem);
   });
 }
 

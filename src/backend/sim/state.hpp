@@ -66,12 +66,12 @@ inline DeviceStatus bad_device(int device, int count) {
                                                std::to_string(count) + ")");
 }
 
-inline DeviceStatus error(std::string message) {
-  return Failer::fail(DeviceStatus::error, std::move(message));
+inline DeviceStatus error(const std::string& message) {
+  return Failer::fail(DeviceStatus::error, message);
 }
 
-inline DeviceStatus unsupported(std::string message) {
-  return Failer::fail(DeviceStatus::unsupported, std::move(message));
+inline DeviceStatus unsupported(const std::string& message) {
+  return Failer::fail(DeviceStatus::unsupported, message);
 }
 
 inline DeviceStatus injected_failure(SimOp op, DeviceStatus status) {

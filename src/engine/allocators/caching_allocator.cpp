@@ -200,18 +200,18 @@ void CachingAllocator::record_history(bool enabled, std::size_t max_entries, Con
   history_enabled_ = enabled;
   history_entries_ = max_entries;
   history_level_ = level;
-  history_recorder_ = recorder;
   {
     std::lock_guard<std::mutex> ag(annotations_mutex_);
     if (!enabled) annotations_.clear();
   }
   for (auto& e : owned_) e->history().configure(enabled, max_entries, level, recorder);
+  history_recorder_ = std::move(recorder);
 }
 
 void CachingAllocator::attach_trace_tracker(TraceTracker tracker) {
   std::lock_guard<std::mutex> guard(engines_mutex_);
-  trackers_.push_back(tracker);
   for (auto& e : owned_) e->history().add_tracker(tracker);
+  trackers_.push_back(std::move(tracker));
 }
 
 bool CachingAllocator::record_annotation(Annotation annotation) {

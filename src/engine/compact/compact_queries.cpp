@@ -210,7 +210,7 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
         RESERVOIR_CHECK(
             g.ghost_arena == a.get() && g.ghost_first <= i && i < g.ghost_first + g.pages,
             page() + " names a ghost mapped elsewhere");
-        if (g.ghost_first == i) ghost_pages += g.pages;
+        if (g.ghost_first == i) ghost_pages += static_cast<std::ptrdiff_t>(g.pages);
         --ghost_pages;
       }
       if (!p.extent) continue;

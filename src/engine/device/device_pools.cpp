@@ -187,6 +187,7 @@ bool DeviceEngine::pool_live_allocations_are(PoolId id, const std::vector<void*>
   std::vector<std::uintptr_t> live;
   for (StreamPool* p : pool->streams()) p->allocated_addresses(&live);
   std::vector<std::uintptr_t> want;
+  want.reserve(expected.size());
   for (void* e : expected) want.push_back(reinterpret_cast<std::uintptr_t>(e));
   std::sort(live.begin(), live.end());
   std::sort(want.begin(), want.end());

@@ -53,6 +53,7 @@ std::vector<std::string> process_memory_lines(Backend& backend, int device) {
     return {"the list of processes is unavailable (" + why + ")"};
   const auto self = static_cast<std::uint32_t>(getpid());
   std::vector<std::string> lines;
+  lines.reserve(list.size());
   for (const ProcessMemory& p : list)
     lines.push_back("process " + std::to_string(p.pid) + ": " + used(p) +
                     (p.pid == self ? " (this process, including non-Reservoir memory)" : ""));

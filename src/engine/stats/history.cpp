@@ -86,7 +86,7 @@ Context History::gather(ContextLevel needed) const {
   return std::make_shared<const std::string>(recorder());
 }
 
-void History::record(TraceEntry entry) {
+void History::record(const TraceEntry& entry) {
   std::shared_ptr<const std::vector<TraceTracker>> trackers;
   {
     std::lock_guard<std::mutex> guard(mutex_);

@@ -24,7 +24,7 @@ class History {
   void add_tracker(TraceTracker tracker);
   // The user's context, when the level asks for it at this point (outside locks).
   Context gather(ContextLevel needed) const;
-  void record(TraceEntry entry);
+  void record(const TraceEntry& entry);
   std::vector<TraceEntry> entries() const;
 
  private:
