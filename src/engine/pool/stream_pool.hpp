@@ -60,6 +60,7 @@
 #include "engine/books/block.hpp"
 #include "engine/books/block_owner.hpp"
 #include "engine/books/free_index.hpp"
+#include "engine/books/validation_totals.hpp"
 #include "engine/pool/pool_services.hpp"
 #include "engine/stats/stat_ledger.hpp"
 #include "reservoir/history.hpp"
@@ -70,12 +71,6 @@
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
-
-// Totals a validation pass accumulates across pools.
-struct ValidationTotals {
-  std::size_t reserved = 0;
-  std::size_t segments = 0;
-};
 
 // Per-pool inputs and outputs of one garbage-collection round.
 struct GcTally {
