@@ -57,7 +57,7 @@ CompactPool::~CompactPool() {
     }
     for (Block* b = a->segment->head; b;) {
       Block* n = b->next;
-      delete_block(b);
+      block_list::destroy(block_nodes_, b);
       b = n;
     }
     (void)services_.backend.release_address_range(
@@ -73,29 +73,6 @@ CompactPool::~CompactPool() {
 
 // ---------------------------------------------------------------- blocks
 
-Block* CompactPool::new_block(std::uintptr_t address, std::size_t size, Segment* segment,
-                              BlockState state) {
-  Block* b = new (block_nodes_.get()) Block;
-  b->address = address;
-  b->size = size;
-  b->prev = b->next = nullptr;
-  b->segment = segment;
-  b->pool_index = segment->pool;
-  b->in_expandable = segment->expandable;
-  b->requested = 0;
-  b->state = state;
-  b->oversize = false;
-  b->event_count = 0;
-  b->gc_stamp = 0;
-  b->stream = 0;
-  return b;
-}
-
-void CompactPool::delete_block(Block* b) {
-  b->~Block();
-  block_nodes_.put(b);
-}
-
 void CompactPool::index_free(Block* b) {
   b->state = BlockState::free;
   free_.insert(b);
@@ -105,42 +82,19 @@ void CompactPool::reposition_free(Block* b) {
   free_.reposition(b);
 }
 
-// b (allocated until now, in no index) becomes free, merged with free neighbours.
+// b (allocated until now, in no index) becomes free, merged with free neighbours
+// (block_list::coalesce over the free index; nothing counted).
 Block* CompactPool::coalesce_free(Block* b) {
-  Block* keep = nullptr;
-  if (b->prev && b->prev->state == BlockState::free) {
-    Block* prev = b->prev;
-    prev->size += b->size;
-    prev->next = b->next;
-    if (prev->next) prev->next->prev = prev;
-    delete_block(b);
-    keep = b = prev;
-  }
-  if (b->next && b->next->state == BlockState::free) {
-    Block* next = b->next;
-    if (keep) {
-      free_.erase(next);
-      b->size += next->size;
-      b->next = next->next;
-      if (b->next) b->next->prev = b;
-      delete_block(next);
-    } else {
-      next->address = b->address;
-      next->size += b->size;
-      next->prev = b->prev;
-      if (next->prev)
-        next->prev->next = next;
-      else
-        next->segment->head = next;
-      delete_block(b);
-      keep = b = next;
-    }
-  }
-  if (keep)
-    reposition_free(b);
-  else
-    index_free(b);
-  return b;
+  struct Hooks {
+    CompactPool& pool;
+    void drop(Block* x) { block_list::destroy(pool.block_nodes_, x); }
+    void unindex(Block* x) { pool.free_.erase(x); }
+    void index(Block* x) { pool.index_free(x); }
+    void reposition(Block* x) { pool.reposition_free(x); }
+    void absorbed(const Block&) {}
+  };
+  Hooks hooks{*this};
+  return block_list::coalesce(b, BlockState::free, hooks);
 }
 
 CompactPool::Arena* CompactPool::arena_of(const Block* b) const {
@@ -178,8 +132,7 @@ CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {
   seg->set_range(reinterpret_cast<std::uintptr_t>(ptr), size);
   seg->pool = kLargePool;
   seg->expandable = true;  // no single base allocation (and no IPC handle)
-  Block* b = new_block(seg->base, size, seg, BlockState::free);
-  seg->head = b;
+  Block* b = block_list::start(block_nodes_, seg, BlockState::free);
   seg->set_owner(this);
   arena->segment = seg;
   // Pages (and the segment map's entries) follow the highest block in use (grow_pages):
@@ -685,16 +638,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   if (!back_pages(a, address, taken)) return 0;
   Block* out;
   if (taken < b->size) {
-    out = new_block(address, taken, b->segment, BlockState::allocated);
-    out->prev = b->prev;
-    if (out->prev)
-      out->prev->next = out;
-    else
-      b->segment->head = out;
-    out->next = b;
-    b->prev = out;
-    b->address += taken;
-    b->size -= taken;
+    out = block_list::split_front(block_nodes_, b, taken, BlockState::allocated);
     reposition_free(b);
   } else {
     free_.erase(b);
@@ -811,7 +755,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
         continue;
       }
       free_.erase(head);
-      delete_block(head);
+      block_list::destroy(block_nodes_, head);
       counters_.add<kSegment>(kLargePool, -1);
       services_.segments.recycle(a.segment);
       it = arenas_.erase(it);

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "engine/books/block.hpp"
+#include "engine/books/block_list.hpp"
 #include "engine/books/block_owner.hpp"
 #include "engine/books/free_index.hpp"
 #include "engine/books/validation_totals.hpp"
@@ -131,8 +132,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t pages_total(const Arena& a) const { return a.segment->size / page_; }
   std::pair<std::size_t, std::size_t> page_span(const Arena& a, std::uintptr_t address,
                                                 std::size_t size) const;
-  Block* new_block(std::uintptr_t address, std::size_t size, Segment* segment, BlockState state);
-  void delete_block(Block* b);
   void index_free(Block* b);
   void reposition_free(Block* b);
   Block* coalesce_free(Block* b);
