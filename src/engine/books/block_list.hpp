@@ -100,7 +100,8 @@ RESERVOIR_INLINE Block* split_back(NodePool& nodes, Block* b, std::size_t size, 
 //   void index(Block* x)        x, merged with no neighbour, enters state's index;
 //   void reposition(Block* x)   x, an indexed neighbour, grew by what it absorbed;
 //   void absorbed(const Block& x)  x, a neighbour in state, is merged in (for counts).
-// Returns the block left. post: no neighbour of it is in state.
+// Returns the block left. post: no neighbour of it is in state. On a hot path, make the
+// hooks RESERVOIR_INLINE: the compiler may otherwise outline one (a call per merge).
 template <class Hooks>
 RESERVOIR_INLINE Block* coalesce(Block* b, BlockState state, Hooks& hooks) {
   Block* keep = nullptr;  // the indexed survivor, once there is one
