@@ -5,7 +5,7 @@
 //   head->prev == nullptr, b->next->prev == b, b->next->address == b->address + b->size,
 //   sum(b->size over the list) == segment->size.
 // No two neighbouring blocks are both free, nor both unmapped: they are merged when
-// the second one enters that state (coalesce() in stream_pool.cpp), or, for a parked
+// the second one enters that state (block_list::coalesce, block_list.hpp), or, for a parked
 // block, when it is settled.
 // Every block is in exactly one of these places, by state:
 //   free      -> its owner's FreeIndex for the segment's pool (free_leaf valid)

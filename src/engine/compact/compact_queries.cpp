@@ -1,5 +1,6 @@
 // CompactPool: reading the books (sizes, snapshots, error explanations) and the
-// validator's walk of arenas, blocks, pages and extents.
+// validator's walk of arenas and blocks (their pages and extents: ExtentMap's
+// validate_arena and validate_end, extent_pages.cpp).
 #include <algorithm>
 
 #include "engine/compact/compact_pool.hpp"
@@ -16,11 +17,11 @@ std::size_t CompactPool::largest_free_block() {
   for (auto& a : arenas_)
     for (Block* b = a->segment->head; b; b = b->next) {
       if (b->state != BlockState::free) continue;
-      auto [first, end] = page_span(*a, b->address, b->size);
+      auto [first, end] = extents_.page_span(*a, b->address, b->size);
       end = std::min(end, a->pages.size());
       std::size_t run = 0;
       for (std::size_t i = first; i < end; ++i) {
-        run = a->pages[i].extent ? run + page_ : 0;
+        run = a->pages[i].extent ? run + extents_.page() : 0;
         largest = std::max(largest, std::min(run, b->size));
       }
     }
@@ -29,8 +30,7 @@ std::size_t CompactPool::largest_free_block() {
 
 std::size_t CompactPool::cached_bytes() {
   Guard guard(lock_);
-  std::size_t held = 0;
-  for (const Extent* x : spare_) held += x->pages * page_;
+  std::size_t held = extents_.spare_bytes();
   for (auto& a : arenas_) held += a->segment->mapped_bytes;
   std::size_t allocated = 0;
   allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
@@ -89,7 +89,7 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
       }
       std::size_t end = i;
       while (end < a->pages.size() && a->pages[end].extent) ++end;
-      const std::uintptr_t lo = base + i * page_, hi = base + end * page_;
+      const std::uintptr_t lo = base + i * extents_.page(), hi = base + end * extents_.page();
       SegmentInfo info;
       info.device = services_.device;
       info.address = lo;
@@ -135,12 +135,9 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
                requested[kPoolCount] = {};
-  std::size_t free_blocks = 0, allocated_blocks = 0, mapped_pages = 0;
-  std::size_t held_extents = 0;  // pages of the mapped extents (then the spare ones too)
-  std::size_t listed = 0;        // mapped extents holding no block
-  // Pages of ghosts counted at their first page, less the pages naming them: 0 when every
-  // ghost's pages name it.
-  std::ptrdiff_t ghost_pages = 0;
+  std::size_t free_blocks = 0, allocated_blocks = 0;
+  ExtentMap::Audit audit;
+  const std::size_t page = extents_.page();
   {
     const std::string fences = fences_.problem();
     RESERVOIR_CHECK(fences.empty(), "stream markers: " + fences);
@@ -155,10 +152,11 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
                     "arena " + at(seg->base) + " is findable, but frees go to another owner");
     RESERVOIR_CHECK(seg->head && seg->head->address == seg->base && !seg->head->prev,
                     "arena " + at(seg->base) + " does not start with its head block");
+    // The live bytes on each page as the blocks say: the extent map's books must agree.
     std::vector<std::uint64_t> live(a->pages.size(), 0);
     std::size_t tiled = 0;
     for (Block* b = seg->head; b; b = b->next) {
-      // Built only when a check fails (as page() below).
+      // Built only when a check fails.
       auto where = [&] { return "block " + at(b->address) + " of arena " + at(seg->base); };
       RESERVOIR_CHECK(b->segment == seg && b->address == seg->base + tiled && b->size > 0 &&
                           b->size % SizePolicy::kMinBlockSize == 0,
@@ -185,84 +183,18 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       allocation[pool] += 1;
       allocated_bytes[pool] += static_cast<std::int64_t>(b->size);
       requested[pool] += static_cast<std::int64_t>(b->requested);
-      auto [first, end] = page_span(*a, b->address, b->size);
+      auto [first, end] = extents_.page_span(*a, b->address, b->size);
       for (std::size_t i = first; i < end; ++i) {
-        const std::uintptr_t lo = std::max(b->address, seg->base + i * page_);
-        const std::uintptr_t hi = std::min(b->address + b->size, seg->base + (i + 1) * page_);
+        const std::uintptr_t lo = std::max(b->address, seg->base + i * page);
+        const std::uintptr_t hi = std::min(b->address + b->size, seg->base + (i + 1) * page);
         live[i] += hi - lo;
       }
     }
     RESERVOIR_CHECK(tiled == seg->size, "blocks of arena " + at(seg->base) + " do not tile it");
-    std::size_t mapped_here = 0;
-    for (std::size_t i = 0; i < a->pages.size(); ++i) {
-      const Page& p = a->pages[i];
-      // Built only when a check fails: the checks build validates after every operation.
-      auto page = [&] { return "page " + std::to_string(i) + " of arena " + at(seg->base); };
-      RESERVOIR_CHECK(p.live == live[i], page() + " counts " + std::to_string(p.live) +
-                                             " live bytes, its blocks " + std::to_string(live[i]));
-      RESERVOIR_CHECK(p.live == 0 || p.extent, page() + " holds a block but is unmapped");
-      RESERVOIR_CHECK(p.live == 0 || p.extent->accessible,
-                      page() + " holds a block but its access was never granted");
-      if (p.ghost) {
-        const Extent& g = *p.ghost;
-        RESERVOIR_CHECK(!p.extent && p.live == 0,
-                        page() + " is a ghost but holds memory or a block");
-        RESERVOIR_CHECK(
-            g.ghost_arena == a.get() && g.ghost_first <= i && i < g.ghost_first + g.pages,
-            page() + " names a ghost mapped elsewhere");
-        if (g.ghost_first == i) ghost_pages += static_cast<std::ptrdiff_t>(g.pages);
-        --ghost_pages;
-      }
-      if (!p.extent) continue;
-      ++mapped_here;
-      const Extent& x = *p.extent;
-      RESERVOIR_CHECK(x.arena == a.get() && x.first <= i && i < x.first + x.pages,
-                      page() + " names an extent mapped elsewhere");
-      if (x.first != i) continue;
-      // The extent's books, once, at its first page.
-      RESERVOIR_CHECK(x.first + x.pages <= a->pages.size(),
-                      page() + ": its extent runs past the booked pages");
-      std::size_t live_pages = 0;
-      for (std::size_t j = i; j < i + x.pages; ++j) live_pages += live[j] > 0 ? 1 : 0;
-      RESERVOIR_CHECK(x.live_pages == live_pages,
-                      page() + ": its extent counts " + std::to_string(x.live_pages) +
-                          " pages in use, its blocks " + std::to_string(live_pages));
-      RESERVOIR_CHECK(x.listed == (x.live_pages == 0),
-                      page() + (x.listed ? ": its extent is reclaimable but holds a block"
-                                         : ": its extent holds nothing but is not reclaimable"));
-      held_extents += x.pages;
-      if (x.listed) ++listed;
-    }
-    std::size_t mapped_end = a->pages.size();
-    while (mapped_end > 0 && !a->pages[mapped_end - 1].extent) --mapped_end;
-    RESERVOIR_CHECK(a->mapped_end == mapped_end,
-                    "arena " + at(seg->base) + " places its frontier at page " +
-                        std::to_string(a->mapped_end) + ", its last mapped page ends at " +
-                        std::to_string(mapped_end));
-    RESERVOIR_CHECK(seg->mapped_bytes == mapped_here * page_,
-                    "arena " + at(seg->base) + " counts mapped bytes wrong");
-    mapped_pages += mapped_here;
+    extents_.validate_arena(*a, live, &audit);
     totals->segments += 1;
   }
-  std::size_t spare_pages = 0;
-  for (const Extent* x : spare_) {
-    RESERVOIR_CHECK(!x->arena && !x->listed && !x->accessible && x->pages > 0,
-                    "a spare extent is mapped, listed or empty");
-    spare_pages += x->pages;
-  }
-  std::size_t walked = 0;
-  for (const Extent* x = reclaim_head_; x; x = x->next) {
-    RESERVOIR_CHECK(x->listed && x->arena, "the reclaimable list holds an extent not listed");
-    RESERVOIR_CHECK(x->next ? x->next->prev == x : reclaim_tail_ == x,
-                    "the reclaimable list's links are broken");
-    RESERVOIR_CHECK(++walked <= listed, "the reclaimable list holds more extents than are free");
-  }
-  RESERVOIR_CHECK(walked == listed, "a free mapped extent is missing from the reclaimable list");
-  // Every page of a mapped extent names it (each page was counted once above).
-  RESERVOIR_CHECK(held_extents == mapped_pages, "a mapped extent's pages do not all name it");
-  RESERVOIR_CHECK(ghost_pages == 0, "a ghost's pages do not all name it");
-  held_extents += spare_pages;
-  const std::size_t held = held_extents * page_;
+  const std::size_t held = extents_.validate_end(audit);
   totals->reserved += held;
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
   const std::string index_problem = free_.problem();

@@ -195,8 +195,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   seg->mapped_bytes = alloc_size;
   seg->pool = pool;
   seg->context = context;
-  Block* b = new_block(seg->base, alloc_size, seg, BlockState::free);
-  seg->head = b;
+  Block* b = block_list::start(block_nodes_, seg, BlockState::free);
   seg->set_owner(this);
   link_segment(seg);
   services_.segments.publish(seg);
@@ -221,16 +220,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
   SplitChange split;
   Block* out;
   if (!no_split_ && policy().should_split(pool, b->size, size)) {
-    out = new_block(b->address, size, b->segment, BlockState::allocated);
-    out->prev = b->prev;
-    if (out->prev)
-      out->prev->next = out;
-    else
-      b->segment->head = out;
-    out->next = b;
-    b->prev = out;
-    b->address += size;
-    b->size -= size;
+    out = block_list::split_front(block_nodes_, b, size, BlockState::allocated);
     reposition_free(b);
     if (counts_split)
       split = already_split ? SplitChange{0, -static_cast<std::int64_t>(size)}

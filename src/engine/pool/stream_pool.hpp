@@ -58,8 +58,10 @@
 #include <vector>
 
 #include "engine/books/block.hpp"
+#include "engine/books/block_list.hpp"
 #include "engine/books/block_owner.hpp"
 #include "engine/books/free_index.hpp"
+#include "engine/books/validation_totals.hpp"
 #include "engine/pool/pool_services.hpp"
 #include "engine/stats/stat_ledger.hpp"
 #include "reservoir/history.hpp"
@@ -70,12 +72,6 @@
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
-
-// Totals a validation pass accumulates across pools.
-struct ValidationTotals {
-  std::size_t reserved = 0;
-  std::size_t segments = 0;
-};
 
 // Per-pool inputs and outputs of one garbage-collection round.
 struct GcTally {
@@ -300,25 +296,12 @@ class alignas(64) StreamPool final : public BlockOwner {
 
 RESERVOIR_INLINE Block* StreamPool::new_block(std::uintptr_t address, std::size_t size,
                                               Segment* segment, BlockState state) {
-  Block* b = new (block_nodes_.get()) Block;  // default-init: only what is set below
-  b->address = address;
-  b->size = size;
-  b->prev = b->next = nullptr;
-  b->segment = segment;
-  b->pool_index = segment->pool;
-  b->in_expandable = segment->expandable;
-  b->requested = 0;
-  b->state = state;
-  b->oversize = false;
-  b->event_count = 0;
-  b->gc_stamp = 0;
-  return b;
+  return block_list::create(block_nodes_, address, size, segment, state);
 }
 
 RESERVOIR_INLINE void StreamPool::delete_block(Block* b) {
   if (b == fit_block_) fit_block_ = nullptr;
-  b->~Block();
-  block_nodes_.put(b);
+  block_list::destroy(block_nodes_, b);
 }
 
 RESERVOIR_INLINE void StreamPool::index_free(Block* b) {
@@ -339,57 +322,42 @@ RESERVOIR_INLINE void StreamPool::index_unmapped(Block* b) {
   b->unmapped_at = unmapped_[b->pool()].insert(b).first;
 }
 
-// The one merge routine (free blocks, newly mapped pages, newly unmapped pages). A
-// neighbour that absorbs b keeps its index node: in the free set it is repositioned;
-// in the address-ordered unmapped set its order cannot change (b is adjacent).
+// The one merge routine (free blocks, newly mapped pages, newly unmapped pages):
+// block_list::coalesce with this pool's indexes (free: the FreeIndex, repositioned
+// when a neighbour grows; unmapped: the address-ordered set, whose order a merge
+// cannot change).
 RESERVOIR_INLINE Block* StreamPool::coalesce(Block* b, BlockState state, std::int64_t* absorbed,
                                              std::int64_t* absorbed_bytes) {
-  const bool to_free = state == BlockState::free;
-  Block* keep = nullptr;  // the indexed survivor, once there is one
-  if (b->prev && b->prev->state == state) {
-    Block* prev = b->prev;
-    *absorbed += 1;
-    *absorbed_bytes += static_cast<std::int64_t>(prev->size);
-    prev->size += b->size;
-    prev->next = b->next;
-    if (prev->next) prev->next->prev = prev;
-    delete_block(b);
-    keep = b = prev;
-  }
-  if (b->next && b->next->state == state) {
-    Block* next = b->next;
-    *absorbed += 1;
-    *absorbed_bytes += static_cast<std::int64_t>(next->size);
-    if (keep) {  // b (indexed) absorbs next, which leaves its index
+  // Forced inline, every one: the merge is on the free path (an outlined hook costs
+  // a call per merge).
+  struct Hooks {
+    StreamPool& pool;
+    bool to_free;
+    std::int64_t* count;
+    std::int64_t* bytes;
+    RESERVOIR_INLINE void drop(Block* x) { pool.delete_block(x); }
+    RESERVOIR_INLINE void unindex(Block* x) {
       if (to_free)
-        unindex_free(next);
+        pool.unindex_free(x);
       else
-        unindex_unmapped(next);
-      b->size += next->size;
-      b->next = next->next;
-      if (b->next) b->next->prev = b;
-      delete_block(next);
-    } else {  // next absorbs b and keeps its node
-      next->address = b->address;
-      next->size += b->size;
-      next->prev = b->prev;
-      if (next->prev)
-        next->prev->next = next;
-      else
-        next->segment->head = next;
-      delete_block(b);
-      keep = b = next;
+        pool.unindex_unmapped(x);
     }
-  }
-  if (!keep) {
-    if (to_free)
-      index_free(b);
-    else
-      index_unmapped(b);
-  } else if (to_free) {
-    reposition_free(b);
-  }
-  return b;
+    RESERVOIR_INLINE void index(Block* x) {
+      if (to_free)
+        pool.index_free(x);
+      else
+        pool.index_unmapped(x);
+    }
+    RESERVOIR_INLINE void reposition(Block* x) {
+      if (to_free) pool.reposition_free(x);
+    }
+    RESERVOIR_INLINE void absorbed(const Block& x) {
+      *count += 1;
+      *bytes += static_cast<std::int64_t>(x.size);
+    }
+  };
+  Hooks hooks{*this, state == BlockState::free, absorbed, absorbed_bytes};
+  return block_list::coalesce(b, state, hooks);
 }
 
 }  // namespace reservoir::detail

@@ -102,9 +102,7 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
   seg->pool = pool;
   seg->expandable = true;
   seg->vm = vm;
-  Block* b = new_block(seg->base, seg->size, seg, BlockState::unmapped);
-  index_unmapped(b);
-  seg->head = b;
+  index_unmapped(block_list::start(block_nodes_, seg, BlockState::unmapped));
   seg->set_owner(this);
   link_segment(seg);
   // Registered in the segment map as its pages are mapped (map_block): nothing yet.
@@ -136,13 +134,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
     services_.segments.publish_part(seg, seg->base + reach, seg->vm->reach() - reach);
   unindex_unmapped(b);
   if (mapped < b->size) {  // the rest stays unmapped, after b
-    Block* rest = new_block(b->address + mapped, b->size - mapped, seg, BlockState::unmapped);
-    rest->prev = b;
-    rest->next = b->next;
-    if (rest->next) rest->next->prev = rest;
-    b->next = rest;
-    b->size = mapped;
-    index_unmapped(rest);
+    index_unmapped(block_list::split_back(block_nodes_, b, mapped, BlockState::unmapped));
   }
   const std::uintptr_t mapped_at = b->address;
   b->state = BlockState::pending;  // neither free nor unmapped while merging
@@ -180,27 +172,9 @@ bool StreamPool::unmap_block(Block* b) {
     unindex_free(b);
     const std::size_t before = start - b->address;
     const std::size_t after = b->size - before - length;
-    if (before > 0) {  // the free head that stays mapped
-      Block* f = new_block(b->address, before, seg, BlockState::free);
-      f->prev = b->prev;
-      if (f->prev)
-        f->prev->next = f;
-      else
-        seg->head = f;
-      f->next = b;
-      b->prev = f;
-      index_free(f);
-    }
-    if (after > 0) {  // the free tail that stays mapped
-      Block* f = new_block(start + length, after, seg, BlockState::free);
-      f->next = b->next;
-      if (f->next) f->next->prev = f;
-      f->prev = b;
-      b->next = f;
-      index_free(f);
-    }
-    b->address = start;
-    b->size = length;
+    // b becomes [start, start + length): the free head and tail stay mapped.
+    if (before > 0) index_free(block_list::split_front(block_nodes_, b, before, BlockState::free));
+    if (after > 0) index_free(block_list::split_back(block_nodes_, b, length, BlockState::free));
     b->state = BlockState::pending;  // neither free nor unmapped while merging
     std::int64_t merged = 0, merged_bytes = 0;
     coalesce(b, BlockState::unmapped, &merged, &merged_bytes);
