@@ -180,15 +180,83 @@ TEST(TraceReader, GzipErrorNamesLine) {
 
 TEST(TraceReader, LongLinesKeepLineNumbers) {
   TempDir dir;
-  const std::string text =
-      "# " + std::string(10000, 'x') + "\na,1,8,0\n" + "a,2,8," + std::string(9000, '1') + "\n";
+  // Lines as long as allowed, across the reader's 16 KiB reads.
+  std::string text;
+  for (int i = 0; i < 9; ++i) text += "# " + std::string(kMaxLineBytes - 2, 'x') + "\n";
+  text += "a,1,8,0\na,2,8," + std::string(kMaxLineBytes - 6, '1') + "\n";
   const std::string gz = dir.file("long.trace.gz");
   test::write_gzip(gz, text);
   try {
     read_trace(gz);
     FAIL();
   } catch (const TraceError& e) {
-    EXPECT_EQ(std::string(e.what()).rfind(gz + ":3: expected a,ID,SIZE,STREAM", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()).rfind(gz + ":11: expected a,ID,SIZE,STREAM", 0), 0u)
+        << e.what();
+  }
+}
+
+// A line longer than kMaxLineBytes is refused with its number once that many bytes
+// are read, never held whole: a file of one huge line (a gigabyte of text, or a small
+// gzip of it) costs a few KiB. Plain, gzip and text in memory alike.
+TEST(TraceReader, OverlongLineIsRefusedAtTheLimit) {
+  TempDir dir;
+  const std::string text = "# trace v1\na,1,8,0\n" + std::string(1u << 20, '7');
+  const std::string plain = dir.file("long.trace");
+  const std::string gz = dir.file("long.trace.gz");
+  test::write_plain(plain, text);
+  test::write_gzip(gz, text);
+  const std::string reason =
+      ":3: line longer than 4096 bytes (a trace line has at most 49, "
+      "comments at most 4096): '" +
+      std::string(60, '7') + "...'";
+  for (const std::string& path : {plain, gz}) {
+    try {
+      read_trace(path);
+      FAIL() << path;
+    } catch (const TraceError& e) {
+      EXPECT_EQ(std::string(e.what()), path + reason);
+    }
+  }
+  EXPECT_THROW(parse_trace_text(text, "mem"), TraceError);
+  // The limit itself is allowed.
+  EXPECT_EQ(
+      parse_trace_text("#" + std::string(kMaxLineBytes - 1, ' ') + "\na,1,8,0\n", "m").allocations,
+      1u);
+}
+
+// Input that is not text never reaches the terminal raw: plain binary data is named as
+// such with its first bytes escaped, and a bad line deeper in quotes its bytes escaped.
+TEST(TraceReader, BinaryInputIsNamedAndEscaped) {
+  TempDir dir;
+  const std::string elf = dir.file("a.out");
+  test::write_plain(elf, std::string("\x7f"
+                                     "ELF\x02\x01\x01\0\0\0",
+                                     11) +
+                             std::string(100, '\0'));
+  try {
+    read_trace(elf);
+    FAIL();
+  } catch (const TraceError& e) {
+    EXPECT_EQ(
+        std::string(e.what()),
+        elf + ": not a trace (binary data): it starts '\\x7fELF\\x02\\x01\\x01" +
+            [] {
+              std::string zeros;
+              for (int i = 0; i < 53; ++i) zeros += "\\x00";
+              return zeros;
+            }() +
+            "...'");
+  }
+  const std::string bad = dir.file("bad.trace");
+  test::write_plain(bad, std::string(600, '\n') + "x\x1b]0;title\x07\xff,1\n");
+  try {
+    read_trace(bad);
+    FAIL();
+  } catch (const TraceError& e) {
+    EXPECT_EQ(
+        std::string(e.what()).rfind(bad + ":601: unknown event 'x\\x1b]0;title\\x07\\xff,1' ", 0),
+        0u)
+        << e.what();
   }
 }
 

@@ -50,13 +50,42 @@ bool parse_u64(std::string_view field, std::uint64_t& value) {
   return ec == std::errc{} && ptr == end;
 }
 
+// Whether a byte would reach a terminal as itself: printable ASCII.
+bool printable(char c) {
+  return c >= 0x20 && c < 0x7f;
+}
+
+// The start of line in quotes, for messages: bytes that are not printable ASCII are
+// written \xHH, so binary input never reaches the terminal raw.
 std::string quoted(std::string_view line) {
   constexpr std::size_t kMax = 60;
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string s = "'";
-  s.append(line.substr(0, kMax));
+  for (const char c : line.substr(0, kMax)) {
+    if (printable(c)) {
+      s += c;
+    } else {
+      const auto u = static_cast<unsigned char>(c);
+      s += "\\x";
+      s += kHex[u >> 4];
+      s += kHex[u & 15];
+    }
+  }
   if (line.size() > kMax) s += "...";
   s += "'";
   return s;
+}
+
+// Plain data is clearly not text when its first bytes hold a control byte that no
+// text file has (NUL, ESC, ...): tab, line ends, form feed and vertical tab excepted.
+bool looks_binary(std::string_view start) {
+  constexpr std::size_t kSniff = 512;
+  for (const char c : start.substr(0, kSniff)) {
+    const auto u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f' && c != '\v') || u == 0x7f)
+      return true;
+  }
+  return false;
 }
 
 std::string_view trim_right(std::string_view s) {
@@ -96,6 +125,10 @@ std::uint16_t TraceParser::stream_or_fail(std::string_view field, std::uint64_t 
 }
 
 void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
+  if (raw.size() > kMaxLineBytes)
+    fail(line_number, "line longer than " + std::to_string(kMaxLineBytes) +
+                          " bytes (a trace line has at most 49, comments at most " +
+                          std::to_string(kMaxLineBytes) + "): " + quoted(raw));
   const std::string_view line = trim_right(raw);
   if (line.empty()) return;
   if (line.front() == '#') {
@@ -273,11 +306,15 @@ Trace read_trace(const std::string& path) {
 
   std::vector<char> buf(kChunk);
   std::string pending;  // the start of a line that continues in the next read
+  bool first_read = true;
   while (true) {
     const int n = gzread(file.get(), buf.data(), static_cast<unsigned>(buf.size()));
     if (n < 0) throw_corrupt(name, line_number + 1, gzip_problem(file.get()));
     if (n == 0) break;
     std::string_view chunk(buf.data(), static_cast<std::size_t>(n));
+    if (first_read && !compressed && looks_binary(chunk))
+      throw TraceError(name + ": not a trace (binary data): it starts " + quoted(chunk));
+    first_read = false;
     for (std::size_t nl = chunk.find('\n'); nl != std::string_view::npos; nl = chunk.find('\n')) {
       if (pending.empty()) {
         add_line(chunk.substr(0, nl));
@@ -289,6 +326,8 @@ Trace read_trace(const std::string& path) {
       chunk.remove_prefix(nl + 1);
     }
     pending.append(chunk);
+    // A line that cannot be one: refused now, not held whole (add_line throws).
+    if (pending.size() > kMaxLineBytes) add_line(pending);
   }
   // Checked before the last line: a cut stream ends inside a line, which must not
   // be reported as malformed.

@@ -62,13 +62,20 @@ struct Trace {
 // replay can keep per-stream state in a vector.
 inline constexpr std::uint32_t kMaxStreams = 1u << 16;
 
+// The longest line a reader accepts, comments included. The longest event line is
+// 49 bytes ("a," 20-digit ID "," 20-digit SIZE "," 5-digit STREAM); the limit leaves
+// room for trailing blanks and long comments while bounding what a reader holds:
+// a file that is not a trace (one long line of gigabytes) stops here, at once.
+inline constexpr std::size_t kMaxLineBytes = 4096;
+
 // Parses lines one at a time. Used by read_trace and parse_trace_text; exposed so a
 // caller can feed lines from any source.
 class TraceParser {
  public:
   explicit TraceParser(std::string path);
   // Parses one line (without its newline; a trailing '\r' is tolerated). line_number
-  // is 1-based and only used in messages. Throws TraceError.
+  // is 1-based and only used in messages. Throws TraceError (also for a line longer
+  // than kMaxLineBytes).
   void add_line(std::string_view line, std::uint64_t line_number);
   // Returns the trace; the parser is left empty.
   Trace finish();
@@ -96,7 +103,9 @@ inline constexpr const char* kStdinName = "<stdin>";
 
 // Reads a trace file, or standard input for kStdinPath, plain or gzip-compressed
 // (detected from the content, not the name). Throws TraceError for a missing or
-// unreadable file, a malformed line, and a corrupt or truncated gzip stream:
+// unreadable file, a malformed line (one longer than kMaxLineBytes as soon as that
+// many bytes are read), plain data that is not text ("PATH: not a trace (binary
+// data): it starts '\x7fELF...'"), and a corrupt or truncated gzip stream:
 //   "PATH: corrupt or truncated gzip data at line N: unexpected end of file"
 // (N: the first line not read whole). Damaged gzip data is reported as such, never
 // as the malformed line it may decompress to.
