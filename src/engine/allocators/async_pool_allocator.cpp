@@ -251,10 +251,7 @@ void AsyncPoolAllocator::deallocate(void* ptr) {
 void AsyncPoolAllocator::record_stream(void* ptr, StreamHandle stream) {
   std::lock_guard<std::mutex> guard(mutex_);
   Live& l = find(ptr, "record a stream use of")->second;
-  if (stream == l.stream) return;
-  for (StreamHandle u : l.uses)
-    if (u == stream) return;
-  l.uses.push_back(stream);
+  if (stream != l.stream) l.uses.insert(stream);
 }
 
 BaseAllocation AsyncPoolAllocator::base_allocation(void* ptr) {

@@ -32,6 +32,7 @@
 #include "reservoir/backend.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/stats.hpp"
+#include "util/insertion_set.hpp"
 
 namespace reservoir::detail {
 
@@ -76,7 +77,7 @@ class AsyncPoolAllocator final : public BlockResource {
     std::size_t size;
     int device;
     StreamHandle stream;
-    std::vector<StreamHandle> uses;  // other streams (record_stream)
+    InsertionSet<StreamHandle> uses;  // other streams (record_stream)
     Context context;
   };
   struct Device {

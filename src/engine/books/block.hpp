@@ -30,6 +30,7 @@
 #include "engine/books/size_policy.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/types.hpp"
+#include "util/insertion_set.hpp"
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
@@ -57,11 +58,12 @@ enum class BlockState : std::uint8_t { free, allocated, pending, unmapped, parke
 // where it was allocated (history on). Kept out of Block so that Block stays
 // trivially constructible and the hot path never builds or destroys a vector.
 struct BlockExtras {
-  std::vector<StreamHandle> uses;
+  // In the order first named; a use is a constant-time lookup however many there are.
+  InsertionSet<StreamHandle> uses;
   // Of uses, those recorded while a capture was under way: their work is in the
   // graph, so once no capture is, a deferred free needs no event on them (spec's
   // block_to_cudagraph_stream_uses).
-  std::vector<StreamHandle> capture_uses;
+  InsertionSet<StreamHandle> capture_uses;
   Context context;
 };
 

@@ -231,8 +231,7 @@ bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (other == b->stream) return true;
-  auto& uses = b->extra().uses;
-  if (std::find(uses.begin(), uses.end(), other) == uses.end()) uses.push_back(other);
+  b->extra().uses.insert(other);
   return true;
 }
 

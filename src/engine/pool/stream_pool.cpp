@@ -535,10 +535,8 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
   if (!b) return false;
   if (other == stream_) return true;
   BlockExtras& x = b->extra();
-  if (std::find(x.uses.begin(), x.uses.end(), other) == x.uses.end()) {
-    x.uses.push_back(other);
-    if (RESERVOIR_UNLIKELY(services_.capture.underway())) x.capture_uses.push_back(other);
-  }
+  if (x.uses.insert(other) && RESERVOIR_UNLIKELY(services_.capture.underway()))
+    x.capture_uses.insert(other);
   return true;
 }
 
@@ -560,7 +558,7 @@ void StreamPool::flush_capture_deferred() {
   for (Block* b : blocks) {
     BlockExtras& x = *b->extras;
     // Work captured into a graph is not work on the stream: no event is needed for it.
-    for (StreamHandle s : x.capture_uses) std::erase(x.uses, s);
+    x.uses.erase_all(x.capture_uses);
     x.capture_uses.clear();
     if (x.uses.empty()) {
       const PoolIndex pool = b->pool();
