@@ -695,6 +695,21 @@ TEST(SimVmm, SetAccessNeedsAMappedRangeAndValidDevices) {
   EXPECT_EQ(sim.set_access(1, r, 4 * MiB, both, 2), kError);            // the mapping is device 0's
 }
 
+// The window is a GPU's: far beyond the memory (2^49 bytes for an H200), and past it a
+// reservation is out of memory, as cuMemAddressReserve answers, not an error.
+TEST(SimVmm, TheAddressWindowIsFarBeyondTheMemoryAndItsEndIsOutOfMemory) {
+  SimBackend sim;
+  constexpr std::size_t kHalf = std::size_t{1} << 48;
+  void* a = nullptr;
+  void* b = nullptr;
+  ASSERT_EQ(sim.reserve_address_range(0, kHalf, 0, &a), DeviceStatus::ok);
+  EXPECT_EQ(sim.reserve_address_range(0, kHalf, 0, &b), DeviceStatus::out_of_memory);
+  EXPECT_NE(sim.last_error().find("no free address range"), std::string::npos) << sim.last_error();
+  ASSERT_EQ(sim.reserve_address_range(0, kHalf / 2, 0, &b), DeviceStatus::ok);
+  EXPECT_EQ(sim.release_address_range(0, a, kHalf), DeviceStatus::ok);
+  EXPECT_EQ(sim.release_address_range(0, b, kHalf / 2), DeviceStatus::ok);
+}
+
 TEST(SimVmm, VirtualSpaceRecordsAccess) {
   sim::DriverPlacement space(0x100000000, 0x200000000, SimPlacement{});
   sim::VirtualSpace vs(
@@ -702,7 +717,9 @@ TEST(SimVmm, VirtualSpaceRecordsAccess) {
       {[&](int, std::size_t size, std::size_t a) { return space.reserve(size, a); },
        [&](int, std::uintptr_t start) { space.release(start); }});
   void* r = nullptr;
-  ASSERT_EQ(vs.reserve(0, 4 * MiB, 0, &r), "");
+  bool no_room = true;
+  ASSERT_EQ(vs.reserve(0, 4 * MiB, 0, &r, &no_room), "");
+  EXPECT_FALSE(no_room);
   const PhysicalHandle h = vs.create(0, 4 * MiB);
   ASSERT_EQ(vs.map(0, r, 4 * MiB, h), "");
   EXPECT_TRUE(vs.access(r).empty());

@@ -153,6 +153,45 @@ TEST(ExpandableOnSim, AMapErrorSurfacesAsDeviceErrorWithNothingHalfMapped) {
   a.validate();
 }
 
+// Like a GPU, the simulated device has address space far beyond its memory: 512
+// streams each reserve a range per pool (device memory + 1/8 each, 1024 ranges of
+// 157 GiB on an H200), where 104 used to exhaust its window ("internal error").
+TEST(ExpandableOnSim, HundredsOfStreamsEachReserveTheirRanges) {
+  auto sim = std::make_shared<SimBackend>();
+  Allocator a(sim, Config::parse("expandable_segments:True"));
+  constexpr StreamHandle kStreams = 512;
+  std::vector<void*> blocks;
+  for (StreamHandle s = 1; s <= kStreams; ++s) {
+    blocks.push_back(a.allocate(1024, s, 0));     // the small pool's range
+    blocks.push_back(a.allocate(3 * MiB, s, 0));  // the large pool's
+  }
+  EXPECT_EQ(sim->counters().reservations, 2 * kStreams);
+  a.validate();
+  for (void* p : blocks) a.deallocate(p);
+  a.empty_cache();
+  a.validate();
+}
+
+// When the address space is used up all the same, a new range is out of memory
+// (the driver's answer), not a device error: the ladder gives back the ranges of
+// empty cached segments, and the request is served if that made room.
+TEST(ExpandableOnSim, AnAddressSpaceUsedUpIsOutOfMemory) {
+  SimOptions o;
+  o.capacity = std::size_t{8} << 30;  // a window of 256 TiB
+  auto sim = std::make_shared<SimBackend>(o);
+  Allocator a(sim, Config::parse("expandable_segments:True,expandable_segments_reserve:65536GiB"));
+  std::vector<void*> blocks;
+  for (StreamHandle s = 1; s <= 3; ++s) blocks.push_back(a.allocate(3 * MiB, s, 0));
+  EXPECT_THROW(a.allocate(3 * MiB, 4, 0), OutOfMemoryError);  // a fourth 64 TiB range
+  a.validate();
+  a.deallocate(blocks[0]);
+  void* p = a.allocate(3 * MiB, 4, 0);  // stream 1's range, cached empty, went back
+  a.validate();
+  a.deallocate(p);
+  a.deallocate(blocks[1]);
+  a.deallocate(blocks[2]);
+}
+
 TEST(ExpandableOnSim, ReservationSizeIsConfigurable) {
   auto sim = std::make_shared<SimBackend>();
   Allocator a(sim, Config::parse("expandable_segments:True,expandable_segments_reserve:1GiB"));

@@ -144,7 +144,9 @@ std::size_t VirtualSpace::erase(std::unordered_map<PhysicalHandle, Physical>::it
   return freed;
 }
 
-std::string VirtualSpace::reserve(int device, std::size_t size, std::size_t alignment, void** ptr) {
+std::string VirtualSpace::reserve(int device, std::size_t size, std::size_t alignment, void** ptr,
+                                  bool* no_room) {
+  *no_room = false;
   const std::string g = std::to_string(granularity_);
   if (size == 0 || size % granularity_ != 0) {
     return "sim: reserve_address_range: size " + std::to_string(size) +
@@ -159,6 +161,7 @@ std::string VirtualSpace::reserve(int device, std::size_t size, std::size_t alig
   std::uintptr_t start = 0;
   if (host_backed_) {
     if (!reservation.host.map(size, alignment, PROT_NONE)) {
+      *no_room = errno == ENOMEM;
       return "sim: reserve_address_range: mmap of " + std::to_string(size) +
              " bytes failed: " + std::strerror(errno);
     }
@@ -166,6 +169,7 @@ std::string VirtualSpace::reserve(int device, std::size_t size, std::size_t alig
   } else {
     start = placer_.place(device, size, alignment);
     if (start == 0) {
+      *no_room = true;
       return "sim: reserve_address_range: " + dev(device) + " has no free address range of " +
              std::to_string(size) + " bytes";
     }

@@ -84,7 +84,10 @@ class VirtualSpace {
   VirtualSpace(bool host_backed, bool shared, std::size_t granularity, Placer placer);
   ~VirtualSpace();
 
-  std::string reserve(int device, std::size_t size, std::size_t alignment, void** ptr);
+  // *no_room: the error is that the window (or the host) has no room left, which a
+  // driver answers as out of memory.
+  std::string reserve(int device, std::size_t size, std::size_t alignment, void** ptr,
+                      bool* no_room);
   std::string release(int device, void* ptr, std::size_t size);
   // 0 when shared memory could not be made (host_backed shared only).
   PhysicalHandle create(int device, std::size_t size);

@@ -76,7 +76,7 @@ const SimOptions& validated(const SimOptions& o) {
   }
   const std::size_t stride = device_stride(o.capacity);
   // One window per device, and one more for IPC mappings opened here.
-  if (static_cast<std::size_t>(o.device_count) + 1 > (UINTPTR_MAX - kBase) / stride) {
+  if (static_cast<std::size_t>(o.device_count) + 1 > (kAddressLimit - kBase) / stride) {
     throw InvalidArgumentError("SimOptions: too many devices for the address space");
   }
   return o;
@@ -432,8 +432,11 @@ DeviceStatus SimBackend::reserve_address_range(int device, std::size_t size, std
     return Backend::reserve_address_range(device, size, alignment, ptr);
   return s.call(device, SimOp::reserve_address_range, [&](State::Device&) {
     if (ptr == nullptr) return error("sim: reserve_address_range: null ptr");
-    if (std::string problem = s.vm.reserve(device, size, alignment, ptr); !problem.empty()) {
-      return error(problem);
+    bool no_room = false;
+    if (std::string problem = s.vm.reserve(device, size, alignment, ptr, &no_room);
+        !problem.empty()) {
+      // cuMemAddressReserve answers CUDA_ERROR_OUT_OF_MEMORY when the space is used up.
+      return no_room ? Failer::fail(DeviceStatus::out_of_memory, problem) : error(problem);
     }
     ++s.counters.reservations;
     return DeviceStatus::ok;

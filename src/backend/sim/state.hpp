@@ -46,14 +46,20 @@ inline std::string bytes(std::size_t n) {
   return std::to_string(n) + " bytes";
 }
 
-// Synthetic address window per device: at least 64x the capacity, so segments (from
-// the top) and dozens of expandable-segment reservations (each device memory + 1/8,
-// from the bottom) never run out of room.
+// Synthetic address window per device, like a GPU's virtual address space: far beyond
+// its memory (an H200's 140 GB get 2^49 bytes, the 49-bit space of NVIDIA GPUs), at
+// least 2048x the capacity, so segments (from the top) and the expandable-segment
+// reservations of hundreds of streams (each stream and pool device memory + 1/8, from
+// the bottom) find room; the limit past them is an out-of-memory answer.
 inline std::size_t device_stride(std::size_t capacity) {
-  std::size_t stride = std::size_t{1} << 44;
-  while (stride / 64 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
+  std::size_t stride = std::size_t{1} << 48;
+  while (stride / 2048 < capacity && stride < (std::size_t{1} << 52)) stride *= 2;
   return stride;
 }
+
+// Synthetic addresses stay below 2^57 (the 57-bit virtual addresses of 5-level
+// paging), which Reservoir's segment map covers.
+inline constexpr std::uintptr_t kAddressLimit = std::uintptr_t{1} << 57;
 
 // Backend::fail is protected; this lets the helpers (not members) use it.
 struct Failer : Backend {

@@ -15,12 +15,16 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
   if (pages == 0) pages = 1;
   size_ = pages * page_;
   void* ptr = nullptr;
-  if (backend_.reserve_address_range(device_, size_, page_ <= (2u << 20) ? page_ : (2u << 20),
-                                     &ptr) != DeviceStatus::ok)
-    throw DeviceError(
+  const DeviceStatus status = backend_.reserve_address_range(
+      device_, size_, page_ <= (2u << 20) ? page_ : (2u << 20), &ptr);
+  if (status != DeviceStatus::ok) {
+    const std::string what =
         "reservoir: reserving " + format_size(size_) +
         " of address space for an expandable segment on device " + std::to_string(device_) +
-        " (lower it with expandable_segments_reserve) failed: " + backend_.last_error());
+        " (lower it with expandable_segments_reserve) failed: " + backend_.last_error();
+    if (status == DeviceStatus::out_of_memory) throw NoAddressSpace(what);
+    throw DeviceError(what);
+  }
   base_ = reinterpret_cast<std::uintptr_t>(ptr);
   // pages_ grows with map() (to reach()), not to the reservation's tens of thousands.
 }

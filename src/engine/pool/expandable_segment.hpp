@@ -32,13 +32,22 @@
 #include <vector>
 
 #include "reservoir/backend.hpp"
+#include "reservoir/errors.hpp"
 
 namespace reservoir::detail {
+
+// The device has no room for an expandable segment's range: the request that needed
+// it is out of memory (the ladder may give other ranges back), not a device failure.
+class NoAddressSpace : public DeviceError {
+ public:
+  using DeviceError::DeviceError;
+};
 
 class ExpandableSegment {
  public:
   // Reserves reserve_bytes (rounded up to pages) of address space. Throws
-  // DeviceError when the device cannot reserve it.
+  // NoAddressSpace when the device's address space has no room for it (the driver's
+  // out-of-memory answer), DeviceError when the device fails otherwise.
   ExpandableSegment(Backend& backend, int device, std::size_t page_size, std::size_t reserve_bytes,
                     std::vector<int> peers);
   // Gives back whatever release() did not (errors are ignored: teardown).

@@ -94,9 +94,13 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
       granularity > 0 && page % granularity != 0)
     page = (page + granularity - 1) / granularity * granularity;
   // A request larger than the configured reservation gets a segment of its own size.
-  auto* vm =
-      new ExpandableSegment(services_.backend, services_.device, page,
-                            std::max(expandable_reserve(), at_least), services_.peers.list());
+  ExpandableSegment* vm = nullptr;
+  try {
+    vm = new ExpandableSegment(services_.backend, services_.device, page,
+                               std::max(expandable_reserve(), at_least), services_.peers.list());
+  } catch (const NoAddressSpace&) {
+    return nullptr;  // out of memory: the ladder releases what it can and retries
+  }
   Segment* seg = services_.segments.make();
   seg->set_range(vm->base(), vm->size());
   seg->pool = pool;
