@@ -293,6 +293,36 @@ TEST(Fit, LargerThanTheDeviceDoesNotFit) {
   EXPECT_FALSE(fit_memory_fraction(t, "", replay_trace(t, ""), tight).capacity.has_value());
 }
 
+// backend:cudaMallocAsync: the memory fraction caps allocated bytes only, so a fit on
+// it would answer the peak request (1.0000x) while a device that large runs out; the
+// fit is the smallest device on which the whole trace runs (the shipped ResNet-50).
+TEST(Fit, CudaMallocAsyncFitsTheDeviceItNeeds) {
+  const char* dir = std::getenv("RESERVOIR_TRACES");
+  if (dir == nullptr) GTEST_SKIP() << "RESERVOIR_TRACES not set";
+  const std::string path = std::string(dir) + "/resnet50_train.trace.gz";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing";
+  const Trace t = read_trace(path);
+  const std::string config = "backend:cudaMallocAsync";
+  const ReplayResult unconstrained = replay_trace(t, config);
+  ASSERT_EQ(unconstrained.ooms, 0u);
+  ASSERT_GT(unconstrained.peak_reserved, unconstrained.peak_requested);
+  const FitResult f = fit_memory_fraction(t, config, unconstrained);
+  EXPECT_TRUE(f.by_capacity);
+  ASSERT_TRUE(f.capacity.has_value());
+  EXPECT_GT(*f.capacity, unconstrained.peak_requested);
+  EXPECT_LE(*f.capacity, unconstrained.peak_reserved + unconstrained.peak_reserved / 100);
+
+  ReplayOptions on;
+  on.capacity = *f.capacity;  // a device of the size the fit answers runs the trace
+  EXPECT_EQ(replay_trace(t, config, on).ooms, 0u) << *f.capacity;
+  on.capacity = static_cast<std::size_t>(unconstrained.peak_requested);  // the old answer
+  EXPECT_GT(replay_trace(t, config, on).ooms, 0u);
+  // The caching engine's fit is still on the fraction.
+  EXPECT_FALSE(fit_memory_fraction(parse_trace_text(fragmenting_trace(), "frag"), "",
+                                   replay_trace(parse_trace_text(fragmenting_trace(), "frag"), ""))
+                   .by_capacity);
+}
+
 TEST(Fit, TraceWithNothingLive) {
   const Trace t = parse_trace_text("# empty\n", "empty");
   const FitResult f = fit_memory_fraction(t, "", replay_trace(t, ""));

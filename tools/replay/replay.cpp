@@ -230,12 +230,20 @@ FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
   FitResult fit;
   fit.device_total = options.device_total;
   const auto total = static_cast<double>(options.device_total);
+  // Under backend:cudaMallocAsync the fraction caps allocated bytes only (as in
+  // PyTorch), never what the driver's pool reserves, so a fraction would fit at the
+  // peak request while a device that small runs out: the search is on the device's
+  // memory instead, the same bisection over the same share of it.
+  fit.by_capacity = Config::parse(config).backend == "cudaMallocAsync";
   auto works = [&](double fraction) {
     if (options.on_step) options.on_step(fit.runs + 1);
     ReplayOptions ro;
     ro.device_keeps_up = options.device_keeps_up;
     ro.capacity = options.device_total;
-    ro.memory_fraction = fraction;
+    if (fit.by_capacity)
+      ro.capacity = static_cast<std::size_t>(fraction * total);
+    else
+      ro.memory_fraction = fraction;
     ro.stop_at_first_oom = true;
     ro.progress = options.progress;
     ++fit.runs;
@@ -243,7 +251,8 @@ FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
   };
   auto found = [&](double fraction) {
     fit.fraction = fraction;
-    // What the engine allows under that fraction (DeviceEngine::set_memory_fraction).
+    // What the engine allows under that fraction (DeviceEngine::set_memory_fraction),
+    // or the device's memory (by_capacity): the same product.
     fit.capacity = static_cast<std::uint64_t>(fraction * total);
     return fit;
   };

@@ -145,6 +145,9 @@ struct FitOptions {
 };
 
 struct FitResult {
+  // The search ran on the device's memory, not the memory fraction
+  // (backend:cudaMallocAsync); fraction is then capacity's share of device_total.
+  bool by_capacity = false;
   std::optional<double> fraction;         // smallest memory fraction found to work
   std::optional<std::uint64_t> capacity;  // the bytes it allows: fraction * device_total
   std::uint64_t device_total = 0;
@@ -159,6 +162,9 @@ struct FitResult {
 // (nothing below can work), hi = min(1, 1.01 * unconstrained.peak_reserved /
 // device_total), widened to 1 if it fails; no fraction when even 1 fails.
 // unconstrained: a run of the same trace and config with ample memory.
+// Under backend:cudaMallocAsync, whose memory fraction caps only allocated bytes, the
+// same search runs on the simulated device's capacity (FitResult::by_capacity): the
+// smallest device on which the trace runs without OOM.
 FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
                               const ReplayResult& unconstrained, const FitOptions& options = {});
 
