@@ -36,14 +36,7 @@ class Refused : public ::testing::Test {
   void expect_refused(const std::function<void()>& body, const std::vector<std::string>& named) {
     const std::string config = a_.config().to_string();
     const std::vector<std::int64_t> before = stats_vector(a_);
-    try {
-      body();
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      for (const std::string& n : named)
-        EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-            << "message does not name '" << n << "': " << e.what();
-    }
+    testing_util::expect_error_naming<Error>(body, named);
     EXPECT_EQ(a_.config().to_string(), config) << "a refused call changed the configuration";
     EXPECT_EQ(stats_vector(a_), before) << "a refused call changed the statistics";
     a_.validate();
@@ -180,9 +173,7 @@ TEST_F(Refused, EmptyTracePath) {
 
 TEST_F(Refused, ForgedCheckpointWithARepeatedOrOverlappingSegment) {
   const PoolId pool = a_.create_pool({}, 0);
-  a_.begin_allocate_current_thread_to_pool(pool, 0);
-  void* p = a_.allocate(MiB, 1, 0);
-  a_.end_allocate_to_pool(pool, 0);
+  void* p = testing_util::allocate_in_pool(a_, pool, MiB);
   PoolCheckpoint twice = a_.checkpoint_pool(pool, 0);
   twice.segments.push_back(twice.segments[0]);
   expect_refused<InvalidArgumentError>([&] { a_.restore_pool(twice); }, {"is listed twice"});
