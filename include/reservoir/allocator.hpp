@@ -165,10 +165,13 @@ class RESERVOIR_API Allocator {
   // ---- Configuration ----
   const Config& config() const;
   // Applies "key:value,..." at run time (throws ConfigError, leaving it unchanged).
+  // backend, device and sim_capacity are fixed when the allocator is made: a change
+  // of them is refused, as are settings that cannot apply together (Config::check).
   void update_config(std::string_view text);
 
   // ---- Trace capture (docs/trace_format.md) ----
-  // Starts writing every request to path (replaces a running recording).
+  // Starts writing every request to path (replaces a running recording); an empty
+  // path throws InvalidArgumentError (stop_trace_recording stops).
   void start_trace_recording(const std::string& path);
   void stop_trace_recording();
 

@@ -63,23 +63,29 @@ struct RESERVOIR_API Config {
   // Write a snapshot at the moment of an OutOfMemoryError ("" = off).
   std::string oom_snapshot;
 
-  // The settings as given, for reports ("" for all defaults).
-  std::string source;
-
   // Parses a whole configuration onto the defaults. Throws ConfigError.
   static Config parse(std::string_view text);
-  // RESERVOIR_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else defaults. Throws ConfigError.
+  // RESERVOIR_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF, else defaults; a variable that
+  // is empty (or only blanks) counts as unset. Throws ConfigError.
   static Config from_environment();
   // Applies "key:value,..." on top of this configuration. Throws ConfigError (and
-  // then leaves *this unchanged).
+  // then leaves *this unchanged), also when the result has settings that cannot
+  // apply together (check()).
   void apply(std::string_view text);
+  // Throws ConfigError naming both settings when two cannot apply together
+  // (policy:compact with expandable_segments:True or backend:cudaMallocAsync).
+  void check() const;
   // The keys that text names, in order, values unchecked (for tools that accept
   // only some keys). Throws ConfigError for an entry that is not key:value.
   static std::vector<std::string> keys_of(std::string_view text);
   // Divisions for a rounded request of size bytes.
   std::size_t divisions_for(std::size_t size) const noexcept;
-  // A canonical "key:value,..." string of every non-default setting.
+  // The settings that differ from the defaults, each once, as "key:value,..." in the
+  // order of docs/config.md's table ("" for all defaults). parse(to_string()) gives
+  // back this configuration.
   std::string to_string() const;
+
+  bool operator==(const Config&) const = default;
 };
 
 }  // namespace reservoir

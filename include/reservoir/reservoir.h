@@ -72,7 +72,11 @@ RESERVOIR_C_API reservoir_status reservoir_largest_cached_block(int device, size
 RESERVOIR_C_API reservoir_status reservoir_base_allocation(void* ptr, void** base, size_t* size);
 RESERVOIR_C_API reservoir_status reservoir_reset_peak_stats(int device);
 RESERVOIR_C_API reservoir_status reservoir_reset_accumulated_stats(int device);
-/* Applies "key:value,..." (PYTORCH_CUDA_ALLOC_CONF syntax) at run time. */
+/* Applies "key:value,..." (PYTORCH_CUDA_ALLOC_CONF syntax) at run time.
+ * RESERVOIR_ERROR_CONFIG, changing nothing, for a bad entry, for settings that
+ * cannot apply together (policy:compact with expandable_segments:True or
+ * backend:cudaMallocAsync) and for a change of backend, device or sim_capacity
+ * (read once, when the allocator is made). */
 RESERVOIR_C_API reservoir_status reservoir_update_config(const char* text);
 RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
 /* Name of the device backend in use ("cuda", "sim"); creates the allocator. The
@@ -80,16 +84,19 @@ RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
 RESERVOIR_C_API reservoir_status reservoir_backend_name(const char** name);
 /* The calling thread's current device (what device -1 means elsewhere). */
 RESERVOIR_C_API reservoir_status reservoir_current_device(int* device);
-/* The configuration in force as "key:value,..." (non-default settings only), with
- * the buffer convention of reservoir_stats_text. */
+/* The configuration in force as "key:value,...": the settings that differ from the
+ * defaults, each once, in docs/config.md's order ("" for all defaults); updating a
+ * default configuration with it gives the same configuration. The buffer convention
+ * of reservoir_stats_text. */
 RESERVOIR_C_API reservoir_status reservoir_config_text(char* buffer, size_t capacity,
                                                        size_t* needed);
 
 /* Statistics as "name value\n" lines with PyTorch's memory_stats() keys
  * ("allocated_bytes.all.current 1024\n..."). Writes at most capacity bytes
  * including the terminating NUL; *needed gets the full length + 1. A buffer that
- * is too small (or NULL with capacity 0) gets the truncated text and RESERVOIR_OK:
- * compare *needed with capacity. */
+ * is too small (or NULL with capacity 0: the size query) gets the truncated text and
+ * RESERVOIR_OK: compare *needed with capacity. A NULL buffer with a capacity other
+ * than 0 is RESERVOIR_ERROR_INVALID_ARGUMENT. */
 RESERVOIR_C_API reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity,
                                                       size_t* needed);
 /* The memory summary table, same buffer convention. */
@@ -110,8 +117,9 @@ RESERVOIR_C_API reservoir_status reservoir_summary_with_options(int device, unsi
 
 /* Writes every request to path (docs/trace_format.md; ".gz" compresses), replacing
  * a running recording. The file is complete on disk after each buffer and written
- * out at exit. RESERVOIR_ERROR_IO when path cannot be created; the running
- * recording, if any, then goes on. */
+ * out at exit. RESERVOIR_ERROR_IO when path cannot be created, and
+ * RESERVOIR_ERROR_INVALID_ARGUMENT when it is NULL or empty; the running recording,
+ * if any, then goes on. */
 RESERVOIR_C_API reservoir_status reservoir_start_trace_recording(const char* path);
 /* Writes out and closes the recording (nothing to do when none runs). */
 RESERVOIR_C_API reservoir_status reservoir_stop_trace_recording(void);

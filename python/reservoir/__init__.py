@@ -309,7 +309,8 @@ def start_trace_recording(path):
     """Writes every allocator request to path (docs/trace_format.md), for
     reservoir-replay; ".gz" compresses. The file is complete on disk after each
     buffer and written out at exit. Raises ReservoirIoError (an OSError) when path
-    cannot be created; a running recording then goes on."""
+    cannot be created; a running recording then goes on. An empty path raises
+    ReservoirInvalidArgumentError (stop_trace_recording stops)."""
     _lib.check(_lib.load().reservoir_start_trace_recording(os.fsencode(path)))
 
 

@@ -117,7 +117,9 @@ def _startup_engine(config):
     engine = _requested_engine(config)
     if engine is None:
         return
-    base = os.environ.get("RESERVOIR_ALLOC_CONF", os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    # As Config::from_environment: an empty (or blank) variable counts as unset.
+    base = (os.environ.get("RESERVOIR_ALLOC_CONF", "").strip()
+            or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").strip())
     os.environ["RESERVOIR_ALLOC_CONF"] = (base + "," if base else "") + "backend:" + engine
 
 

@@ -32,6 +32,11 @@ bool env_flag(const char* name) {
   return v && *v && std::string(v) != "0";
 }
 
+// sim_capacity as a refusal names it (0: the simulated device's default).
+std::string capacity_text(std::size_t bytes) {
+  return bytes == 0 ? std::string("default") : std::to_string(bytes);
+}
+
 [[noreturn]] [[gnu::cold]] void too_large(std::size_t size, int device) {
   throw OutOfMemoryError(
       "CUDA out of memory. Tried to allocate more than 1EB memory. Reservoir: "
@@ -132,6 +137,7 @@ Allocator::Allocator(std::shared_ptr<Backend> backend, const Config& config)
     throw DeviceError("reservoir: counting devices failed: " + im.backend->last_error());
   im.device_count = count;
   im.implicit_device = count == 1 ? 0 : -1;
+  config.check();  // a Config built field by field, not parsed (ConfigError)
   im.config = config;
   im.core = std::make_unique<detail::CachingAllocator>(*im.backend, config, count);
   core_ = im.core.get();
@@ -417,12 +423,22 @@ void Allocator::update_config(std::string_view text) {
   const Config before = im.core->config();
   Config next = before;
   next.apply(text);  // throws ConfigError, changing nothing
-  if (next.backend != before.backend)
-    throw ConfigError("reservoir: backend:" + next.backend +
-                      " cannot be set at run time: the engine is chosen when the allocator is "
-                      "made (set RESERVOIR_ALLOC_CONF=backend:" +
-                      next.backend +
-                      " before the first allocation); it is backend:" + before.backend);
+  // Settings read once, when the allocator and its device are made.
+  const struct {
+    const char* key;
+    std::string now, asked;
+    const char* why;
+  } fixed[] = {
+      {"backend", before.backend, next.backend, "the engine is chosen when the allocator is made"},
+      {"device", before.device, next.device, "the device is chosen when the allocator is made"},
+      {"sim_capacity", capacity_text(before.sim_capacity), capacity_text(next.sim_capacity),
+       "the simulated device is made with its capacity"},
+  };
+  for (const auto& f : fixed)
+    if (f.asked != f.now)
+      throw ConfigError(std::string("reservoir: ") + f.key + " cannot be set at run time: " +
+                        f.why + " (set RESERVOIR_ALLOC_CONF=" + f.key + ":" + f.asked +
+                        " before the first allocation); it is " + f.key + ":" + f.now);
   im.core->check_update(next);  // a refusal (ConfigError) changes nothing here either
   // A new trace file is opened before anything changes, so a path that cannot be
   // written (IoError) leaves the configuration as it was.
@@ -432,6 +448,10 @@ void Allocator::update_config(std::string_view text) {
 }
 
 void Allocator::start_trace_recording(const std::string& path) {
+  if (path.empty())
+    throw InvalidArgumentError(
+        "reservoir: start_trace_recording needs a file path (it was empty); "
+        "stop_trace_recording stops a recording");
   impl_->set_recording(*this, path);
 }
 

@@ -87,7 +87,13 @@ void require(const void* pointer, const char* function, const char* name) {
 
 // The buffer convention of reservoir_stats_text / reservoir_summary: copies as
 // much as fits (always NUL-terminated when capacity > 0), reports the full need.
-void copy_out(const std::string& text, char* buffer, std::size_t capacity, std::size_t* needed) {
+// NULL with capacity 0 is the size query; NULL with a capacity is a caller's bug.
+void copy_out(const char* function, const std::string& text, char* buffer, std::size_t capacity,
+              std::size_t* needed) {
+  if (buffer == nullptr && capacity != 0)
+    throw reservoir::InvalidArgumentError(
+        std::string(function) + ": buffer is NULL but capacity is " + std::to_string(capacity) +
+        " (pass capacity 0 to ask for the size only)");
   if (needed != nullptr) *needed = text.size() + 1;
   if (buffer == nullptr || capacity == 0) return;
   const std::size_t n = text.size() < capacity - 1 ? text.size() : capacity - 1;
@@ -354,21 +360,23 @@ reservoir_status reservoir_current_device(int* device) {
 }
 
 reservoir_status reservoir_config_text(char* buffer, size_t capacity, size_t* needed) {
-  return guarded("reservoir_config_text", [&] {
-    copy_out(Allocator::instance().config().to_string(), buffer, capacity, needed);
+  constexpr const char* kFn = "reservoir_config_text";
+  return guarded(kFn, [&] {
+    copy_out(kFn, Allocator::instance().config().to_string(), buffer, capacity, needed);
   });
 }
 
 reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity, size_t* needed) {
-  return guarded("reservoir_stats_text", [&] {
-    copy_out(stats_text(Allocator::instance().stats(device)), buffer, capacity, needed);
+  constexpr const char* kFn = "reservoir_stats_text";
+  return guarded(kFn, [&] {
+    copy_out(kFn, stats_text(Allocator::instance().stats(device)), buffer, capacity, needed);
   });
 }
 
 reservoir_status reservoir_summary(int device, char* buffer, size_t capacity, size_t* needed) {
-  return guarded("reservoir_summary", [&] {
-    copy_out(Allocator::instance().summary(device), buffer, capacity, needed);
-  });
+  constexpr const char* kFn = "reservoir_summary";
+  return guarded(
+      kFn, [&] { copy_out(kFn, Allocator::instance().summary(device), buffer, capacity, needed); });
 }
 
 reservoir_status reservoir_summary_with_options(int device, unsigned options, char* buffer,
@@ -383,7 +391,7 @@ reservoir_status reservoir_summary_with_options(int device, unsigned options, ch
     reservoir::SummaryOptions chosen;
     chosen.abbreviated = (options & RESERVOIR_SUMMARY_ABBREVIATED) != 0;
     chosen.sync_and_split = (options & RESERVOIR_SUMMARY_SYNC_AND_SPLIT) != 0;
-    copy_out(Allocator::instance().summary(device, chosen), buffer, capacity, needed);
+    copy_out(kFn, Allocator::instance().summary(device, chosen), buffer, capacity, needed);
   });
 }
 
@@ -414,14 +422,16 @@ reservoir_status reservoir_dump_snapshot(const char* path) {
 }
 
 reservoir_status reservoir_metrics_prometheus(char* buffer, size_t capacity, size_t* needed) {
-  return guarded("reservoir_metrics_prometheus", [&] {
-    copy_out(Allocator::instance().metrics_prometheus(), buffer, capacity, needed);
+  constexpr const char* kFn = "reservoir_metrics_prometheus";
+  return guarded(kFn, [&] {
+    copy_out(kFn, Allocator::instance().metrics_prometheus(), buffer, capacity, needed);
   });
 }
 
 reservoir_status reservoir_metrics_json(char* buffer, size_t capacity, size_t* needed) {
-  return guarded("reservoir_metrics_json",
-                 [&] { copy_out(Allocator::instance().metrics_json(), buffer, capacity, needed); });
+  constexpr const char* kFn = "reservoir_metrics_json";
+  return guarded(
+      kFn, [&] { copy_out(kFn, Allocator::instance().metrics_json(), buffer, capacity, needed); });
 }
 
 reservoir_status reservoir_validate(void) {

@@ -3,10 +3,12 @@
 
 #include <array>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reservoir/errors.hpp"
@@ -81,6 +83,50 @@ bool parse_bytes(const std::string& text, std::size_t* out) {
   if (shift && number > (~0ull >> shift)) return false;
   *out = static_cast<std::size_t>(number << shift);
   return true;
+}
+
+// ---- to_string(): values as the parser reads them back, exactly ----
+
+// Shortest fixed-point text that reads back as v, always with a decimal point (the
+// parser takes "1" for expandable_segments_reserve as one byte, "1.0" as a fraction).
+std::string decimal_text(double v) {
+  char buf[400];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed);
+  std::string out(buf, r.ec == std::errc{} ? r.ptr : buf);
+  if (out.find('.') == std::string::npos) out += ".0";
+  return out;
+}
+
+// "64GiB", "1536MiB", "1000" (the largest unit that divides the size).
+std::string bytes_text(std::size_t bytes) {
+  static constexpr std::pair<unsigned, const char*> kUnits[] = {
+      {40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}};
+  for (const auto& [shift, unit] : kUnits)
+    if (bytes % (std::size_t{1} << shift) == 0) return std::to_string(bytes >> shift) + unit;
+  return std::to_string(bytes);
+}
+
+// The list form that parse_roundup() reads back as d: the first entry ends the
+// leading run of equal values (it also sets every interval below it), then each
+// nonzero interval, then ">" for a trailing nonzero run; one number when all are equal.
+std::string roundup_text(const std::array<std::size_t, kRoundupIntervals>& d) {
+  std::size_t lead = 0;
+  while (lead + 1 < kRoundupIntervals && d[lead + 1] == d[0]) ++lead;
+  if (lead + 1 == kRoundupIntervals) return std::to_string(d[0]);
+  std::size_t tail = kRoundupIntervals - 1;
+  while (d[tail - 1] == d[tail]) --tail;  // stops at lead + 1 at the latest
+  const bool tail_entry = d[tail] != 0;   // ">" follows the entry at tail - 1
+  std::string out = "[";
+  auto entry = [&out](std::size_t index, const std::string& value) {
+    if (out.size() > 1) out += ',';
+    out += std::to_string(std::size_t{1} << index) + ":" + value;
+  };
+  entry(lead, std::to_string(d[lead]));
+  const std::size_t last = tail_entry ? tail : kRoundupIntervals;
+  for (std::size_t i = lead + 1; i < last; ++i)
+    if (d[i] != 0 || (tail_entry && i + 1 == tail)) entry(i, std::to_string(d[i]));
+  if (tail_entry) out += ",>:" + std::to_string(d[tail]);
+  return out + "]";
 }
 
 // Splits on top-level commas (commas inside [...] stay).
@@ -263,10 +309,16 @@ Config Config::parse(std::string_view text) {
 }
 
 Config Config::from_environment() {
-  const char* text = std::getenv("RESERVOIR_ALLOC_CONF");
+  // An empty variable counts as unset: RESERVOIR_ALLOC_CONF= (a shell default, a
+  // cleared setting) must not hide PYTORCH_CUDA_ALLOC_CONF.
+  auto read = [](const char* variable) -> const char* {
+    const char* value = std::getenv(variable);
+    return value != nullptr && !trim(value).empty() ? value : nullptr;
+  };
+  const char* text = read("RESERVOIR_ALLOC_CONF");
   const char* name = "RESERVOIR_ALLOC_CONF";
   if (text == nullptr) {
-    text = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+    text = read("PYTORCH_CUDA_ALLOC_CONF");
     name = "PYTORCH_CUDA_ALLOC_CONF";
   }
   if (text == nullptr) return Config{};
@@ -288,9 +340,23 @@ void Config::apply(std::string_view text) {
   for_each_entry(text, [&](const std::string& key, const std::string& value) {
     apply_entry(next, key, value);
   });
-  std::string added = trim(text);
-  if (!added.empty()) next.source = next.source.empty() ? added : next.source + "," + added;
+  next.check();
   *this = std::move(next);
+}
+
+void Config::check() const {
+  if (policy != Policy::compact) return;
+  if (expandable_segments)
+    throw ConfigError(
+        "reservoir config: policy:compact and expandable_segments:True cannot be used "
+        "together: policy:compact maps its own 2 MiB pages, so expandable segments would not "
+        "apply; use one of them (to switch, set policy:compact,expandable_segments:False or "
+        "policy:pytorch,expandable_segments:True in one update)");
+  if (backend != "native")
+    throw ConfigError("reservoir config: policy:compact and backend:" + backend +
+                      " cannot be used together: under backend:" + backend +
+                      " the driver's pool places memory, so no caching policy applies; use "
+                      "backend:native with policy:compact, or drop policy:compact");
 }
 
 std::size_t Config::divisions_for(std::size_t size) const noexcept {
@@ -302,7 +368,40 @@ std::size_t Config::divisions_for(std::size_t size) const noexcept {
 }
 
 std::string Config::to_string() const {
-  return source;
+  const Config defaults;
+  std::string out;
+  auto add = [&out](const char* key, const std::string& value) {
+    if (!out.empty()) out += ',';
+    out += key;
+    out += ':';
+    out += value;
+  };
+  if (policy != defaults.policy) add("policy", "compact");
+  if (backend != defaults.backend) add("backend", backend);
+  if (max_split_size != defaults.max_split_size)
+    add("max_split_size_mb", std::to_string(max_split_size >> 20));
+  if (max_non_split_rounding_size != defaults.max_non_split_rounding_size)
+    add("max_non_split_rounding_mb", std::to_string(max_non_split_rounding_size >> 20));
+  if (roundup_power2_divisions != defaults.roundup_power2_divisions)
+    add("roundup_power2_divisions", roundup_text(roundup_power2_divisions));
+  if (garbage_collection_threshold != defaults.garbage_collection_threshold)
+    add("garbage_collection_threshold", decimal_text(garbage_collection_threshold));
+  if (expandable_segments) add("expandable_segments", "True");
+  if (expandable_segments_reserve != 0)
+    add("expandable_segments_reserve", bytes_text(expandable_segments_reserve));
+  else if (expandable_segments_reserve_fraction != 0)
+    add("expandable_segments_reserve", decimal_text(expandable_segments_reserve_fraction));
+  if (release_lock_on_cudamalloc) add("release_lock_on_cudamalloc", "True");
+  // Named even at 1.0: only a setting that names the key replaces a fraction set at
+  // run time (per_process_memory_fraction_set).
+  if (per_process_memory_fraction_set ||
+      per_process_memory_fraction != defaults.per_process_memory_fraction)
+    add("per_process_memory_fraction", decimal_text(per_process_memory_fraction));
+  if (device != defaults.device) add("device", device);
+  if (sim_capacity != 0) add("sim_capacity", bytes_text(sim_capacity));
+  if (!record_trace.empty()) add("record_trace", record_trace);
+  if (!oom_snapshot.empty()) add("oom_snapshot", oom_snapshot);
+  return out;
 }
 
 }  // namespace reservoir

@@ -441,7 +441,11 @@ void Walker::op_config() {
     const bool capture_refusal =
         capture_on() && std::string(row.text).find("policy:compact") != std::string::npos &&
         std::string(e.what()).find("capture") != std::string::npos;
-    WALK_CHECK(row.expect != Expect::ok || capture_refusal,
+    // Documented: policy:compact and expandable_segments:True do not go together.
+    const bool conflict =
+        std::string(e.what()).find("cannot be used together") != std::string::npos &&
+        (compact_ || alloc_->config().expandable_segments);
+    WALK_CHECK(row.expect != Expect::ok || capture_refusal || conflict,
                std::string(row.text) + " refused: " + e.what());
     WALK_CHECK(alloc_->config().to_string() == before, "a refused config changed the config");
     WALK_CHECK(snapshot() == stats, "a refused config changed the statistics");

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "reliability/reliability_util.hpp"
@@ -60,14 +61,7 @@ class BadInput : public ::testing::Test {
   // The call must throw Error whose message contains every one of named.
   template <class Error, class Body>
   void expect_refused(Body&& body, const std::vector<std::string>& named) {
-    try {
-      body();
-      ADD_FAILURE() << "accepted";
-    } catch (const Error& e) {
-      for (const std::string& n : named)
-        EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
-            << "message does not name '" << n << "': " << e.what();
-    }
+    testing_util::expect_error_naming<Error>(std::forward<Body>(body), named);
     a_.validate();
     EXPECT_EQ(stats_vector(a_), before_) << "a refused call changed the statistics";
   }
@@ -506,9 +500,7 @@ TEST_F(BadInput, RoutingTwiceToOnePool) {
 
 TEST_F(BadInput, RestoreOfACheckpointThatNoLongerFits) {
   const PoolId pool = a_.create_pool({}, 0);
-  a_.begin_allocate_current_thread_to_pool(pool, 0);
-  void* p = a_.allocate(MiB, 1, 0);
-  a_.end_allocate_to_pool(pool, 0);
+  void* p = testing_util::allocate_in_pool(a_, pool, MiB);
   PoolCheckpoint bad = a_.checkpoint_pool(pool, 0);
   before_ = stats_vector(a_);
   bad.segments[0].blocks[0].size -= 512;

@@ -31,6 +31,27 @@ struct Rig {
   std::unique_ptr<Allocator> a;
 };
 
+// body must throw Error, its message naming every one of named.
+template <class Error, class Body>
+void expect_error_naming(Body&& body, const std::vector<std::string>& named) {
+  try {
+    body();
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    for (const std::string& n : named)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "message does not name '" << n << "': " << e.what();
+  }
+}
+
+// One block of size from pool on device 0 (the calling thread routed to it meanwhile).
+inline void* allocate_in_pool(Allocator& a, PoolId pool, std::size_t size) {
+  a.begin_allocate_current_thread_to_pool(pool, 0);
+  void* p = a.allocate(size, 1, 0);
+  a.end_allocate_to_pool(pool, 0);
+  return p;
+}
+
 // Everything went back to device 0: memory, segments and address ranges.
 inline void expect_empty(Rig& rig) {
   const DeviceStats s = rig.a->stats(0);

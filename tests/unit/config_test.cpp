@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,17 @@ namespace reservoir {
 namespace {
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Config::parse(text) throws ConfigError, its message naming every one of named.
+void expect_parse_refused(const std::string& text, const std::vector<std::string>& named) {
+  try {
+    Config::parse(text);
+    ADD_FAILURE() << text << " was accepted";
+  } catch (const ConfigError& e) {
+    for (const std::string& n : named)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << n << " not in: " << e.what();
+  }
+}
 
 TEST(Config, DefaultsMatchPyTorch) {
   Config c;
@@ -90,14 +102,7 @@ TEST(Config, BadValuesNameTheKey) {
       {"no_such_key:1", "no_such_key"},
       {"max_split_size_mb", "key:value"},
   };
-  for (auto& c : cases) {
-    try {
-      Config::parse(c[0]);
-      ADD_FAILURE() << c[0] << " was accepted";
-    } catch (const ConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(c[1]), std::string::npos) << e.what();
-    }
-  }
+  for (auto& c : cases) expect_parse_refused(c[0], {c[1]});
 }
 
 TEST(Config, ApplyIsAllOrNothing) {
@@ -128,6 +133,90 @@ TEST(Config, EnvironmentPrefersReservoirVariable) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("RESERVOIR_ALLOC_CONF"), std::string::npos);
   }
+  unsetenv("RESERVOIR_ALLOC_CONF");
+  unsetenv("PYTORCH_CUDA_ALLOC_CONF");
+}
+
+// to_string() is the settings in force, not the history of what was applied: each
+// non-default setting once, in docs/config.md's order.
+TEST(Config, TextIsEachNonDefaultSettingOnceInTheDocumentedOrder) {
+  Config c = Config::parse(
+      "policy:compact,policy:pytorch,expandable_segments:True,expandable_segments:False,,");
+  EXPECT_EQ(c.to_string(), "");
+  EXPECT_EQ(c, Config{});
+  c.apply("oom_snapshot:/tmp/o.pickle,sim_capacity:8GiB,max_split_size_mb:64");
+  c.apply("garbage_collection_threshold:0.8,max_split_size_mb:128,device:sim");
+  c.apply("roundup_power2_divisions:[256:1,512:2,>:8],expandable_segments_reserve:0.5");
+  c.apply("per_process_memory_fraction:1.0,max_non_split_rounding_mb:0");
+  EXPECT_EQ(c.to_string(),
+            "max_split_size_mb:128,max_non_split_rounding_mb:0,"
+            "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.8,"
+            "expandable_segments_reserve:0.5,per_process_memory_fraction:1.0,device:sim,"
+            "sim_capacity:8GiB,oom_snapshot:/tmp/o.pickle");
+  EXPECT_EQ(Config::parse("policy:compact,backend:native,max_split_size_mb:99999999999999,"
+                          "expandable_segments_reserve:1000,release_lock_on_cudamalloc:True")
+                .to_string(),
+            "policy:compact,expandable_segments_reserve:1000,release_lock_on_cudamalloc:True");
+}
+
+// Parsing the text gives back the same configuration, for every key and for any
+// roundup_power2_divisions table the parser can make.
+TEST(Config, TextRoundTrips) {
+  for (const char* text :
+       {"", "policy:compact,per_process_memory_fraction:0",
+        "backend:cudaMallocAsync,expandable_segments:True,expandable_segments_reserve:64GiB",
+        "max_split_size_mb:21,max_non_split_rounding_mb:1099511627776,record_trace:t.gz",
+        "garbage_collection_threshold:0.1,per_process_memory_fraction:0.3333333333333333",
+        "roundup_power2_divisions:1", "roundup_power2_divisions:[256:1,2048:4,>:8]",
+        "roundup_power2_divisions:[64:0,>:2]", "roundup_power2_divisions:[1:4,2:2,>:8]",
+        "roundup_power2_divisions:[32768:4]", "roundup_power2_divisions:[1:0,>:16]",
+        "expandable_segments_reserve:4.0,sim_capacity:1536MiB,device:cuda"}) {
+    const Config c = Config::parse(text);
+    EXPECT_EQ(Config::parse(c.to_string()), c) << text << " -> " << c.to_string();
+  }
+  std::mt19937 random(7);
+  for (int i = 0; i < 2000; ++i) {
+    Config c;
+    for (std::size_t& d : c.roundup_power2_divisions) {
+      const unsigned pick = random() % 8;
+      d = pick < 4 ? 0 : std::size_t{1} << (pick - 4);
+    }
+    EXPECT_EQ(Config::parse(c.to_string()).roundup_power2_divisions, c.roundup_power2_divisions)
+        << c.to_string();
+  }
+}
+
+// policy:compact places its own pages: expandable segments and the driver's pool
+// cannot apply under it. Refused, naming both settings; apply changes nothing.
+TEST(Config, SettingsThatCannotApplyTogetherAreRefused) {
+  const char* cases[][2] = {
+      {"policy:compact,expandable_segments:True", "expandable_segments:True"},
+      {"expandable_segments:True,policy:compact", "expandable_segments:True"},
+      {"backend:cudaMallocAsync,policy:compact", "backend:cudaMallocAsync"},
+  };
+  for (auto& c : cases)
+    expect_parse_refused(c[0], {"policy:compact", c[1], "cannot be used together"});
+  Config c = Config::parse("expandable_segments:True,max_split_size_mb:64");
+  const Config before = c;
+  EXPECT_THROW(c.apply("policy:compact"), ConfigError);
+  EXPECT_EQ(c, before);
+  c.apply("policy:compact,expandable_segments:False");  // one update switches
+  EXPECT_EQ(c.to_string(), "policy:compact,max_split_size_mb:64");
+  Config built;  // field by field, as a program may build one
+  built.policy = Config::Policy::compact;
+  built.backend = "cudaMallocAsync";
+  EXPECT_THROW(built.check(), ConfigError);
+}
+
+// RESERVOIR_ALLOC_CONF= (empty or blank) is as if unset: PYTORCH_CUDA_ALLOC_CONF applies.
+TEST(Config, AnEmptyEnvironmentVariableCountsAsUnset) {
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:300", 1);
+  for (const char* empty : {"", "  "}) {
+    setenv("RESERVOIR_ALLOC_CONF", empty, 1);
+    EXPECT_EQ(Config::from_environment().max_split_size, 300 * MiB) << "'" << empty << "'";
+  }
+  setenv("PYTORCH_CUDA_ALLOC_CONF", "", 1);
+  EXPECT_EQ(Config::from_environment(), Config{});
   unsetenv("RESERVOIR_ALLOC_CONF");
   unsetenv("PYTORCH_CUDA_ALLOC_CONF");
 }

@@ -51,6 +51,22 @@ Segment* StreamPool::segment_at(std::uintptr_t base) {
 }
 
 void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& segments) {
+  // A segment listed twice (or two that overlap: forged, or of another process) would
+  // pass the checks below once per listing and fail half-way through the restore.
+  std::vector<const CheckpointSegment*> by_base = segments;
+  std::sort(
+      by_base.begin(), by_base.end(),
+      [](const CheckpointSegment* x, const CheckpointSegment* y) { return x->base < y->base; });
+  for (std::size_t i = 1; i < by_base.size(); ++i) {
+    const CheckpointSegment& prev = *by_base[i - 1];
+    const CheckpointSegment& next = *by_base[i];
+    if (next.base == prev.base)
+      throw InvalidArgumentError("reservoir: cannot restore the checkpoint: segment " +
+                                 at(next.base) + " is listed twice");
+    if (next.base - prev.base < prev.size)
+      throw InvalidArgumentError("reservoir: cannot restore the checkpoint: segments " +
+                                 at(prev.base) + " and " + at(next.base) + " overlap");
+  }
   Guard guard = lock_settled();
   for (const CheckpointSegment* record : segments) {
     const std::string where =
