@@ -39,8 +39,8 @@ def device_index(device):
     if device is None:
         return -1
     if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if kind != "cuda" or (index and not index.isdigit()):
+        kind, colon, index = device.partition(":")
+        if kind != "cuda" or (colon and not index.isdigit()):  # "cuda:" names no device
             raise ValueError("device string must be 'cuda' or 'cuda:N', not %r" % device)
         return _in_int_range(int(index), device) if index else -1
     if isinstance(device, bool):
