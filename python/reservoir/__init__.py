@@ -16,7 +16,6 @@ the build folders of the repository, else on the loader's search path.
 
 import contextlib
 import ctypes
-import os
 
 from . import _args, _lib
 from ._pools import (
@@ -155,8 +154,8 @@ def update_config(config):
     ("max_split_size_mb:256,garbage_collection_threshold:0.8") or as a dict
     ({"max_split_size_mb": 256}). Raises ReservoirConfigError (a ValueError) naming
     the key and what is allowed; the configuration is then left unchanged."""
-    text = _config_text(config)
-    _lib.check(_lib.load().reservoir_update_config(text.encode()))
+    text = _args.text(_config_text(config), "config")
+    _lib.check(_lib.load().reservoir_update_config(text))
 
 
 def config_string():
@@ -311,7 +310,7 @@ def start_trace_recording(path):
     buffer and written out at exit. Raises ReservoirIoError (an OSError) when path
     cannot be created; a running recording then goes on. An empty path raises
     ReservoirInvalidArgumentError (stop_trace_recording stops)."""
-    _lib.check(_lib.load().reservoir_start_trace_recording(os.fsencode(path)))
+    _lib.check(_lib.load().reservoir_start_trace_recording(_args.path(path)))
 
 
 def stop_trace_recording():
@@ -338,16 +337,15 @@ def record_history(enabled=True, max_entries=100000):
     free_completed, segment_alloc, segment_free, oom, ...) per device for
     dump_snapshot(); enabled=False stops and clears them. No stack traces are
     recorded through this interface (docs/observability.md)."""
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-        raise ValueError("max_entries must be a positive int, not %r" % (max_entries,))
-    _lib.check(_lib.load().reservoir_record_history(1 if enabled else 0, max_entries))
+    entries = _args.count(max_entries, "max_entries")
+    _lib.check(_lib.load().reservoir_record_history(1 if enabled else 0, entries))
 
 
 def dump_snapshot(path):
     """Writes the allocator's segments, blocks and history to path as a pickle in the
     layout of torch.cuda.memory._snapshot(): open it at https://pytorch.org/memory_viz
     or with ``python -m torch.cuda._memory_viz trace_plot PATH -o trace.html``."""
-    _lib.check(_lib.load().reservoir_dump_snapshot(os.fsencode(path)))
+    _lib.check(_lib.load().reservoir_dump_snapshot(_args.path(path)))
 
 
 def metrics():

@@ -16,8 +16,8 @@ from . import _args, _lib
 def _fd(sock):
     """A socket object (socket.socket) or a descriptor (int) -> the descriptor."""
     if hasattr(sock, "fileno"):
-        return sock.fileno()
-    return _args.as_int(sock, "sock")
+        return _args.file_descriptor(sock.fileno(), "sock")
+    return _args.file_descriptor(sock, "sock")
 
 
 def share(ptr, sock, keep=False):

@@ -20,14 +20,36 @@ from . import _args, _lib
 
 def _id(pool_id):
     first, second = pool_id
-    return _lib.PoolId(int(first), int(second))
+    return _lib.PoolId(first, second)
 
 
 def _pair(pool_id):
+    """The id of pool (a MemPool, refused once released, or an id), checked."""
     if isinstance(pool_id, MemPool):
-        return pool_id.id
-    first, second = pool_id
-    return (int(first), int(second))
+        return pool_id._live_id()
+    return _args.pool_id(pool_id)
+
+
+def _device_of(pool, device):
+    """The device index for a call on pool: a MemPool's own device, which an
+    explicit device must name too; else device (None: the current one)."""
+    if not isinstance(pool, MemPool):
+        return _args.device_index(device)
+    if device is not None:
+        index = _device_at(_args.device_index(device))
+        if index != pool.device:
+            raise _args.invalid("%r lives on device %d, not on device %d"
+                                % (pool, pool.device, index))
+    return pool.device
+
+
+def _device_at(index):
+    """index, with -1 (the current device) resolved to the device it names now."""
+    if index != -1:
+        return index
+    current = ctypes.c_int(0)
+    _lib.check(_lib.load().reservoir_current_device(ctypes.byref(current)))
+    return current.value
 
 
 def private_pool_stats(device=None):
@@ -43,20 +65,20 @@ def private_pool_stats(device=None):
 def retain_pool(pool_id, device=None, use_on_oom=False, no_split=False):
     """Creates the pool named pool_id (use count 1) or adds a use of it."""
     _lib.check(_lib.load().reservoir_pool_retain(
-        _args.device_index(device), _id(_pair(pool_id)), int(bool(use_on_oom)),
+        _device_of(pool_id, device), _id(_pair(pool_id)), int(bool(use_on_oom)),
         int(bool(no_split))))
 
 
 def release_pool(pool_id, device=None):
     """Drops a use of the pool; at 0 its memory goes back once its blocks are freed
     (at the next empty_cache)."""
-    _lib.check(_lib.load().reservoir_pool_release(_args.device_index(device),
+    _lib.check(_lib.load().reservoir_pool_release(_device_of(pool_id, device),
                                                   _id(_pair(pool_id))))
 
 
 def pool_use_count(pool_id, device=None):
     count = ctypes.c_int(0)
-    _lib.check(_lib.load().reservoir_pool_use_count(_args.device_index(device),
+    _lib.check(_lib.load().reservoir_pool_use_count(_device_of(pool_id, device),
                                                     _id(_pair(pool_id)), ctypes.byref(count)))
     return count.value
 
@@ -68,7 +90,9 @@ class MemPool:
     torch.cuda.graph_pool_handle()) instead of a fresh one."""
 
     def __init__(self, use_on_oom=False, no_split=False, device=None, pool_id=None):
-        self._device = _args.device_index(device)
+        self._released = True  # until the pool exists: __del__ then releases nothing
+        # The device now current, not -1: the pool stays on it if the current one changes.
+        self._device = _device_at(_args.device_index(device))
         if pool_id is None:
             made = _lib.PoolId()
             _lib.check(_lib.load().reservoir_pool_create(
@@ -78,6 +102,14 @@ class MemPool:
             self._id = _pair(pool_id)
             retain_pool(self._id, self._device, use_on_oom, no_split)
         self._released = False
+
+    def _live_id(self):
+        """The id, for a call on the pool; refused once release() ran: the pool may
+        be gone, and a route to its id would create a new one unnoticed."""
+        if self._released:
+            raise _args.invalid("%r was released (MemPool.release()); "
+                                "create a new MemPool" % (self,))
+        return self._id
 
     @property
     def id(self):
@@ -90,7 +122,7 @@ class MemPool:
 
     def use_count(self):
         """Uses of the pool: this object, and every use_mem_pool block running."""
-        return pool_use_count(self._id, self._device)
+        return pool_use_count(self._live_id(), self._device)
 
     def release(self):
         """Drops this object's use now (idempotent)."""
@@ -112,8 +144,7 @@ class MemPool:
 def use_mem_pool(pool, device=None):
     """Routes the calling thread's requests to pool (a MemPool or an id) while the
     block runs; the block holds a use of the pool."""
-    index = pool.device if isinstance(pool, MemPool) and device is None else \
-        _args.device_index(device)
+    index = _device_of(pool, device)
     pool_id = _id(_pair(pool))
     lib = _lib.load()
     _lib.check(lib.reservoir_pool_begin_thread(index, pool_id))
@@ -127,11 +158,13 @@ def use_mem_pool(pool, device=None):
 @contextlib.contextmanager
 def capture_to_pool(pool, stream, device=None):
     """Routes requests on stream (a graph capture on it) to pool while the block
-    runs: frees wait and nothing returns to the device until it ends."""
-    index = _args.device_index(device)
+    runs: frees wait and nothing returns to the device until it ends. stream as for
+    raw_alloc()."""
+    handle = _args.stream_handle(stream)
+    index = _device_of(pool, device)
     pool_id = _id(_pair(pool))
     lib = _lib.load()
-    _lib.check(lib.reservoir_pool_begin_capture(index, pool_id, int(stream)))
+    _lib.check(lib.reservoir_pool_begin_capture(index, pool_id, handle))
     try:
         yield pool
     finally:
@@ -158,8 +191,7 @@ class PoolCheckpoint:
 
 def checkpoint_pool(pool, device=None):
     """The pool's segments and each block's state now (pending frees are waited for)."""
-    index = pool.device if isinstance(pool, MemPool) and device is None else \
-        _args.device_index(device)
+    index = _device_of(pool, device)
     pool_id = _pair(pool)
     handle = ctypes.c_void_p()
     _lib.check(_lib.load().reservoir_pool_checkpoint_take(index, _id(pool_id),
@@ -171,6 +203,9 @@ def restore_pool(checkpoint):
     """Rolls the pool back to checkpoint: every allocated block of it is freed, then
     the blocks the checkpoint records as allocated are allocated again. Returns
     (freed, allocated): lists of addresses (ints)."""
+    if not isinstance(checkpoint, PoolCheckpoint):
+        raise TypeError("checkpoint must be a reservoir.PoolCheckpoint (from "
+                        "checkpoint_pool()), not %s" % type(checkpoint).__name__)
     lib = _lib.load()
     result = ctypes.c_void_p()
     _lib.check(lib.reservoir_pool_checkpoint_restore(checkpoint._handle, ctypes.byref(result)))
@@ -187,11 +222,14 @@ def restore_pool(checkpoint):
 
 def pool_live_allocations_are(pool, addresses, device=None):
     """Whether the pool's allocated blocks are exactly the given addresses."""
-    index = pool.device if isinstance(pool, MemPool) and device is None else \
-        _args.device_index(device)
-    items = list(set(int(a) for a in addresses))
+    index = _device_of(pool, device)
+    pool_id = _id(_pair(pool))
+    if isinstance(addresses, (str, bytes)) or not hasattr(addresses, "__iter__"):
+        raise TypeError("addresses must be an iterable of ints, not %s"
+                        % type(addresses).__name__)
+    items = list(set(_args.address(a, "address") or 0 for a in addresses))
     array = (ctypes.c_void_p * max(1, len(items)))(*items)
     result = ctypes.c_int(0)
     _lib.check(_lib.load().reservoir_pool_live_allocations_are(
-        index, _id(_pair(pool)), array, len(items), ctypes.byref(result)))
+        index, pool_id, array, len(items), ctypes.byref(result)))
     return bool(result.value)

@@ -191,7 +191,7 @@ def make_mem_pool(torch):
             self.allocator = None
 
         def snapshot(self, include_traces=True):
-            return torch.cuda.memory_snapshot(self.id, include_traces=include_traces)
+            return torch.cuda.memory_snapshot(self._live_id(), include_traces=include_traces)
 
     return MemPool
 

@@ -103,6 +103,36 @@ class ArgumentTest(unittest.TestCase):
         reservoir.empty_cache()  # waits for the pending frees
         self.assertEqual(reservoir.memory_stats()["active.all.current"], active)
 
+    def test_text_with_a_nul_is_refused_not_cut_short(self):
+        # C reads up to the first NUL: "/tmp/x\0y" would have written /tmp/x.
+        with tempfile.TemporaryDirectory() as tmp:
+            cut = os.path.join(tmp, "cut")
+            for call in (reservoir.start_trace_recording, reservoir.dump_snapshot):
+                with self.assertRaises(reservoir.ReservoirInvalidArgumentError) as caught:
+                    call(cut + "\0.trace")
+                self.assertIn("NUL", str(caught.exception))
+                with self.assertRaises(TypeError) as caught:
+                    call(None)
+                self.assertIn("path must be a str, bytes or os.PathLike", str(caught.exception))
+            self.assertFalse(os.path.exists(cut))
+        before = reservoir.config_string()
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.update_config("max_split_size_mb:64\0,garbage")
+        self.assertEqual(reservoir.config_string(), before)
+
+    def test_counts_and_descriptors_beyond_their_c_type_are_refused(self):
+        for bad in (0, -1, (1 << 64) + 5):
+            with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+                reservoir.record_history(True, bad)
+        with self.assertRaises(TypeError):
+            reservoir.record_history(True, 1.5)
+        for bad in (-1, 1 << 32, (1 << 32) + 1):  # 2**32 + 1 wrapped to descriptor 1
+            with self.assertRaises(reservoir.ReservoirInvalidArgumentError) as caught:
+                reservoir.open(bad)
+            self.assertIn("not a file descriptor", str(caught.exception))
+        with self.assertRaises(TypeError):
+            reservoir.share(1, "sock")
+
     # Stream UINTPTR_MAX once wrapped the stream table's empty-slot marker and crashed
     # the interpreter: the test runs in a child process, so a crash is reported.
     def test_largest_stream_handle_is_served(self):

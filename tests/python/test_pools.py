@@ -98,6 +98,96 @@ class MemPoolTest(unittest.TestCase):
         adopted.release()
 
 
+class PoolArgumentTest(unittest.TestCase):
+    """The pool functions check their arguments as raw_alloc does: before a value
+    reaches ctypes (which turned stream 2**64 into stream 0 and a pool id part -1
+    into 2**64 - 1) and with the package's errors, never an AttributeError from
+    inside it."""
+
+    def tearDown(self):
+        reservoir.empty_cache()
+        reservoir.validate()
+
+    def test_capture_to_pool_checks_its_stream_as_raw_alloc(self):
+        pool = reservoir.MemPool()
+        for bad, error in ((-1, reservoir.ReservoirInvalidArgumentError),
+                           (1 << 64, reservoir.ReservoirInvalidArgumentError),
+                           (1.5, TypeError), ("abc", TypeError), (None, TypeError)):
+            with self.assertRaises(error) as caught:
+                with reservoir.capture_to_pool(pool, bad):
+                    self.fail("capture_to_pool accepted stream %r" % (bad,))
+            self.assertIn("stream", str(caught.exception))
+            self.assertEqual(pool.use_count(), 1)  # no route begun
+        pool.release()
+
+    def test_pool_ids_are_pairs_of_unsigned_64_bit_ints(self):
+        before = reservoir.private_pool_stats()["private_pools"]
+        for bad in ("nope", None, 7, 1.5):
+            for call in (reservoir.checkpoint_pool, reservoir.retain_pool,
+                         reservoir.pool_use_count, reservoir.release_pool):
+                with self.assertRaises(TypeError) as caught:
+                    call(bad)
+                self.assertIn("pool must be a MemPool or a pool id", str(caught.exception))
+        for bad in ((0, -1), (0, 1 << 64), (1 << 64, 3), (1, 2, 3), ()):
+            with self.assertRaises(reservoir.ReservoirInvalidArgumentError) as caught:
+                reservoir.retain_pool(bad)
+            self.assertIn("pool id", str(caught.exception))
+        with self.assertRaises(TypeError):
+            reservoir.checkpoint_pool((1.5, 2))
+        with self.assertRaises(TypeError):
+            reservoir.MemPool(pool_id=("a", "b"))
+        self.assertEqual(reservoir.private_pool_stats()["private_pools"], before)
+
+    def test_restore_pool_needs_a_checkpoint(self):
+        for bad in (None, "state", (0, 1)):
+            with self.assertRaises(TypeError) as caught:
+                reservoir.restore_pool(bad)
+            self.assertIn("checkpoint must be a reservoir.PoolCheckpoint", str(caught.exception))
+
+    def test_live_allocations_need_an_iterable_of_addresses(self):
+        pool = reservoir.MemPool()
+        for bad, error in (("abc", TypeError), (None, TypeError), ([1.5], TypeError),
+                           ([-1], reservoir.ReservoirInvalidArgumentError)):
+            with self.assertRaises(error):
+                reservoir.pool_live_allocations_are(pool, bad)
+        self.assertTrue(reservoir.pool_live_allocations_are(pool, []))
+        pool.release()
+
+    def test_a_mem_pool_names_its_own_device(self):
+        pool = reservoir.MemPool()
+        self.assertEqual(pool.device, reservoir.current_device())
+        self.assertTrue(reservoir.pool_live_allocations_are(pool, [], device=pool.device))
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError) as caught:
+            reservoir.checkpoint_pool(pool, device=pool.device + 1)
+        self.assertIn("lives on device", str(caught.exception))
+        pool.release()
+
+    def test_a_released_mem_pool_is_refused_everywhere(self):
+        pool = reservoir.MemPool()
+        pool.release()
+        self.assertEqual(reservoir.private_pool_stats()["private_pools"], 0)
+
+        def route():
+            with reservoir.use_mem_pool(pool):
+                self.fail("use_mem_pool re-created a released pool")
+
+        def capture():
+            with reservoir.capture_to_pool(pool, 0):
+                self.fail("capture_to_pool re-created a released pool")
+
+        calls = (route, capture, pool.use_count, lambda: reservoir.checkpoint_pool(pool),
+                 lambda: reservoir.pool_live_allocations_are(pool, []),
+                 lambda: reservoir.retain_pool(pool), lambda: reservoir.release_pool(pool),
+                 lambda: reservoir.pool_use_count(pool),
+                 lambda: reservoir.MemPool(pool_id=pool))
+        for call in calls:
+            with self.assertRaises(reservoir.ReservoirInvalidArgumentError) as caught:
+                call()
+            self.assertIn("was released", str(caught.exception))
+        self.assertEqual(reservoir.private_pool_stats()["private_pools"], 0)
+        pool.release()  # still idempotent
+        self.assertEqual(pool.id[0], 0)  # the id stays readable
+
 
 class FreeAndRemoveDeleterTest(unittest.TestCase):
     """cudagraph trees free a path's live outputs with torch._C._free_And_Remove_DeleterFn;

@@ -632,8 +632,9 @@ class DeviceIndexTest(unittest.TestCase):
         self.assertEqual(index(CupyDevice()), 4)
         with self.assertRaises(TypeError):
             index(True)
-        with self.assertRaises(ValueError):
-            index("cuda:x")
+        for bad in ("cuda:x", "cuda:", "cuda:-1", "cpu"):
+            with self.assertRaises(ValueError):
+                index(bad)
 
 
 if __name__ == "__main__":

@@ -189,17 +189,76 @@ class CaptureCommandTest(unittest.TestCase):
             self.assertIn("max_split_size_mb:64", result.stdout)
             self.assertEqual(read_trace(out)[1:], ["a,0,777,0", "f,0"])
 
-    def test_usage_errors(self):
-        result = self.capture("script.py")
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("--out TRACE is required", result.stderr)
-        result = self.capture("--out", "x.trace", "--bogus", "script.py")
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("unknown option --bogus", result.stderr)
-        result = self.capture("--out", "x.trace", "/nonexistent/script.py")
-        self.assertEqual(result.returncode, 2)
-        self.assertIn("no such script", result.stderr)
+    def assert_usage_error(self, result, text):
+        """One line on stderr, "reservoir.capture: error: ...", exit status 2."""
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.count("\n"), 1, result.stderr)
+        self.assertTrue(result.stderr.startswith("reservoir.capture: error: "), result.stderr)
+        self.assertIn(text, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
 
+    def test_help_goes_to_stdout_with_status_0(self):
+        for flag in ("--help", "-h"):
+            result = self.capture(flag)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertTrue(result.stdout.startswith("usage: python3 -m reservoir.capture"))
+            self.assertIn("--no-torch", result.stdout)
+            self.assertEqual(result.stderr, "")
+
+    def test_usage_errors(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "ok.py")
+            with open(script, "w") as f:
+                f.write("print('ran')\n")
+            out = os.path.join(tmp, "x.trace")
+            cases = (
+                (("script.py",), "--out TRACE is required"),
+                (("--out",), "--out needs a value"),
+                (("--out", out), "no script to run"),
+                (("--out", out, "--bogus", script), "unknown option --bogus"),
+                (("--out", out, "-m"), "-m needs a module name"),
+                (("--out", out, "/nonexistent/script.py"),
+                 "cannot read script /nonexistent/script.py: No such file or directory"),
+                (("--out", out, tmp), "can't find '__main__' module in " + tmp),
+                (("--out", out, "--no-torch", "-m", "no_such_module_here"),
+                 "No module named no_such_module_here"),
+                (("--out", out, "--no-torch", "-m", "json.no_such_submodule"),
+                 "No module named json.no_such_submodule"),
+                (("--out", os.path.join(tmp, "missing", "x.trace"), "--no-torch", script),
+                 "cannot open the trace file"),
+                (("--out", out, "--no-torch", "--config", "bogus_key:1", script),
+                 "unknown key 'bogus_key'"),
+            )
+            for args, text in cases:
+                with self.subTest(args=args):
+                    result = self.capture(*args)
+                    self.assert_usage_error(result, text)
+                    self.assertNotIn("ran", result.stdout)
+
+    def test_a_failing_script_shows_its_own_traceback_and_status(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "fails.py")
+            with open(script, "w") as f:
+                f.write("import reservoir\n"
+                        "p = reservoir.raw_alloc(4096)\n"
+                        "def step():\n"
+                        "    raise KeyError('missing batch')\n"
+                        "step()\n")
+            out = os.path.join(tmp, "f.trace")
+            result = self.capture("--out", out, "--no-torch", script)
+            self.assertEqual(result.returncode, 1, result.stderr)
+            self.assertIn("Traceback (most recent call last):\n  File \"%s\", line 5, "
+                          "in <module>" % script, result.stderr)
+            self.assertIn("KeyError: 'missing batch'", result.stderr)
+            for runner in ("capture.py", "runpy", "reservoir.capture: error"):
+                self.assertNotIn(runner, result.stderr)
+            self.assertEqual(read_trace(out)[1:], ["a,0,4096,0"])
+            with open(script, "w") as f:
+                f.write("x = (\n")
+            result = self.capture("--out", out, "--no-torch", script)
+            self.assertEqual(result.returncode, 1, result.stderr)
+            self.assertIn("SyntaxError", result.stderr)
+            self.assertNotIn("runpy", result.stderr)
 
 if __name__ == "__main__":
     unittest.main()
