@@ -175,6 +175,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
     guard.unlock();
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);
     guard.lock();
+    shard_ = nullptr;  // another thread's operation may have held the lock meanwhile
   } else {
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);
   }

@@ -169,21 +169,31 @@ class alignas(64) StreamPool final : public BlockOwner {
   // member but the hot two begins), and the statistics scope, declared after the lock
   // so that the calling thread's shard is settled, however the operation ends, before
   // the lock goes.
+  // The shard is found when first counted (a query makes none); after relocking, the
+  // holder forgets it again (shard_ = nullptr).
   struct Guard : std::unique_lock<Lock> {
     explicit Guard(StreamPool& pool)
         : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {
+      pool.shard_ = nullptr;
       if (pool.parked_) pool.settle();
     }
     StatScope stats;
   };
-  // The two hot paths, which never unlock early: no ownership flag to keep.
+  // The two hot paths, which never unlock early and always count: the shard is found
+  // once, with the lock.
   struct ScopedGuard {
-    explicit ScopedGuard(StreamPool& pool) : lock(pool.lock_), stats(pool.services_.ledger) {}
+    explicit ScopedGuard(StreamPool& pool)
+        : lock(pool.lock_), stats(pool.services_.ledger, pool.services_.ledger.mine()) {
+      pool.shard_ = &*stats;
+    }
     std::lock_guard<Lock> lock;
     StatScope stats;
   };
-  // The calling thread's shard (inside an operation: its Guard's scope settles it).
-  ShardCounters& stats() { return services_.ledger.mine(); }
+  // The calling thread's shard, inside an operation (its guard's scope settles it).
+  RESERVOIR_INLINE ShardCounters& stats() {
+    if (RESERVOIR_UNLIKELY(!shard_)) shard_ = &services_.ledger.mine();
+    return *shard_;
+  }
   struct Pending {
     EventHandle event;
     Block* block;
@@ -282,6 +292,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
+  // The statistics shard of the operation holding the lock (its thread's), or nullptr
+  // until it first counts; set by the guards, never read without the lock.
+  ShardCounters* shard_ = nullptr;
   NodePool set_nodes_;
   NodePool block_nodes_;
   FreeIndex free_[kPoolCount];
