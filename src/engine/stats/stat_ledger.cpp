@@ -214,7 +214,7 @@ bool ShardCounters::guards_hold() const noexcept {
 
 // ---------------------------------------------------------------- thread shards
 
-constinit thread_local StatHint tls_stat_hint __attribute__((tls_model("initial-exec")));
+constinit thread_local StatHint tls_stat_hint;
 
 namespace {
 std::atomic<std::uint64_t> g_next_ledger{1};

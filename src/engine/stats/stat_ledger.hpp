@@ -352,15 +352,15 @@ struct alignas(64) ShardCounters {
 };
 
 // Which shard this thread writes, for the ledger it last used (ledger ids are never
-// reused, so a stale hint never matches). Constant-initialized, and in the static TLS
-// block (initial-exec: 16 bytes of the surplus glibc keeps for libraries loaded later,
-// as Python loads this one): an access is one thread-pointer offset, no
-// __tls_get_addr call (8% of a pair in the shared library otherwise).
+// reused, so a stale hint never matches). Constant-initialized: no initialization
+// check. (Not initial-exec: that puts all of the library's TLS, its 2 KiB error
+// buffers included, in the static block, and a library loaded by Python then fails to
+// load: "cannot allocate memory in static TLS block".)
 struct StatHint {
   std::uint64_t ledger = 0;
   ShardCounters* shard = nullptr;
 };
-extern constinit thread_local StatHint tls_stat_hint __attribute__((tls_model("initial-exec")));
+extern constinit thread_local StatHint tls_stat_hint;
 
 class StatLedger {
  public:
