@@ -2,7 +2,8 @@
 // patterns as the GPU anchors (shared/tools/anchor_bench.cpp): alloc+free pairs at
 // 512 B / 1 MiB / 64 MiB, log-uniform 256 B-64 MiB with 512 live blocks, and 1 MiB
 // pairs with 2 and 8 threads each on its own stream (time per pair = total time /
-// all pairs, as the anchors count it). BM_GlibcPair is the host peer timed in the
+// all pairs, as the anchors count it), and one thread taking turns between 1, 2, 8,
+// 128 and 512 streams. BM_GlibcPair is the host peer timed in the
 // same run: the host-cost target bounds a 512 B Reservoir pair on the simulated device
 // at 4x a glibc malloc+free pair of 512 B (BM_PairOverGlibc: that ratio, from alternated
 // slices). CI runs it with --benchmark_min_time=0.002 as a smoke test.
@@ -147,6 +148,26 @@ void BM_PairThreadsOwnStreams(benchmark::State& state) {
 }
 // Real time: the anchors divide wall time by all pairs of all threads.
 BENCHMARK(BM_PairThreadsOwnStreams)->Threads(1)->Threads(2)->Threads(8)->UseRealTime();
+
+// One thread taking turns between N streams, a 1 KiB pair on each in turn (a compute
+// stream and a copy or communication stream taking turns is the common shape of real
+// programs): the per-pair cost should not depend on N. Streams 1000.. are this
+// benchmark's own, warmed first.
+void BM_PairInterleavedStreams(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const auto n = static_cast<reservoir::StreamHandle>(state.range(0));
+  for (reservoir::StreamHandle s = 0; s < n; ++s)
+    for (int i = 0; i < 4; ++i) a.deallocate(a.allocate(1024, 1000 + s, 0));
+  reservoir::StreamHandle s = 0;
+  for (auto _ : state) {
+    void* p = a.allocate(1024, 1000 + s, 0);
+    benchmark::DoNotOptimize(p);
+    a.deallocate(p);
+    if (++s == n) s = 0;
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_PairInterleavedStreams)->Arg(1)->Arg(2)->Arg(8)->Arg(128)->Arg(512);
 
 }  // namespace
 

@@ -5,7 +5,8 @@
 // 256 B-64 MiB), after a warm-up, inside run_pattern() alone:
 //   valgrind --tool=callgrind --toggle-collect='*run_pattern*'
 //       reservoir_pair_instructions 512 20000   (one command line)
-// SIZE@2 runs the pairs on a second stream (the general routing, no one-owner shortcut).
+// SIZE@2 runs the pairs on a second stream (the general routing, no one-owner shortcut);
+// SIZE~N takes turns between N streams (1..N), one pair on each in turn.
 // Instructions per pair: the difference of the totals of two N, divided by their
 // difference (scripts/pair-instructions.sh does both runs).
 #include <cmath>
@@ -31,8 +32,10 @@ struct LogUniform {
 };
 
 __attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUniform* lu, int n,
-                                           reservoir::StreamHandle stream = 1) {
+                                           reservoir::StreamHandle stream = 1,
+                                           reservoir::StreamHandle turns = 0) {
   for (int i = 0; i < n; ++i) {
+    if (turns) stream = 1 + static_cast<reservoir::StreamHandle>(i) % turns;
     if (lu) {
       void*& slot = lu->live[static_cast<std::size_t>(lu->picks[i % lu->picks.size()])];
       a.deallocate(slot);
@@ -49,7 +52,7 @@ __attribute__((noinline)) void run_pattern(Allocator& a, std::size_t size, LogUn
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s SIZE|SIZE@2|logu PAIRS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SIZE|SIZE@2|SIZE~N|logu PAIRS\n", argv[0]);
     return 2;
   }
   reservoir::SimOptions options;
@@ -74,6 +77,18 @@ int main(int argc, char** argv) {
   // "SIZE@2": the pairs on a second stream, after a block on the first (the general
   // routing: the stream table, and the segment map on every free).
   const std::string pattern = argv[1];
+  if (const auto tilde = pattern.find('~'); tilde != std::string::npos) {
+    const std::size_t size = std::strtoull(pattern.c_str(), nullptr, 10);
+    const auto turns = static_cast<reservoir::StreamHandle>(
+        std::strtoull(pattern.c_str() + tilde + 1, nullptr, 10));
+    if (size == 0 || turns == 0) {
+      std::fprintf(stderr, "pattern %s: SIZE~N needs a size and N >= 1\n", argv[1]);
+      return 2;
+    }
+    run_pattern(a, size, nullptr, 100 * static_cast<int>(turns), 1, turns);
+    run_pattern(a, size, nullptr, n, 1, turns);
+    return 0;
+  }
   const bool second = pattern.size() > 2 && pattern.compare(pattern.size() - 2, 2, "@2") == 0;
   const std::size_t size = std::strtoull(argv[1], nullptr, 10);
   void* first = second ? a.allocate(size, 1, 0) : nullptr;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per alloc+free pair (or log-uniform step) under callgrind: the stable
 # figure of the host cost on a noisy machine (docs/benchmarks.md).
-#   scripts/pair-instructions.sh BUILD_DIR [512 1048576 67108864 logu 512@2 ...]
+#   scripts/pair-instructions.sh BUILD_DIR [512 1048576 67108864 logu 512@2 1024~8 ...]
 # Two runs per pattern (10,000 and 20,000 pairs); the difference of their totals
 # divided by 10,000, so the warm-up and the set-up cancel out. Build with -O2 -g
 # (RelWithDebInfo) for line-level profiles (callgrind_annotate).

@@ -7,6 +7,9 @@
 //   - cudaMalloc/cudaFree;
 //   - Reservoir under policy:compact (docs/memory.md);
 //   - Reservoir with backend:cudaMallocAsync (a pool of its own, Reservoir's books on top).
+// Rows: alloc+free pairs (512 B, 1 MiB, 64 MiB), log-uniform sizes, 1 MiB pairs on 2 and
+// 8 threads with their own streams, one thread taking turns between 2, 8 and 512
+// streams, the bundled traces replayed.
 // Then every single allocate and free call timed on its own (latency_bench.cpp):
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
@@ -268,6 +271,30 @@ double bench_threads(const Api& a, int threads, std::size_t size, int iters) {
   for (auto& s : ss) reservoir_bench::destroy_stream(a, s);
   return std::chrono::duration<double, std::nano>(t1 - t0).count() /
          (static_cast<double>(iters) * threads);
+}
+
+// One thread taking turns between n streams, a 1 KiB pair on each in turn (a compute
+// stream and a copy or communication stream taking turns is the common shape of real
+// programs); every stream warmed first.
+double bench_interleaved(const Api& a, int n, int iters) {
+  std::vector<cudaStream_t> ss(static_cast<std::size_t>(n));
+  for (auto& s : ss) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int w = 0; w < 4; ++w)
+    for (cudaStream_t s : ss) a.free(a.alloc(1024, s), s);
+  auto t0 = clk::now();
+  for (int i = 0, k = 0; i < iters; ++i) {
+    cudaStream_t s = ss[static_cast<std::size_t>(k)];
+    a.free(a.alloc(1024, s), s);
+    if (++k == n) k = 0;
+  }
+  auto t1 = clk::now();
+  for (auto& s : ss) CK(cudaStreamSynchronize(s));
+  for (auto& s : ss) reservoir_bench::destroy_stream(a, s);
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / iters;
+}
+constexpr int kTurnCounts[] = {2, 8, 512};
+std::string turns_row(int n) {
+  return "pair 1 KiB, 1 thread, turns between " + std::to_string(n) + " streams";
 }
 
 // ---- Trace replay (peer_replay.cpp) -------------------------------------------------
@@ -598,6 +625,7 @@ int main(int argc, char** argv) {
     for (const char* p :
          {"pair 1 MiB, 2 threads, own streams", "pair 1 MiB, 8 threads, own streams"})
       row(p);
+    for (int n : kTurnCounts) row(turns_row(n));
     for (const Trace& t : traces) row("replay " + t.name + " (ns/event)");
     for (const Trace& t : traces) row("ratio " + t.name, true);
 
@@ -626,6 +654,11 @@ int main(int argc, char** argv) {
             median_round([&] {
               return bench_threads(a, threads, std::size_t{1} << 20, (a.slow ? 500 : 100000) / div);
             });
+      }
+      for (int n : kTurnCounts) {
+        QuietCpu pin;
+        row(turns_row(n)).value[c] =
+            median_round([&] { return bench_interleaved(a, n, (a.slow ? 2000 : 200000) / div); });
       }
       a.reset();
     }

@@ -3,6 +3,7 @@
 // steps are in walk_checks.cpp.
 #include <algorithm>
 #include <iterator>
+#include <thread>
 
 #include "fuzz/walker.hpp"
 
@@ -194,6 +195,7 @@ void Walker::step(std::uint8_t op) {
     default: {
       const std::uint8_t arg = in_.u8();
       if (arg >= 0x80) return op_pool(arg);
+      if (arg & 0x40) next_on_thread_ = true;
       current_device_ = arg & 1;
       sim_->set_current_device(current_device_);
       return;
@@ -226,7 +228,21 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
     std::fprintf(stderr, "  allocate(%zu, stream %lu, device %d)\n", size,
                  static_cast<unsigned long>(stream), current ? -1 : device);
   try {
-    p = alloc_->allocate(size, stream, current ? -1 : device);
+    if (next_on_thread_) {
+      // The simulator's current device is per thread: the new thread names it.
+      next_on_thread_ = false;
+      std::exception_ptr error;
+      std::thread([&] {
+        try {
+          p = alloc_->allocate(size, stream, current ? current_device_ : device);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }).join();
+      if (error) std::rethrow_exception(error);
+    } else {
+      p = alloc_->allocate(size, stream, current ? -1 : device);
+    }
   } catch (const OutOfMemoryError& e) {
     if (size >= kOneEiB) {
       WALK_CHECK(ooms_ == ooms, "a >= 1 EiB request walked the ladder");

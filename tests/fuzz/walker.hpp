@@ -217,6 +217,9 @@ class Walker {
   const bool trace_ = std::getenv("RESERVOIR_WALK_TRACE") != nullptr;  // one line per step
   bool eager_ = false, fraction_set_ = false, explicit_fraction_ = false, compact_ = false;
   bool callback_on_ = false, capacity_changed_ = false;
+  // The next request runs on a thread of its own that exits after it (its statistics
+  // shard goes back to the ledger while the block lives on, freed by this thread).
+  bool next_on_thread_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
   std::array<PoolSlot, 2> pools_{};
   std::uint64_t next_pool_ = 1, route_order_ = 0;

@@ -393,11 +393,10 @@ TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
   }
 }
 
-
-// The compact pool's statistics shard, idle and empty, leaves the ledger (dormant);
-// a request that then counts a new arena and fails (the device refuses its physical
-// memory) must still rejoin it on the way out: a dormant shard holding a segment would
-// miss peaks until the pool's next operation (the validator says so).
+// A compact request that counts a new arena and then fails (the device refuses its
+// physical memory) settles the statistics on the way out (its lock guard's scope):
+// the validator then finds the counts equal to the blocks and the budget within the
+// peaks.
 TEST(Compact, ARequestThatFailsPartWaySettlesTheStatisticsLedger) {
   SimAllocator s("", sim());
   s.a.deallocate(s.a.allocate(512, 1, 0));  // a default pool's shard, live

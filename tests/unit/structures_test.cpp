@@ -236,7 +236,7 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   ledger.attach(&s2);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocatedBytes>(1, delta);
-    ledger.settle(s);
+    StatScope{ledger, s};
   };
   std::mt19937_64 rng(3);
   std::int64_t a = 0, b = 0, peak = 0;
@@ -259,47 +259,62 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   EXPECT_EQ(out.allocated_bytes.all().peak, peak);
 }
 
-// Shards idle with every counter zero (released streams' caches) leave the live list,
-// so a rebalance costs what the live shards do; a dormant shard that rises rejoins,
-// and the peaks stay those of the sums throughout.
-TEST(StatLedger, IdleEmptyShardsGoDormantAndComeBackWithExactPeaks) {
+// Each thread counts in its own shard, made on its first change; a thread that exits
+// leaves its counters to the ledger (a block one thread allocated and another freed
+// leaves one shard up and one down: only the sum means anything) and its shard to the
+// next new thread. The peaks stay those of the sums, the budget stays within them.
+TEST(StatLedger, ThreadShardsFoldIntoTheLedgerWhenTheirThreadsExit) {
   StatLedger ledger;
-  std::vector<ShardCounters> shards(40);
-  for (ShardCounters& s : shards) ledger.attach(&s);
-  EXPECT_EQ(ledger.live_shards(), 40u);
-  std::vector<std::int64_t> value(shards.size(), 0);
-  std::int64_t peak = 0;
-  auto op = [&](std::size_t i, std::int64_t delta) {
-    shards[i].add<kAllocatedBytes>(0, delta);
-    value[i] += delta;
-    ledger.settle(shards[i]);
-    std::int64_t sum = 0;
-    for (std::int64_t v : value) sum += v;
-    peak = std::max(peak, sum);
-    ASSERT_EQ(ledger.problem(true), "");
+  std::int64_t value = 0, peak = 0;
+  auto op = [&](std::int64_t delta) {
+    {
+      StatScope scope(ledger);
+      scope->add<kAllocatedBytes>(0, delta);
+    }
+    value += delta;
+    peak = std::max(peak, value);
   };
-  std::mt19937_64 rng(5);
-  // Two busy shards; the other 38 never move: after enough rebalances they are dormant.
-  for (int i = 0; i < 20000; ++i) {
-    const std::size_t k = rng() % 2;
-    const std::int64_t d = static_cast<std::int64_t>(rng() % 4096);
-    op(k, value[k] >= d && rng() % 2 ? -d : d);
+  op(1000);  // this thread's shard
+  EXPECT_EQ(ledger.thread_shards_made(), 1u);
+  // Threads one after another: each raises by its number and frees what the last freed
+  // not; a shard is made once and reused by every later thread.
+  for (int t = 0; t < 50; ++t) {
+    std::thread([&] {
+      op(4096 + t);
+      op(-(t % 2 ? 2048 : 0));
+      ASSERT_EQ(ledger.problem(), "");
+    }).join();
+    op(-1000 + 1000);  // the main thread keeps counting between them
   }
-  EXPECT_EQ(ledger.live_shards(), 2u);
-  // Every shard moves again (dormant ones rejoin), then all but one empty out.
-  for (int i = 0; i < 20000; ++i) {
-    const std::size_t k = rng() % shards.size();
-    const std::int64_t d = static_cast<std::int64_t>(rng() % 4096);
-    op(k, value[k] >= d && rng() % 2 ? -d : d);
-  }
-  EXPECT_GT(ledger.live_shards(), 30u);
-  for (std::size_t k = 1; k < shards.size(); ++k) op(k, -value[k]);
-  for (int i = 0; i < 4000; ++i) op(0, static_cast<std::int64_t>(rng() % 4096));
-  EXPECT_EQ(ledger.live_shards(), 1u);
+  EXPECT_EQ(ledger.thread_shards_made(), 2u);
+  EXPECT_EQ(ledger.live_shards(), 1u);  // the main thread's
+  op(-value + 10);                      // the main thread frees what the exited threads allocated
+  EXPECT_EQ(ledger.problem(), "");
   DeviceStats out;
   ledger.read(&out);
-  EXPECT_EQ(out.allocated_bytes.all().current, value[0]);
-  EXPECT_EQ(out.allocated_bytes.all().peak, peak);
+  EXPECT_EQ(out.allocated_bytes.pool[1].current, 10);
+  EXPECT_EQ(out.allocated_bytes.pool[1].peak, peak);
+  EXPECT_EQ(ledger.pooled_total(kAllocatedBytes, 0), 10);
+  // Accumulated totals survive the folds: allocated - freed == current.
+  EXPECT_EQ(out.allocated_bytes.pool[1].allocated - out.allocated_bytes.pool[1].freed, 10);
+}
+
+// One thread's operations, whatever pool or stream they come from, write one shard:
+// no rebalance once its limits cover the level it returns to.
+TEST(StatLedger, OneThreadNeedsNoRebalanceAtALevelItHasReached) {
+  StatLedger ledger;
+  auto op = [&](std::int64_t delta) {
+    StatScope scope(ledger);
+    scope->add<kAllocatedBytes>(1, delta);
+  };
+  op(1 << 20);
+  op(-(1 << 20));
+  const std::uint64_t before = ledger.rebalances();
+  for (int i = 0; i < 10000; ++i) {
+    op(1 << 20);
+    op(-(1 << 20));
+  }
+  EXPECT_EQ(ledger.rebalances(), before);
 }
 
 // Below the peak but short of headroom (the others' claims from their own highs take
@@ -311,7 +326,7 @@ TEST(StatLedger, TheRisingShardIsServedFirstWhenHeadroomIsShort) {
   for (ShardCounters& s : shards) ledger.attach(&s);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocation>(0, delta);
-    ledger.settle(s);
+    StatScope{ledger, s};
   };
   // Each shard in turn climbs to 1,000 blocks and back: the peak is 1,000 and every
   // shard claims its high-water mark.
@@ -407,7 +422,7 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
       }
     }
     for (ShardCounters& s : shards) {
-      ledger.settle(s);
+      StatScope{ledger, s};
       ASSERT_TRUE(s.guards_hold()) << "operation " << i;
     }
   }

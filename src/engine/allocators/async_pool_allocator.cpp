@@ -68,7 +68,7 @@ AsyncPoolAllocator::Device& AsyncPoolAllocator::device_state(int device) {
   }
   if (!d.shard) {
     d.shard = std::make_unique<ShardCounters>();
-    engines_.engine(device).attach_shard(d.shard.get());
+    engines_.engine(device).ledger().attach(d.shard.get());
   }
   d.pool = pool;
   d.event = event;
@@ -96,11 +96,10 @@ bool AsyncPoolAllocator::try_allocate(int device, std::size_t size, StreamHandle
   DeviceEngine& e = engines_.engine(device);
   live_.emplace(reinterpret_cast<std::uintptr_t>(*ptr), Live{size, device, stream, {}, {}});
   d.used += size;
-  ShardCounters& s = *d.shard;
+  StatScope s(e.ledger(), *d.shard);
   const auto bytes = static_cast<std::int64_t>(size);
-  s.on_allocate(SizePolicy::pool_for(size), bytes, bytes);  // the caching engine's pool
+  s->on_allocate(SizePolicy::pool_for(size), bytes, bytes);  // the caching engine's pool
   DeviceCounters::bump(e.counters().device_allocs);
-  e.settle(s);
   return true;
 }
 
@@ -235,7 +234,7 @@ void AsyncPoolAllocator::deallocate(void* ptr) {
       throw DeviceError("reservoir: freeing " + format_pointer(ptr) + where(l.device) +
                         " failed: " + backend_.last_error());
     const auto bytes = static_cast<std::int64_t>(l.size);
-    d.shard->on_free(SizePolicy::pool_for(l.size), bytes, bytes);
+    StatScope(e.ledger(), *d.shard)->on_free(SizePolicy::pool_for(l.size), bytes, bytes);
     d.used -= l.size;
     DeviceCounters::bump(e.counters().device_frees);
     address = it->first;
@@ -320,12 +319,6 @@ void AsyncPoolAllocator::reset_peaks(int device) {
   if (d.made && backend_.reset_pool_peaks(device, d.pool) != DeviceStatus::ok)
     throw DeviceError("reservoir: resetting the memory pool's peaks" + where(device) +
                       " failed: " + backend_.last_error());
-}
-
-void AsyncPoolAllocator::reset_accumulated(int device) {
-  std::lock_guard<std::mutex> guard(mutex_);
-  Device& d = devices_[static_cast<std::size_t>(device)];
-  if (d.shard) StatLedger::reset_accumulated(d.shard.get());
 }
 
 void AsyncPoolAllocator::snapshot(std::vector<SegmentInfo>* out) {

@@ -62,8 +62,6 @@ class AsyncPoolAllocator final : public BlockResource {
   void adjust_stats(int device, DeviceStats* stats) override;
   // Also resets the pool's high marks.
   void reset_peaks(int device) override;
-  // The device shard's allocated / freed totals (the ledger does the pools').
-  void reset_accumulated(int device) override;
   // One segment per live allocation, with one block.
   void snapshot(std::vector<SegmentInfo>* out) override;
   // Lets peer read and write device's pool memory (cuMemPoolSetAccess), now and

@@ -21,7 +21,7 @@ ShardCounters& UncachedAllocator::shard(int device) {
   auto& s = shards_[static_cast<std::size_t>(device)];
   if (!s) {
     s = std::make_unique<ShardCounters>();
-    engines_.engine(device).attach_shard(s.get());
+    engines_.engine(device).ledger().attach(s.get());
   }
   return *s;
 }
@@ -48,15 +48,14 @@ void* UncachedAllocator::allocate(std::size_t size, StreamHandle stream, int dev
                       std::to_string(device) + " (uncached mode) failed: " + backend_.last_error());
   std::lock_guard<std::mutex> guard(mutex_);
   live_[reinterpret_cast<std::uintptr_t>(ptr)] = Live{size, device};
-  ShardCounters& s = shard(device);
+  DeviceEngine& e = engines_.engine(device);
+  StatScope s(e.ledger(), shard(device));
   const int pool = SizePolicy::pool_for(size);  // the pool it would use when cached
   const auto bytes = static_cast<std::int64_t>(size);
-  s.on_allocate(pool, bytes, bytes);
-  s.add<kSegment>(pool, 1);
-  s.add<kReservedBytes>(pool, bytes);
-  DeviceEngine& e = engines_.engine(device);
+  s->on_allocate(pool, bytes, bytes);
+  s->add<kSegment>(pool, 1);
+  s->add<kReservedBytes>(pool, bytes);
   DeviceCounters::bump(e.counters().device_allocs);
-  e.settle(s);
   return ptr;
 }
 
@@ -76,12 +75,12 @@ void UncachedAllocator::deallocate(void* ptr) {
     throw DeviceError("reservoir: freeing " + format_pointer(ptr) +
                       " (uncached mode) failed: " + backend_.last_error());
   live_.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  ShardCounters& s = shard(l.device);
+  StatScope s(engines_.engine(l.device).ledger(), shard(l.device));
   const int pool = SizePolicy::pool_for(l.size);
   const auto bytes = static_cast<std::int64_t>(l.size);
-  s.on_free(pool, bytes, bytes);
-  s.add<kSegment>(pool, -1);
-  s.add<kReservedBytes>(pool, -bytes);
+  s->on_free(pool, bytes, bytes);
+  s->add<kSegment>(pool, -1);
+  s->add<kReservedBytes>(pool, -bytes);
   DeviceCounters::bump(engines_.engine(l.device).counters().device_frees);
 }
 

@@ -31,7 +31,7 @@ CompactPool::CompactPool(PoolServices& services)
     : services_(services),
       block_nodes_(sizeof(Block)),
       fences_(services.backend, services.device, services.events),
-      extents_(services, counters_, fences_, device_page(services)) {}
+      extents_(services, fences_, device_page(services)) {}
 
 CompactPool::~CompactPool() {
   services_.segments.owner_gone(this);
@@ -111,7 +111,7 @@ CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {
   // Pages (and the segment map's entries) follow the highest block in use (grow_pages):
   // an arena is far larger than what it holds.
   index_free(b);
-  counters_.add<kSegment>(kLargePool, 1);
+  stats().add<kSegment>(kLargePool, 1);
   arenas_.push_back(std::move(arena));
   return arenas_.back().get();
 }
@@ -139,10 +139,9 @@ Block* CompactPool::choose(FreeIndex::iterator best, std::size_t size) const {
 
 std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
                                      const Context& context) {
-  Guard guard(lock_);
+  Guard guard(*this);
   // A new arena or extent counted, then the request refused (out of memory or a
-  // device error): the ledger is settled on the way out all the same.
-  SettleOnExit settle(services_.ledger, counters_);
+  // device error): the guard's scope settles the ledger on the way out all the same.
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
   auto it = free_.lower_bound(size);
@@ -189,8 +188,8 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   out->stream = stream;
   allocated_.insert(address, out);
   extents_.add_live(a, address, taken);
-  counters_.on_allocate(SizePolicy::pool_for(taken), static_cast<std::int64_t>(taken),
-                        static_cast<std::int64_t>(requested));
+  stats().on_allocate(SizePolicy::pool_for(taken), static_cast<std::int64_t>(taken),
+                      static_cast<std::int64_t>(requested));
   if (services_.history.active()) {
     services_.trace(TraceAction::alloc, address, requested, stream,
                     services_.history.level() >= ContextLevel::alloc ? context : nullptr);
@@ -206,7 +205,7 @@ bool CompactPool::free(std::uintptr_t address) {
   const bool traced = services_.history.active();
   Context context;
   if (traced) context = services_.history.gather(ContextLevel::all);
-  Guard guard(lock_);
+  Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   Arena& a = *arena_of(b);
@@ -217,8 +216,8 @@ bool CompactPool::free(std::uintptr_t address) {
   }
   // The memory's users so far: its own stream and those record_stream named.
   extents_.remove_live(a, *b);
-  counters_.on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
-                    static_cast<std::int64_t>(b->requested));
+  stats().on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
+                  static_cast<std::int64_t>(b->requested));
   b->extras.reset();
   b->requested = 0;
   coalesce_free(b);
@@ -227,7 +226,7 @@ bool CompactPool::free(std::uintptr_t address) {
 }
 
 bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
-  Guard guard(lock_);
+  Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (other == b->stream) return true;
@@ -236,18 +235,17 @@ bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
 }
 
 void CompactPool::host_waited(StreamHandle stream) {
-  Guard guard(lock_);
+  Guard guard(*this);
   fences_.host_waited(stream);
 }
 
 void CompactPool::release_stream(StreamHandle stream) {
-  Guard guard(lock_);
+  Guard guard(*this);
   fences_.release(stream);
 }
 
 std::size_t CompactPool::release_free_pages(bool give_back) {
-  Guard guard(lock_);
-  SettleOnExit settle(services_.ledger, counters_);  // an unmap may throw part way
+  Guard guard(*this);
   fences_.synchronize_all();
   std::size_t released = 0;
   // Ghosts first: memory goes back only once unmapped everywhere, and an arena only
@@ -280,7 +278,7 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
       }
       free_.erase(head);
       block_list::destroy(block_nodes_, head);
-      counters_.add<kSegment>(kLargePool, -1);
+      stats().add<kSegment>(kLargePool, -1);
       services_.segments.recycle(a.segment);
       it = arenas_.erase(it);
     }
@@ -295,7 +293,6 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
 }
 
 void CompactPool::finish_operation() {
-  services_.ledger.settle(counters_);
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);

@@ -57,8 +57,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   CompactPool(const CompactPool&) = delete;
   CompactPool& operator=(const CompactPool&) = delete;
 
-  ShardCounters& counters() noexcept { return counters_; }
-
   // A block of at least requested bytes for stream, or 0 when the device or the memory
   // fraction has no physical memory left for it (the ladder then runs). Throws
   // DeviceError.
@@ -83,10 +81,18 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t cached_bytes();  // physical bytes held but not under an allocated block
   std::size_t snapshot(std::vector<SegmentInfo>* out);
   void validate(ValidationTotals* totals);
-  void reset_accumulated();
 
  private:
-  using Guard = std::unique_lock<Lock>;
+  // An operation's hold on the pool: the lock, and the statistics scope (declared
+  // after the lock: the calling thread's shard is settled, however the operation ends,
+  // before the lock goes).
+  struct Guard : std::unique_lock<Lock> {
+    explicit Guard(CompactPool& pool)
+        : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {}
+    StatScope stats;
+  };
+  // The calling thread's shard (inside an operation: its Guard's scope settles it).
+  ShardCounters& stats() { return services_.ledger.mine(); }
   using Arena = ExtentMap::Arena;
 
   Arena* arena_of(const Block* b) const;
@@ -104,12 +110,11 @@ class alignas(64) CompactPool final : public BlockOwner {
 
   PoolServices& services_;
   Lock lock_;
-  ShardCounters counters_;
   NodePool block_nodes_;
   FreeIndex free_;
   AddressMap<Block> allocated_;
   StreamEvents fences_;
-  ExtentMap extents_;  // after counters_ and fences_, which it uses
+  ExtentMap extents_;  // after fences_, which it uses
   std::vector<std::unique_ptr<Arena>> arenas_;
 };
 

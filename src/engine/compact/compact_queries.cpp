@@ -11,7 +11,7 @@
 namespace reservoir::detail {
 
 std::size_t CompactPool::largest_free_block() {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   // The tail of an arena is address space, not memory: count only mapped free bytes.
   std::size_t largest = 0;
   for (auto& a : arenas_)
@@ -29,7 +29,7 @@ std::size_t CompactPool::largest_free_block() {
 }
 
 std::size_t CompactPool::cached_bytes() {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   std::size_t held = extents_.spare_bytes();
   for (auto& a : arenas_) held += a->segment->mapped_bytes;
   std::size_t allocated = 0;
@@ -38,7 +38,7 @@ std::size_t CompactPool::cached_bytes() {
 }
 
 bool CompactPool::block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (size) *size = b->size;
@@ -47,7 +47,7 @@ bool CompactPool::block_sizes(std::uintptr_t address, std::size_t* size, std::si
 }
 
 bool CompactPool::segment_of(std::uintptr_t address, BaseAllocation*) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   for (auto& a : arenas_)
     if (a->segment->holds(address))
       throw InvalidArgumentError(
@@ -59,7 +59,7 @@ bool CompactPool::segment_of(std::uintptr_t address, BaseAllocation*) {
 }
 
 std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   for (auto& a : arenas_) {
     if (!a->segment->holds(address)) continue;
     for (Block* b = a->segment->head; b; b = b->next) {
@@ -77,7 +77,7 @@ std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
 }
 
 std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   std::size_t active = 0;
   for (auto& a : arenas_) {
     // Each run of mapped pages is reported as a segment; blocks clipped to it.
@@ -121,13 +121,8 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
   return active;
 }
 
-void CompactPool::reset_accumulated() {
-  Guard guard(lock_);
-  StatLedger::reset_accumulated(&counters_);
-}
-
 void CompactPool::validate(ValidationTotals* totals) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   validate_locked(totals);
 }
 
@@ -201,19 +196,14 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   RESERVOIR_CHECK(index_problem.empty(), index_problem);
   RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
                   "the allocated map holds blocks that are not allocated");
-  RESERVOIR_CHECK(
-      counters_.get(kReservedBytes, kSmallPool) + counters_.get(kReservedBytes, kLargePool) ==
-          static_cast<std::int64_t>(held),
-      "reserved_bytes is not the physical memory held (" + std::to_string(held) + ")");
-  RESERVOIR_CHECK(counters_.get(kSegment, kLargePool) == static_cast<std::int64_t>(arenas_.size()),
-                  "segment count is not the number of arenas");
+  // What the statistics must count for this pool (the device compares the sums): the
+  // physical memory held and the arenas, in the large pool; the live blocks by size.
+  totals->counted[kReservedBytes][kLargePool] += static_cast<std::int64_t>(held);
+  totals->counted[kSegment][kLargePool] += static_cast<std::int64_t>(arenas_.size());
   for (int pool = 0; pool < kPoolCount; ++pool) {
-    RESERVOIR_CHECK(counters_.get(kAllocation, pool) == allocation[pool],
-                    "allocation count of pool " + std::to_string(pool) + " is off");
-    RESERVOIR_CHECK(counters_.get(kAllocatedBytes, pool) == allocated_bytes[pool],
-                    "allocated_bytes of pool " + std::to_string(pool) + " is off");
-    RESERVOIR_CHECK(counters_.get(kRequestedBytes, pool) == requested[pool],
-                    "requested_bytes of pool " + std::to_string(pool) + " is off");
+    totals->counted[kAllocation][pool] += allocation[pool];
+    totals->counted[kAllocatedBytes][pool] += allocated_bytes[pool];
+    totals->counted[kRequestedBytes][pool] += requested[pool];
   }
 }
 

@@ -48,7 +48,7 @@ ExtentMap::Extent* ExtentMap::create_extent(std::size_t pages) {
                       " failed: " + services_.backend.last_error());
   }
   x->pages = pages;
-  counters_.add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(bytes));
+  services_.ledger.mine().add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(bytes));
   DeviceCounters::bump(services_.counters.device_allocs);
   return x.release();
 }
@@ -72,7 +72,7 @@ void ExtentMap::release_extent(Extent* x) {
   }
   const std::size_t bytes = x->pages * page_;
   services_.budget.unreserve(bytes);
-  counters_.add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(bytes));
+  services_.ledger.mine().add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(bytes));
   DeviceCounters::bump(services_.counters.device_frees);
   delete x;
 }

@@ -81,8 +81,8 @@ class ExtentMap {
 
   // page: the device's mapping granularity. counters: the pool's (reserved bytes);
   // fences: the pool's stream markers.
-  ExtentMap(PoolServices& services, ShardCounters& counters, StreamEvents& fences, std::size_t page)
-      : services_(services), counters_(counters), fences_(fences), page_(page) {}
+  ExtentMap(PoolServices& services, StreamEvents& fences, std::size_t page)
+      : services_(services), fences_(fences), page_(page) {}
   ~ExtentMap();  // every spare extent's memory goes back to the device
   ExtentMap(const ExtentMap&) = delete;
   ExtentMap& operator=(const ExtentMap&) = delete;
@@ -148,7 +148,6 @@ class ExtentMap {
                       std::size_t size) const;
 
   PoolServices& services_;
-  ShardCounters& counters_;
   StreamEvents& fences_;
   Extent *reclaim_head_ = nullptr, *reclaim_tail_ = nullptr;  // mapped, no live page; oldest first
   std::vector<Extent*> spare_;  // unmapped extents, kept for the next request

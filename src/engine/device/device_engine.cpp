@@ -55,7 +55,6 @@ CompactPool& DeviceEngine::compact() {
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (!compact_) {
     compact_ = std::make_unique<CompactPool>(services_);
-    ledger_.attach(&compact_->counters());
     compact_ptr_.store(compact_.get(), std::memory_order_release);
   }
   return *compact_;
@@ -99,7 +98,6 @@ StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
   if (StreamPool* p = table_.find(stream)) return *p;  // created meanwhile
   pools_.push_back(std::make_unique<StreamPool>(services_, stream));
   StreamPool* pool = pools_.back().get();
-  ledger_.attach(&pool->counters());
   table_.insert(stream, pool);
   if (pools_.size() == 1) {
     first_stream_ = stream;
@@ -240,8 +238,7 @@ DeviceStats DeviceEngine::stats() {
   {
     std::lock_guard<std::mutex> guard(create_mutex_);
     for (const auto& p : private_pools_)
-      s.private_pool_reserved_bytes += p->counters().get(kReservedBytes, kSmallPool) +
-                                       p->counters().get(kReservedBytes, kLargePool);
+      s.private_pool_reserved_bytes += static_cast<std::int64_t>(p->reserved_bytes());
   }
   s.private_pools = static_cast<std::int64_t>(private_registry_.pools().size());
   std::lock_guard<std::mutex> guard(config_mutex_);
@@ -250,8 +247,7 @@ DeviceStats DeviceEngine::stats() {
 }
 
 void DeviceEngine::reset_accumulated_stats() {
-  for (StreamPool* p : all_pools_snapshot()) p->reset_accumulated();
-  if (CompactPool* c = compact_if_made()) c->reset_accumulated();
+  ledger_.reset_accumulated();
   counters_.reset();
 }
 
@@ -298,9 +294,25 @@ void DeviceEngine::validate(bool quiescent) {
                     "the first stream's pool is not the table's");
   }
   if (CompactPool* c = compact_if_made()) c->validate(&totals);
+  const std::string ledger = ledger_.problem();
+  RESERVOIR_CHECK(ledger.empty(), ledger);
   if (quiescent) {
-    const std::string ledger = ledger_.problem(true);
-    RESERVOIR_CHECK(ledger.empty(), ledger);
+    // The statistics are the blocks' sums (fixed shards are other engines' books).
+    static const char* const kNames[kStatKinds] = {"allocation",       "segment",
+                                                   "pending",          "inactive_split",
+                                                   "allocated_bytes",  "reserved_bytes",
+                                                   "pending_bytes",    "inactive_split_bytes",
+                                                   "requested_bytes",  "oversize_allocations",
+                                                   "oversize_segments"};
+    for (int pool = 0; pool < kPoolCount; ++pool)
+      for (int kind = 0; kind < kStatKinds; ++kind) {
+        const std::int64_t counted = ledger_.pooled_total(kind, pool);
+        RESERVOIR_CHECK(counted == totals.counted[kind][pool],
+                        std::string("statistic ") + kNames[kind] +
+                            (pool ? ".large_pool" : ".small_pool") + " is " +
+                            std::to_string(counted) + " but the blocks add up to " +
+                            std::to_string(totals.counted[kind][pool]));
+      }
     RESERVOIR_CHECK(totals.reserved == budget_.reserved(),
                     "pools reserve " + std::to_string(totals.reserved) +
                         " bytes but the device budget counts " +

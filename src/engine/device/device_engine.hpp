@@ -27,15 +27,15 @@
 #include <string>
 #include <vector>
 
-#include "engine/compact/compact_pool.hpp"
-#include "engine/pool/device_state.hpp"
-#include "engine/streams/event_pool.hpp"
-#include "engine/stats/history.hpp"
-#include "engine/pool/pool_services.hpp"
-#include "engine/device/private_pools.hpp"
 #include "engine/books/segment_registry.hpp"
-#include "engine/stats/stat_ledger.hpp"
+#include "engine/compact/compact_pool.hpp"
+#include "engine/device/private_pools.hpp"
+#include "engine/pool/device_state.hpp"
+#include "engine/pool/pool_services.hpp"
 #include "engine/pool/stream_pool.hpp"
+#include "engine/stats/history.hpp"
+#include "engine/stats/stat_ledger.hpp"
+#include "engine/streams/event_pool.hpp"
 #include "engine/streams/stream_table.hpp"
 #include "reservoir/hooks.hpp"
 #include "reservoir/pools.hpp"
@@ -103,11 +103,9 @@ class DeviceEngine {
   DeviceStats stats();
   void reset_peak_stats() { ledger_.reset_peaks(); }
   void reset_accumulated_stats();
-  // Adds a statistics shard that is not a stream pool (uncached mode).
-  void attach_shard(ShardCounters* shard) { ledger_.attach(shard); }
-  // The end of an operation of that shard: the rebalance it owes, if any (under the
-  // shard's own lock, as pools do).
-  void settle(ShardCounters& shard) { ledger_.settle(shard); }
+  // The device's statistics, for the engines that count in it with a fixed shard of
+  // their own (uncached mode, cudaMallocAsync).
+  StatLedger& ledger() noexcept { return ledger_; }
   // Installs a new configuration with every pool locked; apply_fraction: the update
   // set per_process_memory_fraction (else a fraction set at run time stays).
   void update_config(const Config& config, bool apply_fraction);

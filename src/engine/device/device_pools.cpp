@@ -38,7 +38,6 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   } else {
     private_pools_.push_back(std::make_unique<StreamPool>(services_, stream));
     made = private_pools_.back().get();
-    ledger_.attach(&made->counters());
   }
   made->set_private(pool.id(), pool.options().no_split);
   pool.add(made);

@@ -107,7 +107,7 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
 
 std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context,
                                            bool traced) {
-  ScopedGuard guard(lock_);
+  ScopedGuard guard(*this);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
   last_size_ = size;
@@ -131,10 +131,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
   // No event queries while a capture is under way (illegal then): pending frees wait.
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   Block* b = find_free(pool, size);
-  if (!b) {
-    settle_ledger();  // completed pending frees may have raised counters
-    return 0;
-  }
+  if (!b) return 0;
   std::uintptr_t address = hand_out(b, size, requested, context, traced);
   finish_operation();
   return address;
@@ -142,8 +139,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context&
 
 std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retry,
                                                 const Context& context) {
-  Guard guard = lock_settled();
-  SettleOnExit settle(services_.ledger, counters_);
+  Guard guard(*this);
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
@@ -153,8 +149,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 }
 
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
-  Guard guard = lock_settled();
-  SettleOnExit settle(services_.ledger, counters_);
+  Guard guard(*this);
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
@@ -180,6 +175,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
     guard.unlock();
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);
     guard.lock();
+    shard_ = nullptr;  // another thread's operation may have held the lock meanwhile
   } else {
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);
   }
@@ -200,10 +196,10 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   link_segment(seg);
   services_.segments.publish(seg);
   index_free(b);
-  counters_.add<kSegment>(pool, 1);
-  counters_.add<kReservedBytes>(pool, static_cast<std::int64_t>(alloc_size));
+  stats().add<kSegment>(pool, 1);
+  stats().add<kReservedBytes>(pool, static_cast<std::int64_t>(alloc_size));
   seg->oversize = alloc_size >= policy().max_split_size();
-  if (seg->oversize) counters_.add<kOversizeSegments>(pool, 1);
+  if (seg->oversize) stats().add<kOversizeSegments>(pool, 1);
   DeviceCounters::bump(services_.counters.device_allocs);
   if (tracing()) trace(TraceAction::segment_alloc, seg->base, alloc_size, context);
   return b;
@@ -246,10 +242,10 @@ RESERVOIR_INLINE void StreamPool::issue(Block* out, std::size_t requested, Split
   const PoolIndex pool = out->pool();
   out->requested = requested;
   allocated_.insert(out->address, out);
-  counters_.on_allocate(pool, static_cast<std::int64_t>(out->size),
-                        static_cast<std::int64_t>(requested), split);
+  stats().on_allocate(pool, static_cast<std::int64_t>(out->size),
+                      static_cast<std::int64_t>(requested), split);
   out->oversize = out->size >= policy().max_split_size();
-  if (out->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+  if (out->oversize) stats().add<kOversizeAllocations>(pool, 1);
 }
 
 // ---------------------------------------------------------------- parked free
@@ -264,7 +260,7 @@ RESERVOIR_INLINE bool StreamPool::parks(const Block* b) const noexcept {
 // it, merged with a free next, but left where it is.
 RESERVOIR_INLINE void StreamPool::park(Block* b) {
   const PoolIndex pool = b->pool();
-  if (b->oversize) counters_.add<kOversizeAllocations>(pool, -1);
+  if (b->oversize) stats().add<kOversizeAllocations>(pool, -1);
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   b->requested = 0;
@@ -272,7 +268,7 @@ RESERVOIR_INLINE void StreamPool::park(Block* b) {
   b->gc_stamp = services_.gc.now();
   parked_ = b;
   parked_split_ = parked_merge(b);
-  counters_.on_free(pool, bytes, requested, parked_split_);
+  stats().on_free(pool, bytes, requested, parked_split_);
 }
 
 // What merging the parked b (with a free next) does to the inactive split blocks, as
@@ -358,7 +354,7 @@ bool StreamPool::fit_memo_current() {
 
 bool StreamPool::free(std::uintptr_t address) {
   if (RESERVOIR_UNLIKELY(tracing())) return free_traced(address);
-  ScopedGuard guard(lock_);
+  ScopedGuard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   if (parked_) settle();  // first: b's neighbour may be the parked block
@@ -374,7 +370,7 @@ bool StreamPool::free(std::uintptr_t address) {
 // recorder may be slow), and the request is recorded.
 bool StreamPool::free_traced(std::uintptr_t address) {
   Context context = services_.history.gather(ContextLevel::all);
-  Guard guard = lock_settled();
+  Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
@@ -387,13 +383,13 @@ bool StreamPool::free_traced(std::uintptr_t address) {
 // other streams that used it are done.
 RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced) {
   const PoolIndex pool = b->pool();
-  if (b->oversize) counters_.add<kOversizeAllocations>(pool, -1);
+  if (b->oversize) stats().add<kOversizeAllocations>(pool, -1);
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   if (RESERVOIR_LIKELY(!b->extras || b->extras->uses.empty())) {
-    counters_.on_free(pool, bytes, requested, free_block(b, traced));
+    stats().on_free(pool, bytes, requested, free_block(b, traced));
   } else {
-    counters_.on_defer(pool, bytes);
+    stats().on_defer(pool, bytes);
     if (RESERVOIR_UNLIKELY(services_.capture.underway()))
       defer_past_capture(b);
     else
@@ -467,7 +463,6 @@ void StreamPool::defer_free(Block* b) {
         --b->event_count;
       }
     stranded_.push_back(b);
-    settle_ledger();  // the free's own counting (and a settled parked block) is done
     throw DeviceError("reservoir: deferring the free of " +
                       format_pointer(reinterpret_cast<void*>(b->address)) + " on device " +
                       std::to_string(services_.device) + " failed (" + failure +
@@ -475,9 +470,9 @@ void StreamPool::defer_free(Block* b) {
   }
   if (b->event_count == 0) {
     const PoolIndex pool = b->pool();
-    counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                              static_cast<std::int64_t>(b->requested));
-    counters_.on_split_change(pool, free_block(b, tracing()));
+    stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
+                            static_cast<std::int64_t>(b->requested));
+    stats().on_split_change(pool, free_block(b, tracing()));
   } else {
     ++pending_blocks_;
   }
@@ -493,7 +488,6 @@ void StreamPool::process_events(bool wait) {
                                  : services_.backend.query_event(services_.device, p.event);
       if (status == DeviceStatus::not_ready) break;
       if (status != DeviceStatus::ok) {
-        settle_ledger();  // frees completed before this one may have raised counters
         throw DeviceError(std::string("reservoir: ") + (wait ? "synchronizing" : "querying") +
                           " an event on device " + std::to_string(services_.device) +
                           " failed: " + services_.backend.last_error());
@@ -504,33 +498,33 @@ void StreamPool::process_events(bool wait) {
       if (--b->event_count == 0) {
         --pending_blocks_;
         const PoolIndex pool = b->pool();
-        counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                                  static_cast<std::int64_t>(b->requested));
-        counters_.on_split_change(pool, free_block(b, tracing()));
+        stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
+                                static_cast<std::int64_t>(b->requested));
+        stats().on_split_change(pool, free_block(b, tracing()));
       }
     }
   }
 }
 
 void StreamPool::release_stream() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   stream_released_ = true;
 }
 
 void StreamPool::process_events_now() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   finish_operation();
 }
 
 void StreamPool::synchronize_pending() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   if (pending_blocks_ != 0) process_events(true);
   finish_operation();
 }
 
 bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (other == stream_) return true;
@@ -551,7 +545,7 @@ void StreamPool::defer_past_capture(Block* b) {
 }
 
 void StreamPool::flush_capture_deferred() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::vector<Block*> blocks;
   blocks.swap(capture_deferred_);
   std::string failure;
@@ -562,9 +556,9 @@ void StreamPool::flush_capture_deferred() {
     x.capture_uses.clear();
     if (x.uses.empty()) {
       const PoolIndex pool = b->pool();
-      counters_.on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                                static_cast<std::int64_t>(b->requested));
-      counters_.on_split_change(pool, free_block(b, tracing()));
+      stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
+                              static_cast<std::int64_t>(b->requested));
+      stats().on_split_change(pool, free_block(b, tracing()));
       continue;
     }
     try {
@@ -578,7 +572,7 @@ void StreamPool::flush_capture_deferred() {
 }
 
 void StreamPool::set_private(PoolId pool, bool no_split) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   RESERVOIR_ASSERT(segments_ == nullptr);
   pool_id_ = pool;
   no_split_ = no_split;
@@ -586,7 +580,7 @@ void StreamPool::set_private(PoolId pool, bool no_split) {
 }
 
 bool StreamPool::holds_segments() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   return segments_ != nullptr;
 }
 
@@ -609,16 +603,16 @@ void StreamPool::release_segment(Segment* seg) {
   unindex_free(b);
   delete_block(b);
   unlink_segment(seg);
-  counters_.add<kSegment>(seg->pool, -1);
-  counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(seg->size));
-  if (seg->oversize) counters_.add<kOversizeSegments>(seg->pool, -1);
+  stats().add<kSegment>(seg->pool, -1);
+  stats().add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(seg->size));
+  if (seg->oversize) stats().add<kOversizeSegments>(seg->pool, -1);
   services_.budget.unreserve(seg->size);
   DeviceCounters::bump(services_.counters.device_frees);
   services_.segments.recycle(seg);
 }
 
 std::size_t StreamPool::release_cached() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::size_t released = 0;
   std::vector<Segment*> whole;
   std::vector<Block*> expandable;
@@ -649,7 +643,7 @@ std::size_t StreamPool::release_cached() {
 bool StreamPool::release_oversize(std::size_t requested) {
   const SizePolicy& p = policy();
   if (!p.has_max_split_size()) return false;
-  Guard guard = lock_settled();
+  Guard guard(*this);
   const std::size_t size = p.round(requested);
   FreeIndex& set = free_[SizePolicy::pool_for(size)];
   const std::size_t key = std::max(size, p.max_split_size());
@@ -683,11 +677,10 @@ bool StreamPool::release_oversize(std::size_t requested) {
 }
 
 void StreamPool::finish_operation() {
-  settle_ledger();
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
     validate_locked(&totals);
-    const std::string ledger = services_.ledger.problem(false);
+    const std::string ledger = services_.ledger.problem();
     RESERVOIR_CHECK(ledger.empty(), ledger);
   });
 }

@@ -8,7 +8,8 @@
 //   - the allocated blocks by address (AddressMap);
 //   - pending frees: blocks freed by the program but used on other streams, in one
 //     FIFO queue per using stream, so a slow stream never delays frees on another;
-//   - its statistics counters (ShardCounters, summed by the device's StatLedger).
+//   - nothing of the statistics: the calling thread's shard of the device's StatLedger
+//     counts (every operation holds a StatScope in its lock guard).
 // Invariants (checked by validate()):
 //   counters.allocation[p] == number of allocated blocks in pool p segments,
 //   counters.allocated_bytes[p] == sum of their sizes,
@@ -32,7 +33,7 @@
 //     in allocated_ nor in any index, its prev not free; statistics count it (with
 //     its next, when that is free) as the free block the merge makes; gc_stamp ==
 //     the clock when it was freed;
-//   every member but allocate_cached() and free() settles it first (lock_settled()),
+//   every member but allocate_cached() and free() settles it first (Guard),
 //     so no other code ever meets a parked block;
 //   parked_split_ == parked_merge(parked_) while parked_ != nullptr.
 // The fit memo spares the steady pair (free, then the same request) the best-fit check:
@@ -94,7 +95,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   // option. Set while the pool holds no segment (a new or recycled cache).
   void set_private(PoolId pool, bool no_split);
   PoolId pool_id() const noexcept { return pool_id_; }
-  ShardCounters& counters() noexcept { return counters_; }
   Lock& lock() noexcept { return lock_; }
   // The size policy changed (the caller holds the lock): the fit memo no longer holds.
   void forget_fit() noexcept { fit_block_ = nullptr; }
@@ -130,6 +130,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::size_t release_cached();  // every free, unsplit segment and free page; bytes released
   std::size_t largest_free_block(PoolIndex pool);
   std::size_t cached_bytes();
+  std::size_t reserved_bytes();  // device memory its segments hold (mapped, or kept)
   void gc_scan(std::uint64_t now, GcTally* tally);
   void gc_release(std::uint64_t now, double age_threshold, GcTally* tally);
   void add_peer(int device);  // grants device access to every mapped expandable page
@@ -162,18 +163,37 @@ class alignas(64) StreamPool final : public BlockOwner {
   // Appends this pool's segments and blocks; returns the active bytes.
   std::size_t snapshot(std::vector<SegmentInfo>* out);
   void validate(ValidationTotals* totals);
-  void reset_accumulated();
 
  private:
-  using Guard = std::unique_lock<Lock>;
-  // The lock, with a parked free settled: how every member but the hot two begins.
-  Guard lock_settled() {
-    Guard guard(lock_);
-    if (parked_) settle();
-    return guard;
+  // An operation's hold on the pool: the lock, with a parked free settled (how every
+  // member but the hot two begins), and the statistics scope, declared after the lock
+  // so that the calling thread's shard is settled, however the operation ends, before
+  // the lock goes.
+  // The shard is found when first counted (a query makes none); after relocking, the
+  // holder forgets it again (shard_ = nullptr).
+  struct Guard : std::unique_lock<Lock> {
+    explicit Guard(StreamPool& pool)
+        : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {
+      pool.shard_ = nullptr;
+      if (pool.parked_) pool.settle();
+    }
+    StatScope stats;
+  };
+  // The two hot paths, which never unlock early and always count: the shard is found
+  // once, with the lock.
+  struct ScopedGuard {
+    explicit ScopedGuard(StreamPool& pool)
+        : lock(pool.lock_), stats(pool.services_.ledger, pool.services_.ledger.mine()) {
+      pool.shard_ = &*stats;
+    }
+    std::lock_guard<Lock> lock;
+    StatScope stats;
+  };
+  // The calling thread's shard, inside an operation (its guard's scope settles it).
+  RESERVOIR_INLINE ShardCounters& stats() {
+    if (RESERVOIR_UNLIKELY(!shard_)) shard_ = &services_.ledger.mine();
+    return *shard_;
   }
-  // The two hot paths, which never unlock early: no ownership flag to keep.
-  using ScopedGuard = std::lock_guard<Lock>;
   struct Pending {
     EventHandle event;
     Block* block;
@@ -252,13 +272,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   void release_segment(Segment* segment);
 
   void finish_operation();
-  // The statistics ledger's owed rebalance (SettleOnExit makes it however a cold
-  // operation ends; the hot paths, and process_events and defer_free before they
-  // throw, call this themselves). StatLedger::settle() written out: so the ledger's
-  // address is loaded only when a rebalance is owed (4 instructions fewer per pair).
-  void settle_ledger() {
-    if (counters_.over) services_.ledger.rebalance(&counters_);
-  }
   void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
@@ -279,7 +292,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
-  ShardCounters counters_;
+  // The statistics shard of the operation holding the lock (its thread's), or nullptr
+  // until it first counts; set by the guards, never read without the lock.
+  ShardCounters* shard_ = nullptr;
   NodePool set_nodes_;
   NodePool block_nodes_;
   FreeIndex free_[kPoolCount];

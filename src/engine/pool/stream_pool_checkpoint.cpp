@@ -20,7 +20,7 @@ std::string at(std::uintptr_t a) {
 }  // namespace
 
 void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     if (seg->expandable)
       throw InvalidArgumentError(
@@ -67,7 +67,7 @@ void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& s
       throw InvalidArgumentError("reservoir: cannot restore the checkpoint: segments " +
                                  at(prev.base) + " and " + at(next.base) + " overlap");
   }
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (const CheckpointSegment* record : segments) {
     const std::string where =
         "reservoir: cannot restore the checkpoint: segment " + at(record->base);
@@ -101,7 +101,7 @@ void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& s
 }
 
 void StreamPool::free_all_allocated(std::vector<void*>* freed) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::vector<std::uintptr_t> addresses;
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
     for (const Block* b = seg->head; b; b = b->next)
@@ -126,7 +126,7 @@ void StreamPool::free_all_allocated(std::vector<void*>* freed) {
 
 void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,
                          std::vector<void*>* allocated) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (const CheckpointSegment* record : segments) {
     Segment* seg = segment_at(record->base);
     RESERVOIR_ASSERT(seg);
@@ -163,25 +163,25 @@ void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
       b->state = BlockState::allocated;
       b->requested = r.requested;
       allocated_.insert(b->address, b);
-      counters_.on_allocate(pool, static_cast<std::int64_t>(b->size),
-                            static_cast<std::int64_t>(b->requested));
+      stats().on_allocate(pool, static_cast<std::int64_t>(b->size),
+                          static_cast<std::int64_t>(b->requested));
       b->oversize = b->size >= policy().max_split_size();
-      if (b->oversize) counters_.add<kOversizeAllocations>(pool, 1);
+      if (b->oversize) stats().add<kOversizeAllocations>(pool, 1);
       allocated->push_back(reinterpret_cast<void*>(b->address));
       if (tracing()) trace(TraceAction::alloc, b->address, b->requested, nullptr);
     } else {
       b->requested = 0;
       index_free(b);
       if (split) {
-        counters_.add<kInactiveSplit>(pool, 1);
-        counters_.add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
+        stats().add<kInactiveSplit>(pool, 1);
+        stats().add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
       }
     }
   }
 }
 
 void StreamPool::allocated_addresses(std::vector<std::uintptr_t>* out) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   allocated_.for_each([out](std::uintptr_t address, Block*) { out->push_back(address); });
 }
 

@@ -110,7 +110,7 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
   seg->set_owner(this);
   link_segment(seg);
   // Registered in the segment map as its pages are mapped (map_block): nothing yet.
-  counters_.add<kSegment>(pool, 1);
+  stats().add<kSegment>(pool, 1);
   return seg;
 }
 
@@ -145,7 +145,7 @@ Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context
   std::int64_t merged = 0, merged_bytes = 0;
   Block* keep = coalesce(b, BlockState::free, &merged, &merged_bytes);
   seg->mapped_bytes += mapped;
-  counters_.add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
+  stats().add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));
   DeviceCounters::bump(services_.counters.device_allocs);
   DeviceCounters::bump(services_.counters.device_maps, static_cast<std::int64_t>(mapped / page));
   if (tracing()) trace(TraceAction::segment_map, mapped_at, mapped, context);
@@ -184,7 +184,7 @@ bool StreamPool::unmap_block(Block* b) {
     coalesce(b, BlockState::unmapped, &merged, &merged_bytes);
     seg->mapped_bytes -= length;
     count_held(seg, held, length);  // pages whose memory could not be released stay reserved
-    counters_.add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
+    stats().add<kReservedBytes>(seg->pool, -static_cast<std::int64_t>(length));
     DeviceCounters::bump(services_.counters.device_frees);
     DeviceCounters::bump(services_.counters.device_unmaps,
                          static_cast<std::int64_t>(length / seg->vm->page_size()));
@@ -213,7 +213,7 @@ bool StreamPool::release_expandable_segment(Segment* seg, std::string* error) {
   delete_block(b);
   delete seg->vm;
   unlink_segment(seg);
-  counters_.add<kSegment>(seg->pool, -1);
+  stats().add<kSegment>(seg->pool, -1);
   services_.segments.recycle(seg);
   return true;
 }
@@ -252,7 +252,7 @@ void StreamPool::count_held(Segment* seg, std::size_t held_before, std::size_t u
   const std::size_t held = seg->vm->held_bytes();
   RESERVOIR_ASSERT(unused + held_before >= held);
   if (held != held_before)
-    counters_.add<kReservedBytes>(
+    stats().add<kReservedBytes>(
         seg->pool, static_cast<std::int64_t>(held) - static_cast<std::int64_t>(held_before));
   if (unused + held_before > held) services_.budget.unreserve(unused + held_before - held);
 }

@@ -3,8 +3,8 @@
 // src/front/ipc_service.cpp). An ordinary segment is shared whole (the receiver maps it once,
 // whichever of its blocks it opens); an expandable segment shares the pages that hold
 // the block.
-#include "engine/pool/expandable_segment.hpp"
 #include "engine/ipc/ipc_handle.hpp"
+#include "engine/pool/expandable_segment.hpp"
 #include "engine/pool/stream_pool.hpp"
 #include "reservoir/errors.hpp"
 #include "util/format.hpp"
@@ -19,7 +19,7 @@ bool BlockOwner::share(std::uintptr_t address, SharedBlock*) {
 }
 
 bool StreamPool::share(std::uintptr_t address, SharedBlock* out) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
   const Segment* seg = b->segment;

@@ -10,21 +10,29 @@
 namespace reservoir::detail {
 
 std::size_t StreamPool::largest_free_block(PoolIndex pool) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   const FreeIndex& set = free_[pool];
   return set.empty() ? 0 : set.largest()->size;
 }
 
 std::size_t StreamPool::cached_bytes() {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::size_t total = 0;
   for (const FreeIndex& set : free_)
     for (const Block* b : set) total += b->size;
   return total;
 }
 
+std::size_t StreamPool::reserved_bytes() {
+  std::lock_guard<Lock> guard(lock_);
+  std::size_t total = 0;
+  for (const Segment* seg = segments_; seg; seg = seg->next_in_pool)
+    total += seg->mapped_bytes + (seg->expandable ? seg->vm->held_bytes() : 0);
+  return total;
+}
+
 bool StreamPool::block_sizes(std::uintptr_t address, std::size_t* size, std::size_t* requested) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
   if (size) *size = b->size;
@@ -33,7 +41,7 @@ bool StreamPool::block_sizes(std::uintptr_t address, std::size_t* size, std::siz
 }
 
 bool StreamPool::segment_of(std::uintptr_t address, BaseAllocation* out) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     if (address >= seg->base && address - seg->base < seg->size) {
       if (seg->expandable)
@@ -50,7 +58,7 @@ bool StreamPool::segment_of(std::uintptr_t address, BaseAllocation* out) {
 }
 
 std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::size_t active_total = 0;
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     SegmentInfo* info = nullptr;
@@ -95,7 +103,7 @@ std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
 }
 
 std::string StreamPool::explain_not_allocated(std::uintptr_t address) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     if (address < seg->base || address - seg->base >= seg->size) continue;
     for (Block* b = seg->head; b; b = b->next) {
@@ -119,7 +127,7 @@ std::string StreamPool::explain_not_allocated(std::uintptr_t address) {
 }
 
 void StreamPool::gc_scan(std::uint64_t now, GcTally* tally) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (const Block* b : free_[kLargePool]) {
     if (b->is_split() || b->in_expandable) continue;
     tally->total_age += now - b->gc_stamp;
@@ -128,7 +136,7 @@ void StreamPool::gc_scan(std::uint64_t now, GcTally* tally) {
 }
 
 void StreamPool::gc_release(std::uint64_t now, double age_threshold, GcTally* tally) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   std::vector<Segment*> victims;
   for (const Block* b : free_[kLargePool]) {
     if (b->is_split() || b->in_expandable) continue;
@@ -146,14 +154,9 @@ void StreamPool::gc_release(std::uint64_t now, double age_threshold, GcTally* ta
 }
 
 void StreamPool::add_peer(int device) {
-  Guard guard = lock_settled();
+  Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
     if (seg->expandable) seg->vm->add_peer(device);
-}
-
-void StreamPool::reset_accumulated() {
-  Guard guard = lock_settled();
-  StatLedger::reset_accumulated(&counters_);
 }
 
 }  // namespace reservoir::detail

@@ -18,7 +18,7 @@ std::string at(std::uintptr_t a) {
 }  // namespace
 
 void StreamPool::validate(ValidationTotals* totals) {
-  Guard guard(lock_);
+  std::lock_guard<Lock> guard(lock_);
   validate_locked(totals);
 }
 
@@ -157,20 +157,12 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     RESERVOIR_CHECK(fit_memo_current(),
                     "the fit memo would hand out the parked block where best fit would not");
   }
-  RESERVOIR_CHECK(counters_.guards_hold(),
-                  "statistics guards allow more than the limits' headroom (stat_ledger.hpp)");
   for (const Block* b : capture_deferred_)
     RESERVOIR_CHECK(b->state == BlockState::pending && b->event_count == 0 && b->extras,
                     "block " + at(b->address) + " deferred past a capture is not pending");
   RESERVOIR_CHECK(pool_id_.is_default() || !no_split_ ||
-                      counters_.get(kInactiveSplit, 0) + counters_.get(kInactiveSplit, 1) == 0,
+                      expected[kInactiveSplit][0] + expected[kInactiveSplit][1] == 0,
                   "a no_split pool holds split blocks");
-  static const char* const kNames[kStatKinds] = {"allocation",       "segment",
-                                                 "pending",          "inactive_split",
-                                                 "allocated_bytes",  "reserved_bytes",
-                                                 "pending_bytes",    "inactive_split_bytes",
-                                                 "requested_bytes",  "oversize_allocations",
-                                                 "oversize_segments"};
   for (int pool = 0; pool < kPoolCount; ++pool) {
     const std::string index_problem = free_[pool].problem();
     RESERVOIR_CHECK(index_problem.empty(), "pool " + std::to_string(pool) + ": " + index_problem);
@@ -180,16 +172,9 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                     "free set of pool " + std::to_string(pool) + " holds " +
                         std::to_string(free_[pool].size()) + " blocks, " +
                         std::to_string(free_blocks[pool]) + " are free");
-    for (int kind = 0; kind < kStatKinds; ++kind) {
-      // Oversize counts follow the flag set when the block or segment was made, which
-      // a later max_split_size change does not rewrite; they are checked like the rest.
-      std::int64_t counted = counters_.get(kind, pool);
-      RESERVOIR_CHECK(counted == expected[kind][pool], std::string("statistic ") + kNames[kind] +
-                                                           (pool ? ".large_pool" : ".small_pool") +
-                                                           " is " + std::to_string(counted) +
-                                                           " but the blocks add up to " +
-                                                           std::to_string(expected[kind][pool]));
-    }
+    // The device compares the sums with its statistics (the shards are per thread).
+    for (int kind = 0; kind < kStatKinds; ++kind)
+      totals->counted[kind][pool] += expected[kind][pool];
   }
 }
 

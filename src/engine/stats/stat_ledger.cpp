@@ -91,6 +91,7 @@ ShardCounters::ShardCounters() {
       current[k][p].store(0, std::memory_order_relaxed);
       removed[k][p].store(0, std::memory_order_relaxed);
       base[k][p].store(0, std::memory_order_relaxed);
+      removed_base[k][p].store(0, std::memory_order_relaxed);
     }
   for (int q = 0; q < kReportedKinds; ++q)
     for (int p = 0; p < 3; ++p) {
@@ -211,33 +212,181 @@ bool ShardCounters::guards_hold() const noexcept {
   return ok || limits_epoch.load(std::memory_order_relaxed) != epoch;
 }
 
-void StatLedger::attach(ShardCounters* shard) {
+// ---------------------------------------------------------------- thread shards
+
+constinit thread_local StatHint tls_stat_hint;
+
+namespace {
+std::atomic<std::uint64_t> g_next_ledger{1};
+
+void zero(ShardCounters* s) {
+  for (int k = 0; k < kStatKinds; ++k)
+    for (int p = 0; p < 2; ++p) {
+      s->current[k][p].store(0, std::memory_order_relaxed);
+      s->removed[k][p].store(0, std::memory_order_relaxed);
+      s->base[k][p].store(0, std::memory_order_relaxed);
+      s->removed_base[k][p].store(0, std::memory_order_relaxed);
+    }
+  for (int q = 0; q < kReportedKinds; ++q)
+    for (int p = 0; p < 3; ++p) {
+      s->limit[q][p].store(0, std::memory_order_relaxed);
+      s->high[q][p] = 0;
+    }
+  s->over = 0;
+  s->guard_epoch = ~std::uint64_t{0};
+  s->last_trigger = 0;
+}
+
+// Adds a's counters and accumulation bases to into's (a thread's exit: sums unchanged).
+void fold(ShardCounters* into, const ShardCounters* a) {
+  auto add = [](std::atomic<std::int64_t>& to, const std::atomic<std::int64_t>& from) {
+    to.store(to.load(std::memory_order_relaxed) + from.load(std::memory_order_relaxed),
+             std::memory_order_relaxed);
+  };
+  for (int k = 0; k < kStatKinds; ++k)
+    for (int p = 0; p < 2; ++p) {
+      add(into->current[k][p], a->current[k][p]);
+      add(into->removed[k][p], a->removed[k][p]);
+      add(into->base[k][p], a->base[k][p]);
+      add(into->removed_base[k][p], a->removed_base[k][p]);
+    }
+}
+}  // namespace
+
+// The shards this thread writes, one per ledger it has counted in; at the thread's
+// exit each goes back to its ledger, if that still exists.
+struct ThreadShards {
+  struct Entry {
+    std::uint64_t ledger;
+    std::weak_ptr<StatLedger::Home> home;
+    ShardCounters* shard;
+  };
+  std::vector<Entry> entries;
+  ~ThreadShards();
+};
+namespace {
+thread_local ThreadShards t_shards;
+// Set once t_shards is destroyed (thread exit): later counting on this thread (a
+// static destructor freeing memory) takes a shard that stays live until its ledger goes.
+constinit thread_local bool t_shards_gone = false;
+}  // namespace
+
+ThreadShards::~ThreadShards() {
+  t_shards_gone = true;
+  tls_stat_hint = StatHint{};
+  for (Entry& e : entries)
+    if (std::shared_ptr<StatLedger::Home> home = e.home.lock()) {
+      std::lock_guard<std::mutex> guard(home->mutex);
+      if (home->ledger) home->ledger->retire_locked(e.shard);
+    }
+}
+
+StatLedger::StatLedger()
+    : id_(g_next_ledger.fetch_add(1, std::memory_order_relaxed)),
+      home_(std::make_shared<Home>()),
+      mutex_(home_->mutex) {
+  home_->ledger = this;
+}
+
+StatLedger::~StatLedger() {
   std::lock_guard<std::mutex> guard(mutex_);
-  // Room for every shard in the live list and the scratch, so that a rebalance (a
-  // revival included) never allocates; reserved first, so a failure changes nothing.
-  const std::size_t n = shards_.size() + 1;
+  home_->ledger = nullptr;  // threads that exit later leave their shard alone
+}
+
+ShardCounters& StatLedger::mine_slow() {
+  if (!t_shards_gone)
+    for (const ThreadShards::Entry& e : t_shards.entries)
+      if (e.ledger == id_) {
+        tls_stat_hint = StatHint{id_, e.shard};
+        return *e.shard;
+      }
+  ShardCounters* shard;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    shard = take_shard_locked();
+  }
+  if (!t_shards_gone) {
+    std::vector<ThreadShards::Entry>& entries = t_shards.entries;
+    // Ledgers gone leave their entries: dropped here, so a thread that outlives many
+    // allocators keeps only the live ones.
+    std::erase_if(entries, [](const ThreadShards::Entry& e) { return e.home.expired(); });
+    try {
+      entries.push_back(ThreadShards::Entry{id_, home_, shard});
+    } catch (...) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      retire_locked(shard);
+      throw;
+    }
+  }
+  tls_stat_hint = StatHint{id_, shard};
+  return *shard;
+}
+
+ShardCounters* StatLedger::find_mine() noexcept {
+  if (t_shards_gone) return nullptr;
+  for (const ThreadShards::Entry& e : t_shards.entries)
+    if (e.ledger == id_) return e.shard;
+  return nullptr;
+}
+
+void StatLedger::make_room_locked(std::size_t n) {
+  // Room for every shard in the live list and the scratch, so that a rebalance never
+  // allocates; reserved first, so a failure changes nothing.
   auto room = [n](auto& v) {
     if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
   };
-  room(shards_);
   room(live_);
   room(cur_);
   room(want_);
-  shards_.push_back(shard);
+}
+
+ShardCounters* StatLedger::take_shard_locked() {
+  make_room_locked(live_.size() + 1);
+  ShardCounters* shard;
+  if (!spare_.empty()) {
+    shard = spare_.back();
+    spare_.pop_back();
+  } else {
+    made_.reserve(made_.size() + 1);
+    spare_.reserve(made_.size() + 1);  // so that retire_locked() never allocates
+    made_.push_back(std::make_unique<ShardCounters>());
+    shard = made_.back().get();
+  }
+  live_.push_back(shard);
+  rebalance_locked();
+  return shard;
+}
+
+void StatLedger::retire_locked(ShardCounters* shard) {
+  // The shard's value goes to retired_, at most its limits: the invariant's left side
+  // does not grow.
+  fold(&retired_, shard);
+  zero(shard);
+  // Limits zeroed while no one can read them for guards: the owner is gone.
+  shard->limits_epoch.store(shard->limits_epoch.load(std::memory_order_relaxed) + 2,
+                            std::memory_order_relaxed);
+  std::erase(live_, shard);
+  spare_.push_back(shard);
+}
+
+void StatLedger::attach(ShardCounters* shard) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  make_room_locked(live_.size() + 1);
+  fixed_.reserve(fixed_.size() + 1);
+  fixed_.push_back(shard);
   live_.push_back(shard);
   rebalance_locked();
 }
 
 // Only the quantities the trigger passed are rebalanced: the invariant (limits sum to
 // at most the peak) holds for each quantity and pool on its own, and with several
-// streams near a peak a shard passes a limit often (one stream's rise is another's
+// threads near a peak a shard passes a limit often (one thread's rise is another's
 // fall), so a rebalance of all 33 would cost ~30x more than the one that moved.
 void StatLedger::rebalance(ShardCounters* trigger) {
   std::lock_guard<std::mutex> guard(mutex_);
   std::uint32_t passed = trigger->over;
   trigger->over = 0;
   trigger->last_trigger = ++epoch_;
-  if (RESERVOIR_UNLIKELY(trigger->dormant)) revive(trigger);
   // The trigger's ceilings were passed during the operation: they are recomputed from
   // the limits below, whether or not one changes.
   trigger->limits_epoch.store(trigger->limits_epoch.load(std::memory_order_relaxed) + 2,
@@ -249,7 +398,6 @@ void StatLedger::rebalance(ShardCounters* trigger) {
           trigger->limit[q][p].load(std::memory_order_relaxed))
         rebalance_one(q, p, trigger);
   }
-  retire_one();
 }
 
 void StatLedger::rebalance_locked() {
@@ -271,9 +419,10 @@ void StatLedger::rebalance_one(int q, int p, const ShardCounters* trigger) {
                                           cur_.data(), want_.data(), &wanted);
   };
   // The counters per quantity are fixed (1, 2 or 4): loops of known length.
-  const std::int64_t sum = terms.count == 1   ? read(std::integral_constant<int, 1>{})
-                           : terms.count == 2 ? read(std::integral_constant<int, 2>{})
-                                              : read(std::integral_constant<int, 4>{});
+  const std::int64_t sum =
+      value_of(&retired_, terms) + (terms.count == 1   ? read(std::integral_constant<int, 1>{})
+                                    : terms.count == 2 ? read(std::integral_constant<int, 2>{})
+                                                       : read(std::integral_constant<int, 4>{}));
   std::int64_t& peak = peak_[q][p];
   peak = std::max(peak, sum);
   std::int64_t headroom = peak - sum;
@@ -282,7 +431,7 @@ void StatLedger::rebalance_one(int q, int p, const ShardCounters* trigger) {
   // Short of headroom: the trigger, the shard rising now, is served first, and with
   // half the headroom at least. Its own claim (high - current) is zero while it rises
   // past its high-water mark, and shares in proportion to the others' claims left it a
-  // sliver: on a six-stream trace it passed a limit again on nearly every request.
+  // sliver: with six threads near a peak it passed a limit again on nearly every request.
   std::int64_t first = 0;
   if (wanted > headroom && trigger != nullptr) {
     for (std::size_t i = 0; i < n; ++i)
@@ -329,42 +478,14 @@ void StatLedger::rebalance_one(int q, int p, const ShardCounters* trigger) {
   }
 }
 
-// A dormant shard rose (its limits are zero, so it passed one): it rejoins the live
-// shards, claiming nothing yet; the caller rebalances what it passed.
-void StatLedger::revive(ShardCounters* shard) {
-  shard->dormant = false;
-  live_.push_back(shard);
-}
-
-// One live shard per rebalance, in turn: idle past kClaimLifetime with every counter
-// zero, it gives its limits back (to zero: a seqlock-guarded lowering, as
-// rebalance_one's) and leaves the live list. Its headroom returns to the others at
-// their next rebalance (the peaks are unchanged, the limits' sum only falls).
-void StatLedger::retire_one() {
-  if (live_.size() <= 1) return;
-  if (retire_cursor_ >= live_.size()) retire_cursor_ = 0;
-  ShardCounters* s = live_[retire_cursor_];
-  if (epoch_ - s->last_trigger <= kClaimLifetime || !counters_zero(s)) {
-    ++retire_cursor_;
-    return;
-  }
-  const std::uint64_t epoch = s->limits_epoch.load(std::memory_order_relaxed);
-  s->limits_epoch.store(epoch + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  for (int q = 0; q < kReportedKinds; ++q)
-    for (int p = 0; p < 3; ++p) {
-      s->limit[q][p].store(0, std::memory_order_relaxed);
-      s->high[q][p] = 0;
-    }
-  s->limits_epoch.store(epoch + 2, std::memory_order_release);
-  s->dormant = true;
-  live_[retire_cursor_] = live_.back();
-  live_.pop_back();
-}
-
 std::size_t StatLedger::live_shards() {
   std::lock_guard<std::mutex> guard(mutex_);
   return live_.size();
+}
+
+std::size_t StatLedger::thread_shards_made() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return made_.size();
 }
 
 std::uint64_t StatLedger::rebalances() {
@@ -372,39 +493,49 @@ std::uint64_t StatLedger::rebalances() {
   return epoch_;
 }
 
-std::string StatLedger::problem(bool quiescent) {
+std::int64_t StatLedger::pooled_total(int kind, int pool) {
   std::lock_guard<std::mutex> guard(mutex_);
-  for (int q = 0; q < kReportedKinds; ++q)
-    for (int p = 0; p < 3; ++p) {
-      std::int64_t limits = 0;
-      for (const ShardCounters* s : live_) limits += s->limit[q][p].load(std::memory_order_relaxed);
-      if (limits > peak_[q][p])
-        return "statistics ledger: the live shards' limits of quantity " + std::to_string(q) +
-               " (scope " + std::to_string(p) + ") sum to " + std::to_string(limits) +
-               ", above its peak " + std::to_string(peak_[q][p]);
-    }
-  std::size_t dormant = 0;
-  for (const ShardCounters* s : shards_) {
-    if (!s->dormant) continue;
-    ++dormant;
-    if (quiescent && !counters_zero(s))
-      return "statistics ledger: a dormant shard holds nonzero counters";
-    for (int q = 0; q < kReportedKinds; ++q)
-      for (int p = 0; p < 3; ++p)
-        if (s->limit[q][p].load(std::memory_order_relaxed) != 0)
-          return "statistics ledger: a dormant shard holds a nonzero limit";
+  std::int64_t sum = retired_.get(kind, pool);
+  for (const auto& s : made_) sum += s->get(kind, pool);  // spares hold zero
+  return sum;
+}
+
+std::string StatLedger::problem() {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> guard(mutex_);
+    for (int q = 0; q < kReportedKinds && out.empty(); ++q)
+      for (int p = 0; p < 3; ++p) {
+        std::int64_t limits = value_of(&retired_, kTerms.terms[q][p]);
+        for (const ShardCounters* s : live_)
+          limits += s->limit[q][p].load(std::memory_order_relaxed);
+        if (limits > peak_[q][p]) {
+          out =
+              "statistics ledger: the retired counters and the live shards' limits of "
+              "quantity " +
+              std::to_string(q) + " (scope " + std::to_string(p) + ") sum to " +
+              std::to_string(limits) + ", above its peak " + std::to_string(peak_[q][p]);
+          break;
+        }
+      }
+    for (const ShardCounters* s : spare_)
+      if (out.empty() &&
+          (!counters_zero(s) || std::find(live_.begin(), live_.end(), s) != live_.end()))
+        out = "statistics ledger: a spare shard holds counters or is in the budget";
+    if (out.empty() && live_.size() + spare_.size() != made_.size() + fixed_.size())
+      out = "statistics ledger: the live and spare shards do not make up the shards";
   }
-  if (dormant + live_.size() != shards_.size())
-    return "statistics ledger: the live list and the dormant shards do not make up the shards";
-  return "";
+  if (out.empty() && tls_stat_hint.ledger == id_ && !tls_stat_hint.shard->guards_hold())
+    out = "statistics guards allow more than the limits' headroom (stat_ledger.hpp)";
+  return out;
 }
 
 void StatLedger::reset_peaks() {
   std::lock_guard<std::mutex> guard(mutex_);
   for (int q = 0; q < kReportedKinds; ++q) {
     for (int p = 0; p < 3; ++p) {
-      std::int64_t sum = 0;
-      for (ShardCounters* s : shards_) {
+      std::int64_t sum = value_of(&retired_, kTerms.terms[q][p]);
+      for (ShardCounters* s : live_) {
         std::int64_t c = value_of(s, kTerms.terms[q][p]);
         s->high[q][p] = c;
         sum += c;
@@ -415,12 +546,18 @@ void StatLedger::reset_peaks() {
   rebalance_locked();
 }
 
-void StatLedger::reset_accumulated(ShardCounters* shard) {
-  for (int k = 0; k < kStatKinds; ++k)
-    for (int p = 0; p < 2; ++p) {
-      shard->base[k][p].store(shard->get(k, p), std::memory_order_relaxed);
-      shard->removed[k][p].store(0, std::memory_order_relaxed);
-    }
+void StatLedger::reset_accumulated() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  auto reset = [](ShardCounters* s) {
+    for (int k = 0; k < kStatKinds; ++k)
+      for (int p = 0; p < 2; ++p) {
+        s->base[k][p].store(s->get(k, p), std::memory_order_relaxed);
+        s->removed_base[k][p].store(s->removed[k][p].load(std::memory_order_relaxed),
+                                    std::memory_order_relaxed);
+      }
+  };
+  reset(&retired_);
+  for (ShardCounters* s : live_) reset(s);
 }
 
 void StatLedger::read(DeviceStats* out) {
@@ -434,23 +571,24 @@ void StatLedger::read(DeviceStats* out) {
     Stat stat[3];
     for (int p = 0; p < 3; ++p) {
       const int p0 = p == 0 ? 0 : p - 1, p1 = p == 0 ? 1 : p - 1;
-      for (ShardCounters* s : shards_) {
+      auto add_shard = [&](const ShardCounters* s) {
         for (int pool = p0; pool <= p1; ++pool) {
           auto base_of = [&](int k) { return s->base[k][pool].load(std::memory_order_relaxed); };
-          auto removed_of = [&](int k) {
-            return s->removed[k][pool].load(std::memory_order_relaxed);
-          };
           const std::int64_t current = s->reported(q, pool);
           // Every increase of a derived quantity is an increase of its first kind
           // (the second only receives transfers from the first).
-          const std::int64_t added = s->get(first, pool) - base_of(first) + removed_of(first);
+          const std::int64_t added = s->get(first, pool) - base_of(first) +
+                                     s->removed[first][pool].load(std::memory_order_relaxed) -
+                                     s->removed_base[first][pool].load(std::memory_order_relaxed);
           std::int64_t base = base_of(first);
           if (second >= 0) base += base_of(second);
           stat[p].current += current;
           stat[p].allocated += added;
           stat[p].freed += added - (current - base);
         }
-      }
+      };
+      add_shard(&retired_);
+      for (const ShardCounters* s : live_) add_shard(s);
       stat[p].peak = std::max(peak_[q][p], stat[p].current);
     }
     if (q < 9) {

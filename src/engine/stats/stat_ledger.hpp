@@ -1,25 +1,30 @@
-// Statistics without a device-wide lock.
+// Statistics without a device-wide lock, at a cost that does not depend on streams.
 //
-// Each cache shard (StreamPool) keeps its own ShardCounters, written only under its
-// lock, so threads on different streams never share a counter's cache line. Totals
-// (current, allocated, freed) are sums over shards. Peaks of the sums are kept exact
-// by the StatLedger with a budget per shard:
+// Each thread that changes a device's statistics writes its own ShardCounters in that
+// device's StatLedger (made on the thread's first change, found through a thread-local
+// hint), so threads never share a counter's cache line, and one thread taking turns
+// between any number of streams writes one shard: no coordination at all. (Shards were
+// per stream before: two streams taking turns passed each other's limits on every
+// request, 6x the cost of one stream, and every stream ever seen stayed in the ledger.)
+// A few shards are fixed instead, owned by a lock (the cudaMallocAsync and uncached
+// engines, which serialize on their own mutex anyway): attach().
+// Totals (current, allocated, freed) are sums over shards, plus `retired_`: the counters
+// of threads that have exited, folded in at their exit (a block allocated by one thread
+// and freed by another leaves one shard positive and the other negative; only the sum
+// means anything). Peaks of the sums are kept exact by a budget per shard:
 //
-//   Invariant (per reported quantity q and pool p in {all, small, large}):
-//     sum over shards s of limit[s][q][p] <= peak[q][p]
+//   Invariant (per reported quantity q and pool scope p in {all, small, large}):
+//     value(retired_) + sum over live shards s of limit[s][q][p] <= peak[q][p]
 //   so while every shard stays at or below its limits, the device-wide sum cannot
 //   exceed the recorded peak. A shard whose quantity passes its limit sets the
-//   quantity's bit in `over`, and at the end of the operation calls
+//   quantity's bit in `over`, and when its operation ends (StatScope) calls
 //   StatLedger::rebalance(), which, for those quantities only, sums the shards, raises
 //   the peak if the sum exceeds it, and hands out the headroom (peak - sum) again,
 //   first to the shards that have needed it (their own high-water marks).
-// Dormant shards: a shard idle for a while whose counters are all zero (a released
-// stream's cache, emptied) leaves the ledger's live list with every limit zero, so
-// rebalances cost what the live shards do, not every stream ever seen; its next rise
-// passes a zero limit, and the rebalance that follows takes it back.
-// In single-threaded use every peak is exact. When several threads allocate on
-// different streams at the same instant, a peak may lag by the allocations in flight
-// at that instant (the sums are read without stopping the other shards).
+// A rebalance costs O(threads that used the device), never O(streams).
+// In single-threaded use every peak is exact. When several threads allocate at the
+// same instant, a peak may lag by the allocations in flight at that instant (the sums
+// are read without stopping the other threads).
 //
 // Stored kinds are what operations change; active and active_bytes are derived:
 //   active == allocation + pending,  active_bytes == allocated_bytes + pending_bytes
@@ -37,14 +42,21 @@
 // not depend on the values, so a free or a merge, which only lowers values, touches no
 // guard. The limits themselves, and so the peaks, are exactly those of the exact
 // check: the guards only skip compares that cannot fire.
+//
+// The rule for code that counts: every operation that changes counters holds a
+// StatScope (the pools' lock guards hold one), which settles the shard when the
+// operation ends, however it ends; helpers inside it reach the same shard through
+// StatLedger::mine().
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "engine/books/validation_totals.hpp"
 #include "reservoir/stats.hpp"
 #include "util/compiler.hpp"
 
@@ -65,6 +77,7 @@ enum StatKind : int {
   kOversizeSegments,
   kStatKinds
 };
+static_assert(kStatKinds == ValidationTotals::kKinds);
 
 // The units of ShardCounters' guards.
 enum GuardUnit : int {
@@ -100,8 +113,9 @@ struct SplitChange {
 };
 
 struct alignas(64) ShardCounters {
-  // Written by the owning shard under its lock. added == current - base + removed
-  // (base: current at the last reset_accumulated), so an increase costs one store.
+  // Written by the owner only (its thread, or the lock of a fixed shard).
+  // added == current - base + removed - removed_base (the bases: current and removed at
+  // the last reset_accumulated, written by the ledger), so an increase costs one store.
   std::atomic<std::int64_t> current[kStatKinds][2];
   std::atomic<std::int64_t> removed[kStatKinds][2];
   // Written by the ledger, read by the shard: [quantity][0 = all, 1 = small, 2 = large].
@@ -126,13 +140,13 @@ struct alignas(64) ShardCounters {
   // triggers a rebalance (its ceilings were passed: they are recomputed from the new limits).
   // A raised limit leaves it: guards that fit the old headroom fit the new one.
   std::atomic<std::uint64_t> limits_epoch{0};
-  // Cold: accumulation bases, own high-water marks as last observed by the ledger
-  // (the budget a shard claims), and the ledger epoch of its last rebalance (a shard
-  // idle for a while gives up its claims).
+  // Cold, ledger-owned (under its mutex): accumulation bases, own high-water marks as
+  // last observed by the ledger (the budget a shard claims), and the ledger epoch of
+  // its last rebalance (a shard idle for a while gives up its claims).
   std::atomic<std::int64_t> base[kStatKinds][2];
+  std::atomic<std::int64_t> removed_base[kStatKinds][2];
   std::int64_t high[kReportedKinds][3];
   std::uint64_t last_trigger = 0;
-  bool dormant = false;  // out of the ledger's live list (ledger-owned, under its mutex)
 
   ShardCounters();
 
@@ -337,41 +351,88 @@ struct alignas(64) ShardCounters {
   }
 };
 
+// Which shard this thread writes, for the ledger it last used (ledger ids are never
+// reused, so a stale hint never matches). Constant-initialized: no initialization
+// check. (Not initial-exec: that puts all of the library's TLS, its 2 KiB error
+// buffers included, in the static block, and a library loaded by Python then fails to
+// load: "cannot allocate memory in static TLS block".)
+struct StatHint {
+  std::uint64_t ledger = 0;
+  ShardCounters* shard = nullptr;
+};
+extern constinit thread_local StatHint tls_stat_hint;
+
 class StatLedger {
  public:
-  // The shard must outlive the ledger's use of it (shards live as long as the engine).
-  void attach(ShardCounters* shard);
-  // Called by a shard (under its own lock) whose quantity passed its limit. Allocates
-  // nothing (attach reserved room for every shard), so destructors may call it.
-  void rebalance(ShardCounters* trigger);
-  // The end of a shard's operation (under its lock): the rebalance it owes, if any.
-  RESERVOIR_INLINE void settle(ShardCounters& shard) {
-    if (shard.over) rebalance(&shard);
+  StatLedger();
+  ~StatLedger();
+  StatLedger(const StatLedger&) = delete;
+  StatLedger& operator=(const StatLedger&) = delete;
+
+  // The calling thread's shard, made (and brought into the budget) on its first use.
+  // May throw std::bad_alloc on that first use only.
+  RESERVOIR_INLINE ShardCounters& mine() {
+    if (RESERVOIR_LIKELY(tls_stat_hint.ledger == id_)) return *tls_stat_hint.shard;
+    return mine_slow();
   }
+  // The end of an operation: the rebalance the calling thread's shard owes, if any.
+  // Makes no shard (a thread that counted nothing owes nothing).
+  RESERVOIR_INLINE void settle_mine() noexcept {
+    ShardCounters* s = tls_stat_hint.ledger == id_ ? tls_stat_hint.shard : find_mine();
+    if (s && RESERVOIR_UNLIKELY(s->over)) rebalance(s);
+  }
+  // A fixed shard, owned by a lock: it must outlive the ledger's use of it.
+  void attach(ShardCounters* shard);
+  // Called at the end of an operation whose shard passed a limit. Allocates nothing
+  // (room for every shard is reserved when one joins), so destructors may call it.
+  void rebalance(ShardCounters* trigger);
   void reset_peaks();
   // Fills the StatArray-shaped counters of out (current/peak/allocated/freed).
   void read(DeviceStats* out);
-  // Zeroes the accumulations of one shard: call under that shard's lock.
-  static void reset_accumulated(ShardCounters* shard);
+  // Zeroes the accumulations (allocated, freed) of every shard.
+  void reset_accumulated();
+  // The sum of stored kind k in pool p over the thread shards and the retired counters
+  // (what the pools' blocks add up to when no operation is under way; fixed shards
+  // are their engines' own).
+  std::int64_t pooled_total(int kind, int pool);
   // The first broken invariant of the ledger, or "" (validators): per quantity and
-  // scope, the live shards' limits sum to at most the peak; dormant shards hold zero
-  // limits, and, when quiescent (no shard in the middle of an operation), zero counters.
-  std::string problem(bool quiescent);
-  // Shards in the live list, and rebalances so far (tests, reports).
+  // scope, the retired counters plus the live shards' limits are at most the peak;
+  // spare shards hold nothing; and the calling thread's shard's guards hold.
+  std::string problem();
+  // Shards in the budget (thread shards of live threads and fixed shards), shards made
+  // for threads so far, and rebalances so far (tests, reports).
   std::size_t live_shards();
+  std::size_t thread_shards_made();
   std::uint64_t rebalances();
 
+  // Where a thread that exits finds the ledger (shared with the threads' exit hooks,
+  // which may outlive it): its mutex is the ledger's.
+  struct Home {
+    std::mutex mutex;
+    StatLedger* ledger = nullptr;  // null once the ledger is gone
+  };
+
  private:
+  RESERVOIR_COLD ShardCounters& mine_slow();
+  RESERVOIR_COLD ShardCounters* find_mine() noexcept;  // the thread's, or nullptr
+  // Under the mutex: a shard for a new thread (a spare, or a new one) in the budget.
+  ShardCounters* take_shard_locked();
+  // Under the mutex: a thread exited; its counters go to retired_, its shard to spares.
+  void retire_locked(ShardCounters* shard);
+  friend struct ThreadShards;
+  void make_room_locked(std::size_t n);
   void rebalance_locked();  // every quantity
   // Quantity q over pool scope p (0 all, 1 small, 2 large); trigger: the shard that
   // passed its limit (served first when the headroom is short), or nullptr.
   void rebalance_one(int q, int p, const ShardCounters* trigger);
-  void revive(ShardCounters* shard);
-  void retire_one();  // the next live shard in turn leaves if dormant
-  std::mutex mutex_;
-  std::vector<ShardCounters*> shards_;    // all attached, in attach order
-  std::vector<ShardCounters*> live_;      // those not dormant
-  std::size_t retire_cursor_ = 0;         // the live shard retire_one() looks at next
+  const std::uint64_t id_;
+  std::shared_ptr<Home> home_;
+  std::mutex& mutex_;                                 // home_->mutex
+  std::vector<std::unique_ptr<ShardCounters>> made_;  // every thread shard, live or spare
+  std::vector<ShardCounters*> spare_;                 // of made_, owner gone, zeroed
+  std::vector<ShardCounters*> live_;                  // in the budget: thread and fixed shards
+  std::vector<ShardCounters*> fixed_;
+  ShardCounters retired_;                 // counters of exited threads (never live)
   std::vector<std::int64_t> cur_, want_;  // scratch of rebalance_one, one per live shard
   std::int64_t peak_[kReportedKinds][3] = {};
   std::uint64_t epoch_ = 0;  // rebalances so far
@@ -379,22 +440,29 @@ class StatLedger {
   static constexpr std::uint64_t kClaimLifetime = 64;
 };
 
-// One operation of a shard's owner, held under the owner's lock (declared after the
-// lock's guard, so destroyed first): however the operation ends, the shard's owed
-// rebalance is made on the way out. A request that fails part way (a segment counted,
-// then its memory refused) has raised counters, and a dormant shard that rose must
-// rejoin the ledger now, not at its owner's next operation, which may never come.
-class SettleOnExit {
+// The statistics of one operation: settles the calling thread's shard (or a fixed one)
+// when the scope ends, however it ends (a request that fails part way has raised
+// counters too). Code that counts holds one (the pools' lock guards do) and reaches the
+// shard through it or, in helpers, through StatLedger::mine(); a scope that counted
+// nothing makes no shard.
+class StatScope {
  public:
-  SettleOnExit(StatLedger& ledger, ShardCounters& shard) noexcept
-      : ledger_(ledger), shard_(shard) {}
-  ~SettleOnExit() { ledger_.settle(shard_); }
-  SettleOnExit(const SettleOnExit&) = delete;
-  SettleOnExit& operator=(const SettleOnExit&) = delete;
+  explicit StatScope(StatLedger& ledger) noexcept : ledger_(ledger) {}
+  StatScope(StatLedger& ledger, ShardCounters& fixed) noexcept : ledger_(ledger), fixed_(&fixed) {}
+  ~StatScope() {
+    if (!fixed_)
+      ledger_.settle_mine();
+    else if (RESERVOIR_UNLIKELY(fixed_->over))
+      ledger_.rebalance(fixed_);
+  }
+  StatScope(const StatScope&) = delete;
+  StatScope& operator=(const StatScope&) = delete;
+  ShardCounters* operator->() const { return fixed_ ? fixed_ : &ledger_.mine(); }
+  ShardCounters& operator*() const { return *operator->(); }
 
  private:
   StatLedger& ledger_;
-  ShardCounters& shard_;
+  ShardCounters* fixed_ = nullptr;
 };
 
 }  // namespace reservoir::detail
