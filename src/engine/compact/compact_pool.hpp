@@ -58,6 +58,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   CompactPool& operator=(const CompactPool&) = delete;
 
   ShardCounters& counters() noexcept { return counters_; }
+  Lock& lock() noexcept { return lock_; }
 
   // A block of at least requested bytes for stream, or 0 when the device or the memory
   // fraction has no physical memory left for it (the ladder then runs). Throws
@@ -82,7 +83,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t largest_free_block();
   std::size_t cached_bytes();  // physical bytes held but not under an allocated block
   std::size_t snapshot(std::vector<SegmentInfo>* out);
-  void validate(ValidationTotals* totals);
+  // The validator's walk (the caller holds lock()). Throws InvariantError.
+  void validate_locked(ValidationTotals* totals);
   void reset_accumulated();
 
  private:
@@ -100,7 +102,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   }
   Block* choose(FreeIndex::iterator best, std::size_t size) const;
   void finish_operation();
-  void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
   Lock lock_;

@@ -126,11 +126,6 @@ void CompactPool::reset_accumulated() {
   StatLedger::reset_accumulated(&counters_);
 }
 
-void CompactPool::validate(ValidationTotals* totals) {
-  Guard guard(lock_);
-  validate_locked(totals);
-}
-
 void CompactPool::validate_locked(ValidationTotals* totals) {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},

@@ -161,7 +161,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   void allocated_addresses(std::vector<std::uintptr_t>* out);
   // Appends this pool's segments and blocks; returns the active bytes.
   std::size_t snapshot(std::vector<SegmentInfo>* out);
-  void validate(ValidationTotals* totals);
+  // The validator's walk (the caller holds lock(): the engine holds every pool's, so
+  // that the device-wide sums are of one moment). Throws InvariantError.
+  void validate_locked(ValidationTotals* totals);
   void reset_accumulated();
 
  private:
@@ -259,7 +261,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   void settle_ledger() {
     if (counters_.over) services_.ledger.rebalance(&counters_);
   }
-  void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
   // Of services_, what every request reads: one load fewer each (both are replaced in
