@@ -204,7 +204,10 @@ class RESERVOIR_API Allocator {
   // The engine serving requests: "native", "cudaMallocAsync" (backend:cudaMallocAsync)
   // or "uncached".
   const std::string& engine_name() const;
-  // Walks every segment, block, pool and statistic; throws InvariantError.
+  // Walks every segment, block, pool and statistic; throws InvariantError. Safe while
+  // other threads use the allocator: each device is checked at one consistent moment
+  // (with its pools locked, so their requests wait for the walk), so no operation in
+  // flight elsewhere makes a false report.
   void validate();
 
  private:

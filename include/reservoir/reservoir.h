@@ -205,7 +205,10 @@ RESERVOIR_C_API reservoir_status reservoir_open_shared(int socket, int device, v
 /* Lets go of one open; the mapping goes with the last. */
 RESERVOIR_C_API reservoir_status reservoir_close_shared(void* ptr);
 
-/* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. */
+/* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. Safe
+ * while other threads allocate, free, record streams or empty the cache: it checks one
+ * consistent moment of each device (their calls on that device wait for it meanwhile),
+ * so a report is a real violation. */
 RESERVOIR_C_API reservoir_status reservoir_validate(void);
 
 #ifdef __cplusplus

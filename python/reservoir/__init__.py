@@ -300,7 +300,8 @@ def base_allocation(ptr):
 
 def validate():
     """Runs the allocator's consistency checks; raises ReservoirInternalError on a
-    violation."""
+    violation. Safe while other threads allocate and free: each device is checked at
+    one consistent moment."""
     _lib.check(_lib.load().reservoir_validate())
 
 

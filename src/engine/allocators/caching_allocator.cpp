@@ -234,7 +234,7 @@ std::vector<Annotation> CachingAllocator::annotations() const {
 
 void CachingAllocator::validate() {
   std::lock_guard<std::mutex> guard(engines_mutex_);
-  for (auto& e : owned_) e->validate(true);
+  for (auto& e : owned_) e->validate();
 }
 
 }  // namespace reservoir::detail

@@ -57,6 +57,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   CompactPool(const CompactPool&) = delete;
   CompactPool& operator=(const CompactPool&) = delete;
 
+  Lock& lock() noexcept { return lock_; }
+
   // A block of at least requested bytes for stream, or 0 when the device or the memory
   // fraction has no physical memory left for it (the ladder then runs). Throws
   // DeviceError.
@@ -80,7 +82,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t largest_free_block();
   std::size_t cached_bytes();  // physical bytes held but not under an allocated block
   std::size_t snapshot(std::vector<SegmentInfo>* out);
-  void validate(ValidationTotals* totals);
+  // The validator's walk (the caller holds lock()). Throws InvariantError.
+  void validate_locked(ValidationTotals* totals);
 
  private:
   // An operation's hold on the pool: the lock, and the statistics scope (declared
@@ -106,7 +109,6 @@ class alignas(64) CompactPool final : public BlockOwner {
   }
   Block* choose(FreeIndex::iterator best, std::size_t size) const;
   void finish_operation();
-  void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
   Lock lock_;

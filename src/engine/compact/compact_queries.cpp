@@ -121,11 +121,6 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
   return active;
 }
 
-void CompactPool::validate(ValidationTotals* totals) {
-  std::lock_guard<Lock> guard(lock_);
-  validate_locked(totals);
-}
-
 void CompactPool::validate_locked(ValidationTotals* totals) {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},

@@ -251,14 +251,22 @@ void DeviceEngine::reset_accumulated_stats() {
   counters_.reset();
 }
 
+std::vector<std::unique_lock<Lock>> DeviceEngine::lock_every_pool() {
+  std::vector<std::unique_lock<Lock>> locks;
+  locks.reserve(pools_.size() + private_pools_.size() + 1);
+  for (auto& p : pools_) locks.emplace_back(p->lock());
+  for (auto& p : private_pools_) locks.emplace_back(p->lock());
+  if (compact_) locks.emplace_back(compact_->lock());
+  return locks;
+}
+
 void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
   {
     // No pool is created meanwhile (creation reads the settings), and every existing
     // one is locked while they change.
     std::lock_guard<std::mutex> guard(config_mutex_);
     std::lock_guard<std::mutex> creating(create_mutex_);
-    for (auto& p : pools_) p->lock().lock();
-    for (auto& p : private_pools_) p->lock().lock();
+    const auto locked = lock_every_pool();
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
@@ -270,54 +278,57 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
       detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
     else
       detours_.fetch_and(static_cast<std::uint8_t>(~kDetourCompact), std::memory_order_relaxed);
-    for (auto it = private_pools_.rbegin(); it != private_pools_.rend(); ++it)
-      (*it)->lock().unlock();
-    for (auto it = pools_.rbegin(); it != pools_.rend(); ++it) (*it)->lock().unlock();
   }
   if (apply_fraction && config.per_process_memory_fraction_set)
     set_memory_fraction(config.per_process_memory_fraction);
 }
 
-void DeviceEngine::validate(bool quiescent) {
+// What it compares is read under the locks that guard it, in the lock order: walking
+// the pools one by one and reading the budget afterwards compared different moments.
+void DeviceEngine::validate() {
+  // No capture begins and policy:compact is not set meanwhile (both take the gate);
+  // a capture may end and the policy go back, which cannot make a false report here.
+  std::lock_guard<std::mutex> gate(capture_gate_);
   RESERVOIR_CHECK(!(compact_on_.load(std::memory_order_relaxed) && capture_.underway()),
                   "policy:compact is in force while a capture is under way");
-  ValidationTotals totals;
-  for (StreamPool* pool : all_pools_snapshot()) pool->validate(&totals);
+  std::lock_guard<std::mutex> creating(create_mutex_);  // no pool made or recycled
   private_registry_.validate();
-  {
-    std::lock_guard<std::mutex> guard(create_mutex_);
-    for (StreamPool* spare : spare_)
-      RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
-    StreamPool* first = first_pool_.load(std::memory_order_acquire);
-    RESERVOIR_CHECK(first == (pools_.empty() ? nullptr : pools_[0].get()) &&
-                        (!first || table_.find(first_stream_) == first),
-                    "the first stream's pool is not the table's");
-  }
-  if (CompactPool* c = compact_if_made()) c->validate(&totals);
+  for (StreamPool* spare : spare_)
+    RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
+  StreamPool* first = first_pool_.load(std::memory_order_acquire);
+  RESERVOIR_CHECK(first == (pools_.empty() ? nullptr : pools_[0].get()) &&
+                      (!first || table_.find(first_stream_) == first),
+                  "the first stream's pool is not the table's");
+  // Every pool locked for the whole walk: the budget and the threads' statistics
+  // shards change only under a pool's lock.
+  const auto locked = lock_every_pool();
+  ValidationTotals totals;
+  for (auto& p : pools_) p->validate_locked(&totals);
+  for (auto& p : private_pools_) p->validate_locked(&totals);
+  if (compact_) compact_->validate_locked(&totals);
   const std::string ledger = ledger_.problem();
   RESERVOIR_CHECK(ledger.empty(), ledger);
-  if (quiescent) {
-    // The statistics are the blocks' sums (fixed shards are other engines' books).
-    static const char* const kNames[kStatKinds] = {"allocation",       "segment",
-                                                   "pending",          "inactive_split",
-                                                   "allocated_bytes",  "reserved_bytes",
-                                                   "pending_bytes",    "inactive_split_bytes",
-                                                   "requested_bytes",  "oversize_allocations",
-                                                   "oversize_segments"};
-    for (int pool = 0; pool < kPoolCount; ++pool)
-      for (int kind = 0; kind < kStatKinds; ++kind) {
-        const std::int64_t counted = ledger_.pooled_total(kind, pool);
-        RESERVOIR_CHECK(counted == totals.counted[kind][pool],
-                        std::string("statistic ") + kNames[kind] +
-                            (pool ? ".large_pool" : ".small_pool") + " is " +
-                            std::to_string(counted) + " but the blocks add up to " +
-                            std::to_string(totals.counted[kind][pool]));
-      }
-    RESERVOIR_CHECK(totals.reserved == budget_.reserved(),
-                    "pools reserve " + std::to_string(totals.reserved) +
-                        " bytes but the device budget counts " +
-                        std::to_string(budget_.reserved()));
-  }
+  // The statistics are the blocks' sums (fixed shards are other engines' books).
+  static const char* const kNames[kStatKinds] = {"allocation",       "segment",
+                                                 "pending",          "inactive_split",
+                                                 "allocated_bytes",  "reserved_bytes",
+                                                 "pending_bytes",    "inactive_split_bytes",
+                                                 "requested_bytes",  "oversize_allocations",
+                                                 "oversize_segments"};
+  for (int pool = 0; pool < kPoolCount; ++pool)
+    for (int kind = 0; kind < kStatKinds; ++kind) {
+      const std::int64_t counted = ledger_.pooled_total(kind, pool);
+      RESERVOIR_CHECK(counted == totals.counted[kind][pool],
+                      std::string("statistic ") + kNames[kind] +
+                          (pool ? ".large_pool" : ".small_pool") + " is " +
+                          std::to_string(counted) + " but the blocks add up to " +
+                          std::to_string(totals.counted[kind][pool]));
+    }
+  RESERVOIR_CHECK(totals.reserved + budget_.unlocked() == budget_.reserved(),
+                  "pools reserve " + std::to_string(totals.reserved) + " bytes (and " +
+                      std::to_string(budget_.unlocked()) +
+                      " are in device calls) but the device budget counts " +
+                      std::to_string(budget_.reserved()));
 }
 
 }  // namespace reservoir::detail

@@ -6,17 +6,18 @@
 // every cache, statistics, snapshots, configuration changes.
 //
 // Invariants:
-//   budget_.reserved() == sum over pools of their mapped segment bytes, outside of
-//     an operation that is between reserving budget and recording its segment;
+//   while every pool is locked: budget_.reserved() == sum over pools of their mapped
+//     segment bytes + budget_.unlocked() (device_state.hpp);
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
 //   every pool in pools_ is reachable through table_ by its stream;
 //   first_pool_ == nullptr or first_pool_ == pools_[0] == table_.find(first_stream_);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
 //     spare (no segment) and listed in spare_;
 //   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
-// Lock order: capture_gate_ -> config_mutex_ -> pool locks (in creation order) ->
-// ledger / segment map / event pool / registry mutexes. A pool lock is never held
-// while taking another's.
+// Lock order: capture_gate_ -> config_mutex_ -> create_mutex_ -> private-pool registry
+// mutex -> pool locks (in creation order: the default pools, the private pools' caches,
+// the compact pool) -> ledger / segment map / event pool / segment registry mutexes.
+// Only lock_every_pool() holds two pool locks; every other path holds at most one.
 #pragma once
 
 #include <atomic>
@@ -41,6 +42,7 @@
 #include "reservoir/pools.hpp"
 #include "reservoir/stats.hpp"
 #include "util/compiler.hpp"
+#include "util/lock.hpp"
 
 namespace reservoir::detail {
 
@@ -112,9 +114,11 @@ class DeviceEngine {
   // Segments of every pool with their blocks (adds a snapshot history entry).
   void snapshot(std::vector<SegmentInfo>* out);
   History& history() noexcept { return history_; }
-  // Walks every pool. quiescent: also reconcile device-wide totals (no operation may
-  // be in flight). Throws InvariantError.
-  void validate(bool quiescent);
+  // Walks every pool and reconciles the device-wide totals; throws InvariantError.
+  // Safe beside requests on other threads: it holds every lock that guards what it
+  // compares (no capture begins, no pool is made, every pool is locked) for the walk,
+  // so they wait for it.
+  void validate();
   // Grants device access to this device's expandable segments, now and later.
   void add_peer(int device);
 
@@ -186,6 +190,9 @@ class DeviceEngine {
   static inline const Context kNoContext{};
   StreamPool& create_pool(StreamHandle stream);
   std::vector<StreamPool*> pools_snapshot();
+  // Locks every pool in the lock order (the caller holds create_mutex_); the locks go
+  // with the returned guards.
+  std::vector<std::unique_lock<Lock>> lock_every_pool();
 
   Backend& backend_;
   const int device_;

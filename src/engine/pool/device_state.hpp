@@ -15,8 +15,9 @@ namespace reservoir::detail {
 
 // Bytes reserved from the device, and the cap a memory fraction puts on them.
 // Invariant: with a limit set, reserved() <= limit() at all times (reserve() refuses
-// what would exceed it); reserved() == sum of the shards' mapped segment bytes,
-// outside of an operation that is between reserve() and recording its segment.
+// what would exceed it); every change is made under some shard's lock, and while
+// every shard is locked, reserved() == sum of the shards' mapped segment bytes +
+// unlocked() (what a shard that dropped its lock for a device call has reserved).
 class DeviceBudget {
  public:
   // Takes bytes from the budget; false (nothing taken) when it would exceed the limit.
@@ -33,6 +34,15 @@ class DeviceBudget {
     reserved_.fetch_sub(bytes, std::memory_order_relaxed);
   }
   std::size_t reserved() const noexcept { return reserved_.load(std::memory_order_relaxed); }
+  // A shard reserved bytes and drops its lock for the device call that backs them
+  // (release_lock_on_cudamalloc): counted until it relocks and records its segment.
+  void unlocking(std::size_t bytes) noexcept {
+    unlocked_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void relocked(std::size_t bytes) noexcept {
+    unlocked_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  std::size_t unlocked() const noexcept { return unlocked_.load(std::memory_order_relaxed); }
   void set_limit(std::size_t bytes) noexcept {
     limit_.store(bytes, std::memory_order_relaxed);
     limited_.store(true, std::memory_order_relaxed);
@@ -43,6 +53,7 @@ class DeviceBudget {
 
  private:
   std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> unlocked_{0};
   std::atomic<std::size_t> limit_{~std::size_t{0}};
   std::atomic<bool> limited_{false};
 };

@@ -172,9 +172,11 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   void* ptr = nullptr;
   DeviceStatus status;
   if (services_.settings.release_lock_on_device_alloc) {
+    services_.budget.unlocking(alloc_size);  // the validator's reconciliation counts it
     guard.unlock();
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);
     guard.lock();
+    services_.budget.relocked(alloc_size);
     shard_ = nullptr;  // another thread's operation may have held the lock meanwhile
   } else {
     status = services_.backend.allocate(services_.device, alloc_size, &ptr);

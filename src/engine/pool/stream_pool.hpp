@@ -162,7 +162,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   void allocated_addresses(std::vector<std::uintptr_t>* out);
   // Appends this pool's segments and blocks; returns the active bytes.
   std::size_t snapshot(std::vector<SegmentInfo>* out);
-  void validate(ValidationTotals* totals);
+  // The validator's walk (the caller holds lock(): the engine holds every pool's, so
+  // that the device-wide sums are of one moment). Throws InvariantError.
+  void validate_locked(ValidationTotals* totals);
 
  private:
   // An operation's hold on the pool: the lock, with a parked free settled (how every
@@ -272,7 +274,6 @@ class alignas(64) StreamPool final : public BlockOwner {
   void release_segment(Segment* segment);
 
   void finish_operation();
-  void validate_locked(ValidationTotals* totals);
 
   PoolServices& services_;
   // Of services_, what every request reads: one load fewer each (both are replaced in

@@ -17,11 +17,6 @@ std::string at(std::uintptr_t a) {
 }
 }  // namespace
 
-void StreamPool::validate(ValidationTotals* totals) {
-  std::lock_guard<Lock> guard(lock_);
-  validate_locked(totals);
-}
-
 void StreamPool::validate_locked(ValidationTotals* totals) {
   // What the blocks add up to, per pool, by stored statistic kind.
   std::int64_t expected[kStatKinds][kPoolCount] = {};
