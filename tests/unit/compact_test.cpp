@@ -125,7 +125,7 @@ TEST(Compact, AReleasedStreamIsNeverCalledAgain) {
 
 TEST(Compact, NoWaitWhenTheOtherStreamsWorkHasCompleted) {
   SimOptions o = sim();
-  o.eager = true;
+  o.completion = SimCompletion::eager;
   SimAllocator s("policy:compact", o);
   void* p = s.a.allocate(4 * MiB, 1, 0);
   s.sim->submit_work(1);
@@ -221,7 +221,8 @@ TEST(Compact, ARunOfPagesIsBackedByOneExtent) {
 // taken: only the pages nothing covers come new from the device.
 TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
   SimOptions o = sim();
-  o.eager = true;  // work completes as submitted: only the placement matters here
+  o.completion =
+      SimCompletion::eager;  // work completes as submitted: only the placement matters here
   SimAllocator s("policy:compact", o);
   void* a = s.a.allocate(16 * MiB, 1, 0);  // pages 0-7: one extent
   void* hi = s.a.allocate(4 * MiB, 1, 0);  // pages 8-9 (8-11 mapped)
@@ -240,7 +241,7 @@ TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
 // stayed mapped (a ghost). A program whose layout alternates stops calling the device.
 TEST(Compact, MemoryMovesBackToItsGhostWithoutADeviceCall) {
   SimOptions o = sim();
-  o.eager = true;
+  o.completion = SimCompletion::eager;
   SimAllocator s("policy:compact", o);
   void* a = s.a.allocate(16 * MiB, 1, 0);     // pages 0-7: extent X
   void* guard = s.a.allocate(512, 1, 0);      // page 8 (8-11 mapped)
@@ -301,7 +302,8 @@ TEST(Compact, EmptyCacheGivesEverythingBack) {
 TEST(Compact, ReservesLittleMoreThanRequested) {
   auto run = [](const char* config) {
     SimOptions o = sim(8192 * MiB);
-    o.eager = true;  // the device keeps up (as in a replay); see FreePagesMove... for a lag
+    o.completion = SimCompletion::eager;  // the device keeps up (as in a replay); see
+                                          // FreePagesMove... for a lag
     SimAllocator s(config, o);
     std::mt19937_64 rng(11);
     std::vector<void*> live;
@@ -392,7 +394,6 @@ TEST(Compact, MapsUnmapsAndWaitsAreCounted) {
     EXPECT_EQ(st.num_stream_waits, static_cast<std::int64_t>(c.stream_waits));
   }
 }
-
 
 // The compact pool's statistics shard, idle and empty, leaves the ledger (dormant);
 // a request that then counts a new arena and fails (the device refuses its physical
