@@ -226,6 +226,12 @@ class RESERVOIR_API SimBackend final : public Backend {
   void set_eager(bool eager);
   // Events recorded on stream that have not completed yet.
   std::size_t pending_events(StreamHandle stream) const;
+  // Device-side waits of stream on work not known to be complete (stream_wait_event),
+  // which advance(stream) stops at. At most kMaxDeviceWaits per other stream waited for
+  // stand apart: beyond, a new wait joins the stream's last one on that other stream
+  // (the work after it waits a little longer, never less).
+  std::size_t device_waits(StreamHandle stream) const;
+  static constexpr std::size_t kMaxDeviceWaits = 64;
   // Models a kernel launch on stream: work that an event recorded later captures.
   void submit_work(StreamHandle stream);
   // Models cudaStreamDestroy: work already submitted still completes; a later call

@@ -411,8 +411,16 @@ DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, Even
     if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
     std::uint64_t& w = waiter.waited[e->stream];
     w = std::max(w, e->position);
-    if (s.streams[e->stream].completed < e->position)
-      waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
+    if (s.streams[e->stream].completed < e->position) {
+      // Work that never completes must not make the list grow without bound: past the
+      // cap, the last wait on the same stream takes the new position.
+      auto last = std::find_if(waiter.waits.rbegin(), waiter.waits.rend(),
+                               [&](const State::Wait& x) { return x.stream == e->stream; });
+      if (waiter.waits.size() >= kMaxDeviceWaits && last != waiter.waits.rend())
+        last->position = std::max(last->position, e->position);
+      else
+        waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
+    }
     return DeviceStatus::ok;
   });
 }
@@ -691,6 +699,12 @@ std::size_t SimBackend::pending_events(StreamHandle stream) const {
         const State::Event& e = entry.second;
         return e.recorded && e.stream == stream && e.position > st->second.completed;
       }));
+}
+
+std::size_t SimBackend::device_waits(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto st = state_->streams.find(stream);
+  return st == state_->streams.end() ? 0 : st->second.waits.size();
 }
 
 void SimBackend::submit_work(StreamHandle stream) {
