@@ -135,6 +135,11 @@ class RESERVOIR_API Backend {
   virtual DeviceStatus create_stream(int device, StreamHandle* stream);
   virtual DeviceStatus destroy_stream(int device, StreamHandle stream);
   virtual DeviceStatus synchronize_device(int device) = 0;
+  // The program says the host waited for stream's work (Allocator::notify_host_wait:
+  // it synchronized the stream, an event of it, or the device). A real device needs
+  // nothing (its events already say so; the default answers ok); the simulated device
+  // completes the stream's work there, as its completion model says.
+  virtual DeviceStatus host_waited(int device, StreamHandle stream);
 
   // ---- Virtual memory (Capability kVirtualMemory) ------------------------------
   // post(ok): *bytes is the mapping granularity (a power of two; 2 MiB on CUDA).

@@ -58,6 +58,11 @@ struct RESERVOIR_API Config {
   std::string device = "auto";
   // Capacity of the simulated device when device is sim (0 = SimBackend default).
   std::size_t sim_capacity = 0;
+  // When the simulated device's work completes: "host_waits" (at the program's host
+  // waits, notify_host_wait), "eager", "paced" (also at an event's sim_pace-th query) or
+  // "manual" (SimCompletion, docs/simulated_device.md).
+  std::string sim_completion = "host_waits";
+  std::uint32_t sim_pace = 4;
   // Write a trace (docs/trace_format.md) of every request to this path ("" = off).
   std::string record_trace;
   // Write a snapshot at the moment of an OutOfMemoryError ("" = off).

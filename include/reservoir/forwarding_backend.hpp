@@ -50,6 +50,7 @@ enum class BackendCall : std::uint8_t {
   create_stream,
   destroy_stream,
   synchronize_device,
+  host_waited,
   granularity,
   reserve_address_range,
   release_address_range,
@@ -123,6 +124,7 @@ class RESERVOIR_API ForwardingBackend : public Backend {
   DeviceStatus create_stream(int device, StreamHandle* stream) override;
   DeviceStatus destroy_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
+  DeviceStatus host_waited(int device, StreamHandle stream) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;

@@ -8,9 +8,15 @@
 //   from 2 MiB up; live ranges never overlap; freed ranges are reused.
 // - Addresses are synthetic (not dereferenceable) unless host_backed is set, in
 //   which case they point into a host mapping (MAP_NORESERVE) that tests may write.
-// - Streams progress explicitly: an event recorded on a stream completes only when
-//   the test calls advance(stream) (or synchronize_*); in eager mode all work
-//   completes at once.
+// - When work completes (SimOptions::completion; docs/simulated_device.md): work
+//   submitted to a stream (kernels, recorded events) completes at a host wait for it —
+//   synchronize_stream, synchronize_event, synchronize_device (every stream), and the
+//   program's own waits, which it reports through Allocator::notify_host_wait
+//   (host_waited) — and when a test calls advance(stream) or advance_all(). Other modes:
+//   eager (all work completes at once), paced (an event also completes at its pace-th
+//   query: the device keeps up with a host that polls) and manual (a program's reported
+//   waits complete nothing: only the test controls and the device's own synchronize
+//   calls do).
 // - Fault injection: fail the Nth raw allocation, fail allocations above a size,
 //   make event queries (or any named operation) return an error. Cleanup calls
 //   (unmap, release_physical, release_address_range, deallocate) can be failed like
@@ -62,10 +68,23 @@ struct SimPoolOptions {
   bool reuse_free_chunks = true;  // give entirely free chunks back before growing
 };
 
+// When submitted work completes (besides advance / advance_all and the synchronize
+// calls, which always complete what they wait for). The config key sim_completion
+// names them (docs/config.md).
+enum class SimCompletion : std::uint8_t {
+  manual,      // a host wait the program reports (host_waited) completes nothing
+  host_waits,  // it completes the stream's work (the default)
+  paced,       // as host_waits, and an event completes at its pace-th query
+  eager,       // all work completes as it is submitted
+};
+// "manual", "host_waits", "paced", "eager".
+RESERVOIR_API const char* to_string(SimCompletion completion) noexcept;
+
 struct SimOptions {
   std::size_t capacity = kDefaultSimCapacity;  // bytes per device
   int device_count = 1;
-  bool eager = false;                              // all submitted work completes at once
+  SimCompletion completion = SimCompletion::host_waits;
+  std::uint32_t pace = 4;                          // paced: queries until an event completes
   bool host_backed = false;                        // addresses point into real host memory
   bool virtual_memory = true;                      // advertise Capability kVirtualMemory
   std::size_t granularity = std::size_t{2} << 20;  // VMM mapping granularity
@@ -89,6 +108,7 @@ struct SimCounters {
   std::uint64_t events_created = 0, events_destroyed = 0, events_recorded = 0;
   std::uint64_t event_queries = 0, event_syncs = 0, stream_waits = 0;
   std::uint64_t stream_syncs = 0, device_syncs = 0;
+  std::uint64_t host_waits = 0;  // host_waited calls that completed work (not manual)
   std::uint64_t physical_creates = 0, physical_releases = 0, maps = 0, unmaps = 0;
   std::uint64_t reservations = 0;
   std::uint64_t pool_allocs = 0, pool_frees = 0;           // allocate_from_pool / free_async
@@ -150,6 +170,7 @@ class RESERVOIR_API SimBackend final : public Backend {
   DeviceStatus stream_wait_event(int device, StreamHandle stream, EventHandle event) override;
   DeviceStatus synchronize_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
+  DeviceStatus host_waited(int device, StreamHandle stream) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;
@@ -200,10 +221,17 @@ class RESERVOIR_API SimBackend final : public Backend {
   bool ordered_after(StreamHandle waiter, StreamHandle stream, std::uint64_t position) const;
   // Completes all work on every stream.
   void advance_all();
-  // In eager mode all work completes at once (switching on completes pending work).
+  // In eager mode all work completes at once (switching on completes pending work);
+  // switching off returns to the options' completion (host_waits if that was eager).
   void set_eager(bool eager);
   // Events recorded on stream that have not completed yet.
   std::size_t pending_events(StreamHandle stream) const;
+  // Device-side waits of stream on work not known to be complete (stream_wait_event),
+  // which advance(stream) stops at. At most kMaxDeviceWaits per other stream waited for
+  // stand apart: beyond, a new wait joins the stream's last one on that other stream
+  // (the work after it waits a little longer, never less).
+  std::size_t device_waits(StreamHandle stream) const;
+  static constexpr std::size_t kMaxDeviceWaits = 64;
   // Models a kernel launch on stream: work that an event recorded later captures.
   void submit_work(StreamHandle stream);
   // Models cudaStreamDestroy: work already submitted still completes; a later call

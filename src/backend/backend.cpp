@@ -57,6 +57,10 @@ std::uint64_t Backend::now_us() const {
       duration_cast<microseconds>(steady_clock::now().time_since_epoch()).count());
 }
 
+DeviceStatus Backend::host_waited(int, StreamHandle) {
+  return DeviceStatus::ok;
+}
+
 DeviceStatus Backend::stream_wait_event(int, StreamHandle, EventHandle) {
   return unsupported("stream_wait_event");
 }

@@ -30,6 +30,7 @@ constexpr const char* kCallNames[] = {"device_count",
                                       "create_stream",
                                       "destroy_stream",
                                       "synchronize_device",
+                                      "host_waited",
                                       "granularity",
                                       "reserve_address_range",
                                       "release_address_range",
@@ -128,6 +129,9 @@ DeviceStatus ForwardingBackend::destroy_stream(int device, StreamHandle stream) 
 }
 DeviceStatus ForwardingBackend::synchronize_device(int device) {
   return pass(BackendCall::synchronize_device, [&] { return inner_.synchronize_device(device); });
+}
+DeviceStatus ForwardingBackend::host_waited(int device, StreamHandle stream) {
+  return pass(BackendCall::host_waited, [&] { return inner_.host_waited(device, stream); });
 }
 DeviceStatus ForwardingBackend::granularity(int device, std::size_t* bytes) {
   return pass(BackendCall::granularity, [&] { return inner_.granularity(device, bytes); });

@@ -165,6 +165,10 @@ std::shared_ptr<Backend> Allocator::make_default_backend(const Config& config) {
   auto sim = [&] {
     SimOptions options;
     if (config.sim_capacity) options.capacity = config.sim_capacity;
+    for (SimCompletion c : {SimCompletion::manual, SimCompletion::host_waits, SimCompletion::paced,
+                            SimCompletion::eager})
+      if (config.sim_completion == to_string(c)) options.completion = c;
+    options.pace = config.sim_pace;
     return std::make_shared<SimBackend>(options);
   };
   if (config.device == "sim") return sim();
@@ -232,7 +236,14 @@ void Allocator::record_stream(void* ptr, StreamHandle stream) {
 }
 
 void Allocator::notify_host_wait(StreamHandle stream, int device) {
-  impl_->top.load(std::memory_order_acquire)->notify_host_wait(stream, impl_->resolve(device));
+  const int resolved = impl_->resolve(device);
+  // The device learns of the wait first (the simulated one completes the stream's work
+  // there), so the events the engine then queries answer as after a real wait.
+  if (impl_->backend->host_waited(resolved, stream) != DeviceStatus::ok)
+    throw DeviceError("reservoir: reporting a host wait for stream " + std::to_string(stream) +
+                      " to device " + std::to_string(resolved) +
+                      " failed: " + impl_->backend->last_error());
+  impl_->top.load(std::memory_order_acquire)->notify_host_wait(stream, resolved);
 }
 
 void Allocator::release_stream(StreamHandle stream, int device) {

@@ -272,6 +272,15 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
     if (!parse_bytes(value, &bytes) || bytes == 0)
       bad(key, value, "a size in bytes, e.g. 80GiB or 1073741824");
     c.sim_capacity = bytes;
+  } else if (key == "sim_completion") {
+    if (value != "host_waits" && value != "eager" && value != "paced" && value != "manual")
+      bad(key, value, "host_waits, eager, paced or manual");
+    c.sim_completion = value;
+  } else if (key == "sim_pace") {
+    unsigned long long n = 0;
+    if (!parse_uint(value, &n) || n == 0 || n > 1000000)
+      bad(key, value, "a number of event queries from 1 to 1000000");
+    c.sim_pace = static_cast<std::uint32_t>(n);
   } else if (key == "record_trace") {
     c.record_trace = value;
   } else if (key == "oom_snapshot") {
@@ -282,7 +291,8 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
         "'; known keys: backend, policy, max_split_size_mb, max_non_split_rounding_mb, "
         "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
         "expandable_segments_reserve, release_lock_on_cudamalloc, per_process_memory_fraction, "
-        "device, sim_capacity, record_trace, oom_snapshot (see docs/config.md)");
+        "device, sim_capacity, sim_completion, sim_pace, record_trace, oom_snapshot (see "
+        "docs/config.md)");
   }
 }
 

@@ -96,6 +96,9 @@ class Probe final : public Backend {
     return hit("destroy_stream", device, stream);
   }
   DeviceStatus synchronize_device(int device) override { return hit("synchronize_device", device); }
+  DeviceStatus host_waited(int device, StreamHandle stream) override {
+    return hit("host_waited", device, stream);
+  }
   DeviceStatus granularity(int device, std::size_t* bytes) override {
     *bytes = 4096;
     return hit("granularity", device);
@@ -282,6 +285,7 @@ const std::vector<Call>& calls() {
        }},
       {"destroy_stream", [](Backend& b) { return answer(b.destroy_stream(kDevice, 0x54)); }},
       {"synchronize_device", [](Backend& b) { return answer(b.synchronize_device(kDevice)); }},
+      {"host_waited", [](Backend& b) { return answer(b.host_waited(kDevice, 0x55)); }},
       {"granularity",
        [](Backend& b) {
          std::size_t g = 0;

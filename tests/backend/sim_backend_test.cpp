@@ -506,7 +506,7 @@ TEST(SimEvents, RerecordingCapturesNewWork) {
 
 TEST(SimEvents, EagerModeCompletesAtOnce) {
   SimOptions o = small();
-  o.eager = true;
+  o.completion = SimCompletion::eager;
   SimBackend eager(o);
   EventHandle e = 0;
   ASSERT_EQ(eager.create_event(0, &e), kOk);
@@ -524,6 +524,49 @@ TEST(SimEvents, EagerModeCompletesAtOnce) {
   sim.set_eager(false);
   EXPECT_EQ(sim.record_event(0, e, 5), kOk);
   EXPECT_EQ(sim.query_event(0, e), kNotReady);
+}
+
+// The completion model (docs/simulated_device.md): a host wait the program reports
+// completes the stream's work (host_waits, the default); manual leaves it to the test
+// controls; paced also completes an event at its pace-th query.
+TEST(SimEvents, AReportedHostWaitCompletesTheStreamUnlessManual) {
+  for (SimCompletion mode :
+       {SimCompletion::host_waits, SimCompletion::paced, SimCompletion::manual}) {
+    SCOPED_TRACE(to_string(mode));
+    SimOptions o = small();
+    o.completion = mode;
+    o.pace = 1000;
+    SimBackend sim(o);
+    EventHandle e = 0, other = 0;
+    ASSERT_EQ(sim.create_event(0, &e), kOk);
+    ASSERT_EQ(sim.create_event(0, &other), kOk);
+    sim.submit_work(5);
+    ASSERT_EQ(sim.record_event(0, e, 5), kOk);
+    ASSERT_EQ(sim.record_event(0, other, 6), kOk);
+    EXPECT_EQ(sim.host_waited(0, 5), kOk);
+    EXPECT_EQ(sim.query_event(0, e), mode == SimCompletion::manual ? kNotReady : kOk);
+    EXPECT_EQ(sim.query_event(0, other), kNotReady);  // another stream's work goes on
+    EXPECT_EQ(sim.counters().host_waits, mode == SimCompletion::manual ? 0u : 1u);
+  }
+}
+
+TEST(SimEvents, PacedCompletesAnEventAtItsPaceThQuery) {
+  SimOptions o = small();
+  o.completion = SimCompletion::paced;
+  o.pace = 3;
+  SimBackend sim(o);
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  sim.submit_work(5);
+  ASSERT_EQ(sim.record_event(0, e, 5), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  EXPECT_EQ(sim.query_event(0, e), kOk);
+  EXPECT_EQ(sim.completed(5), sim.submitted(5));
+  ASSERT_EQ(sim.record_event(0, e, 5), kOk);  // a new recording counts afresh
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  o.pace = 0;
+  EXPECT_THROW(SimBackend{o}, InvalidArgumentError);
 }
 
 TEST(SimEvents, PendingCountsOnlyLiveEvents) {

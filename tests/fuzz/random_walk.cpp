@@ -114,6 +114,9 @@ Walker::Walker(Reader& in) : in_(in) {
   options.capacity = kCapacity;
   options.device_count = kDevices;
   options.host_backed = true;
+  // The walk completes work itself (advance, sync ops) and tracks it: the program's
+  // host waits (notify_host_wait) complete nothing on its device.
+  options.completion = SimCompletion::manual;
   sim_ = std::make_shared<SimBackend>(options);
   const char* initial = kInitialConfigs[in_.u8() % 8];
   Config config;

@@ -274,6 +274,22 @@ class StatsTest(unittest.TestCase):
             self.assertEqual(after[key], before[key], key)
         self.assertEqual(after["allocation.all.freed"], before["allocation.all.freed"] + 1)
 
+    def test_host_waits_complete_frees_pending_on_the_simulated_device(self):
+        # A host wait the program reports completes the simulated device's work on that
+        # stream: the free pending on stream 71 completes and one segment serves every
+        # round (before, 50 rounds left 50 segments of 64 MiB, all active).
+        reservoir.empty_cache()
+        before = reservoir.memory_stats()
+        for _ in range(50):
+            ptr = reservoir.raw_alloc(64 * MiB, stream=70)
+            reservoir.record_stream(ptr, 71)
+            reservoir.raw_free(ptr)
+            reservoir.notify_host_wait(71)
+            reservoir.notify_host_wait(70)
+        after = reservoir.memory_stats()
+        for key, grown in (("active_bytes.all.current", 0), ("reserved_bytes.all.current", 64 * MiB)):
+            self.assertEqual(after[key] - before[key], grown, key)
+
     def test_large_allocation_goes_to_the_large_pool(self):
         before = reservoir.memory_stats()
         ptr = reservoir.raw_alloc(3 * MiB + 5)

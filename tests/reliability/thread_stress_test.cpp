@@ -222,10 +222,13 @@ TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
 }
 
 std::string config_name(const ::testing::TestParamInfo<const char*>& info) {
-  return info.index == 0 ? "Default" : "Expandable";
+  static const char* const kNames[] = {"Default", "Expandable", "MallocAsync"};
+  return kNames[info.index];
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, ThreadStress, ::testing::Values("", "expandable_segments:True"),
+INSTANTIATE_TEST_SUITE_P(Configs, ThreadStress,
+                         ::testing::Values("", "expandable_segments:True",
+                                           "backend:cudaMallocAsync"),
                          config_name);
 
 }  // namespace

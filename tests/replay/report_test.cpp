@@ -401,7 +401,9 @@ TEST(Cli, ProcessSettingsAreRefusedNamingTheOption) {
       {"sim_capacity:8GiB", "use --capacity"},
       {"expandable_segments:True,device:cuda", "use --device"},
       {"record_trace:/tmp/t.gz", "remove the key"},
-      {"oom_snapshot:/tmp/s.pickle", "remove the key"}};
+      {"oom_snapshot:/tmp/s.pickle", "remove the key"},
+      {"sim_completion:eager", "--device-lags"},
+      {"sim_pace:3", "--device-lags"}};
   for (const auto& [config, advice] : refused) {
     const std::string why = config_refusal(config, false);
     EXPECT_EQ(why.rfind("--config '" + config + "': ", 0), 0u) << why;

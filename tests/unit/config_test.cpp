@@ -59,6 +59,10 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(Config::parse("expandable_segments_reserve:0.25").expandable_segments_reserve_fraction,
             0.25);
   EXPECT_EQ(Config::parse("roundup_power2_divisions:4").divisions_for(1), 4u);
+  const Config paced = Config::parse("sim_completion:paced,sim_pace:8");
+  EXPECT_EQ(paced.sim_completion, "paced");
+  EXPECT_EQ(paced.sim_pace, 8u);
+  EXPECT_EQ(Config{}.sim_completion, "host_waits");
 }
 
 // The list form as PyTorch parses it (measured on the H200 against c10: the reading
@@ -98,6 +102,8 @@ TEST(Config, BadValuesNameTheKey) {
       {"backend:foo", "backend"},
       {"device:gpu", "device"},
       {"sim_capacity:lots", "sim_capacity"},
+      {"sim_completion:lazy", "sim_completion"},
+      {"sim_pace:0", "sim_pace"},
       {"expandable_segments_reserve:-3", "expandable_segments_reserve"},
       {"no_such_key:1", "no_such_key"},
       {"max_split_size_mb", "key:value"},

@@ -101,6 +101,7 @@ CallKind kind_of(BackendCall call) noexcept {
     case BackendCall::current_device:
     case BackendCall::memory_info:
     case BackendCall::create_stream:
+    case BackendCall::host_waited:
     case BackendCall::destroy_stream:
     case BackendCall::granularity:
     case BackendCall::export_ipc:

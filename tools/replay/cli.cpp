@@ -165,6 +165,10 @@ std::string config_refusal(const std::string& config, bool fit) {
   for (const std::string& key : keys) {
     if (key == "sim_capacity")
       return head + "sim_capacity sets the simulated device of a program; here use --capacity";
+    if (key == "sim_completion" || key == "sim_pace")
+      return head + key +
+             " sets when a program's simulated device completes work; here the trace's "
+             "host waits do, and --device-lags chooses whether all work completes at once";
     if (key == "device")
       return head + "device picks the backend of a program; here use --device sim|cuda|auto";
     if (key == "record_trace")

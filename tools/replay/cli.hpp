@@ -50,7 +50,7 @@ CliOptions parse_cli(int argc, const char* const* argv);
 std::optional<std::size_t> parse_bytes(std::string_view text);
 
 // Why reservoir-replay refuses config ("" if it does not): keys that configure the
-// process rather than the allocator (sim_capacity, device, record_trace,
+// process rather than the allocator (sim_capacity, sim_completion, sim_pace, device, record_trace,
 // oom_snapshot; the message names the option to use instead), and
 // per_process_memory_fraction with --fit, which searches that fraction itself.
 // Malformed settings are left to Config::parse.

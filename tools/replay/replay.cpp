@@ -122,7 +122,8 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   if (!backend) {
     SimOptions sim_options;
     sim_options.capacity = options.capacity;
-    sim_options.eager = options.device_keeps_up;
+    // Host waits advance the trace's stream here (advance stops at device-side waits).
+    sim_options.completion = options.device_keeps_up ? SimCompletion::eager : SimCompletion::manual;
     sim = std::make_shared<SimBackend>(sim_options);
     backend = sim;
   }

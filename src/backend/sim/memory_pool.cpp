@@ -61,16 +61,19 @@ bool PoolModel::complete(const Pending& p, StreamHandle stream, const StreamProg
 
 void PoolModel::settle(const StreamProgress& progress) {
   for (auto it = pending_.begin(); it != pending_.end();) {
-    std::deque<Pending>& q = it->second;
-    for (auto p = q.begin(); p != q.end();) {
-      if (complete(*p, it->first, progress)) {
-        insert_free(p->address, p->size);
+    PendingQueue& q = it->second;
+    // Frees past the stream's completed work cannot be complete: the scan stops there.
+    const std::uint64_t reached = progress.completed(it->first);
+    for (auto p = q.by_position.begin(); p != q.by_position.end() && p->first <= reached;) {
+      ++steps_;
+      if (complete(p->second, it->first, progress)) {
+        insert_free(p->second.address, p->second.size);
         p = q.erase(p);
       } else {
         ++p;
       }
     }
-    it = q.empty() ? pending_.erase(it) : std::next(it);
+    it = q.by_position.empty() ? pending_.erase(it) : std::next(it);
   }
 }
 
@@ -90,31 +93,49 @@ void PoolModel::take(std::uintptr_t address, std::size_t range, std::size_t size
   usage_.used_high = std::max(usage_.used_high, usage_.used);
 }
 
+PoolModel::PendingQueue::Iterator PoolModel::PendingQueue::fit(std::size_t size,
+                                                               std::uint64_t limit,
+                                                               std::uint64_t* steps) {
+  // Best fit among the frees up to limit: the first of the size order within the
+  // prefix, or the best of a walk over the prefix. Both walks step together and the
+  // first to end answers, so a long prefix or many too-late fits cost only the shorter.
+  auto in_size = by_size.lower_bound({size, 0});
+  auto in_prefix = by_position.begin();
+  auto best = by_position.end();
+  for (;; ++*steps) {
+    if (in_size == by_size.end()) return by_position.end();
+    if (in_size->second <= limit) return by_position.find(in_size->second);
+    ++in_size;
+    if (in_prefix == by_position.end() || in_prefix->first > limit) return best;
+    if (in_prefix->second.size >= size &&
+        (best == by_position.end() || in_prefix->second.size < best->second.size))
+      best = in_prefix;
+    ++in_prefix;
+  }
+}
+
 std::uintptr_t PoolModel::take_pending(std::size_t size, StreamHandle stream,
                                        const StreamProgress& progress) {
-  // Best fit among the frees stream may reuse before they are complete.
-  std::deque<Pending>* best_queue = nullptr;
-  std::size_t best = 0;
+  // Best fit among the frees stream may reuse before they are complete: all of its
+  // own, another stream's up to the position stream waited for. Ties go to the first
+  // queue met, then the lowest position.
+  PendingQueue* best_queue = nullptr;
+  PendingQueue::Iterator best;
   for (auto& [s, q] : pending_) {
     const std::uint64_t limit = s == stream       ? UINT64_MAX
                                 : progress.waited ? progress.waited(stream, s)
                                                   : 0;
-    for (std::size_t i = 0; i < q.size() && q[i].position <= limit; ++i) {
-      if (q[i].size < size) continue;
-      if (!best_queue || q[i].size < (*best_queue)[best].size) {
-        best_queue = &q;
-        best = i;
-      }
+    auto fit = q.fit(size, limit, &steps_);
+    if (fit != q.by_position.end() && (!best_queue || fit->second.size < best->second.size)) {
+      best_queue = &q;
+      best = fit;
     }
   }
   if (!best_queue) return 0;
-  Pending p = (*best_queue)[best];
-  if (p.size > size) {
-    // The rest stays a pending free of the same stream and position.
-    (*best_queue)[best] = Pending{p.address + size, p.size - size, p.position, p.after};
-  } else {
-    best_queue->erase(best_queue->begin() + static_cast<std::ptrdiff_t>(best));
-  }
+  Pending p = best->second;
+  best_queue->erase(best);
+  // The rest stays a pending free of the same stream and position.
+  if (p.size > size) best_queue->add(Pending{p.address + size, p.size - size, p.position, p.after});
   live_.emplace(p.address, size);
   usage_.used += size;
   usage_.used_high = std::max(usage_.used_high, usage_.used);
@@ -176,7 +197,7 @@ std::string PoolModel::free(std::uintptr_t address, StreamHandle stream, std::ui
   if (complete(p, stream, progress)) {
     insert_free(address, size);
   } else {
-    pending_[stream].push_back(std::move(p));
+    pending_[stream].add(std::move(p));
   }
   return "";
 }

@@ -27,7 +27,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <set>
@@ -83,6 +82,9 @@ class PoolModel {
   std::size_t live() const noexcept { return live_.size(); }
   bool owns(std::uintptr_t address) const { return live_.count(address) != 0; }
   std::size_t chunks() const noexcept { return chunks_.size(); }
+  // Pending frees looked at so far (settling and best fit), for a test that bounds
+  // the work per request when frees stay pending.
+  std::uint64_t pending_steps() const noexcept { return steps_; }
 
  private:
   struct Pending {  // a free not known to be complete yet
@@ -90,6 +92,27 @@ class PoolModel {
     std::size_t size;
     std::uint64_t position;
     Dependencies after;
+  };
+  // One stream's pending frees, by position (unique per stream: a split keeps its
+  // entry's) and by size then position: a best fit walks the shorter of the two orders
+  // and a settle stops at the first position its stream has not reached. (A scan of
+  // every pending free at each request made a program whose work never completes
+  // quadratic.)
+  struct PendingQueue {
+    using Iterator = std::map<std::uint64_t, Pending>::iterator;
+    std::map<std::uint64_t, Pending> by_position;
+    std::set<std::pair<std::size_t, std::uint64_t>> by_size;
+    void add(Pending p) {
+      by_size.insert({p.size, p.position});
+      by_position.emplace(p.position, std::move(p));
+    }
+    Iterator erase(Iterator it) {
+      by_size.erase({it->second.size, it->first});
+      return by_position.erase(it);
+    }
+    // The best fit for size among the frees at positions <= limit (smallest, then
+    // lowest position), or by_position.end().
+    Iterator fit(std::size_t size, std::uint64_t limit, std::uint64_t* steps);
   };
   static bool complete(const Pending& p, StreamHandle stream, const StreamProgress& progress);
   std::size_t rounded(std::size_t size) const;
@@ -110,9 +133,10 @@ class PoolModel {
   std::map<std::uintptr_t, std::size_t> chunks_;  // start -> size
   std::map<std::uintptr_t, std::size_t> free_;    // settled free ranges
   std::set<std::pair<std::size_t, std::uintptr_t>> by_size_;
-  std::unordered_map<StreamHandle, std::deque<Pending>> pending_;  // by position
-  std::unordered_map<std::uintptr_t, std::size_t> live_;           // address -> size
+  std::unordered_map<StreamHandle, PendingQueue> pending_;
+  std::unordered_map<std::uintptr_t, std::size_t> live_;  // address -> size
   PoolUsage usage_;
+  std::uint64_t steps_ = 0;
 };
 
 }  // namespace reservoir::sim

@@ -71,6 +71,10 @@ const SimOptions& validated(const SimOptions& o) {
     throw InvalidArgumentError(
         "SimOptions: pool alignment must be positive and chunk sizes positive multiples of 2 MiB");
   }
+  if (o.completion == SimCompletion::paced && o.pace == 0) {
+    throw InvalidArgumentError(
+        "SimOptions: pace 0: a paced device completes an event at its pace-th query (1 or more)");
+  }
   if (std::string problem = sim::placement_problem(o.placement); !problem.empty()) {
     throw InvalidArgumentError(problem);
   }
@@ -132,7 +136,7 @@ SimBackend::State::State(const SimOptions& o)
           [this](int d, std::uintptr_t start) {
             devices[static_cast<std::size_t>(d)].space.release(start);
           }}),
-      eager(o.eager),
+      eager(o.completion == SimCompletion::eager),
       imports(kBase + static_cast<std::size_t>(o.device_count) * device_stride(o.capacity),
               kBase + static_cast<std::size_t>(o.device_count + 1) * device_stride(o.capacity),
               o.placement) {
@@ -193,6 +197,20 @@ std::optional<DeviceStatus> SimBackend::State::injected(SimOp op, std::size_t si
 }
 
 // ---- Devices and segments ----------------------------------------------------------
+
+const char* to_string(SimCompletion completion) noexcept {
+  switch (completion) {
+    case SimCompletion::manual:
+      return "manual";
+    case SimCompletion::host_waits:
+      return "host_waits";
+    case SimCompletion::paced:
+      return "paced";
+    case SimCompletion::eager:
+      return "eager";
+  }
+  return "?";
+}
 
 const char* to_string(SimOp op) noexcept {
   return kOpNames[static_cast<std::size_t>(op)];
@@ -335,6 +353,7 @@ DeviceStatus SimBackend::record_event(int device, EventHandle event, StreamHandl
     e->recorded = true;
     e->stream = stream;
     e->position = ++st.submitted;  // the event is a marker after the work so far
+    e->queries = 0;
     if (s.eager) st.completed = st.submitted;
     ++s.counters.events_recorded;
     return DeviceStatus::ok;
@@ -344,12 +363,21 @@ DeviceStatus SimBackend::record_event(int device, EventHandle event, StreamHandl
 DeviceStatus SimBackend::query_event(int device, EventHandle event) {
   State& s = *state_;
   return s.call(device, SimOp::query_event, [&](State::Device&) {
-    const State::Event* e = s.find_event("query_event", device, event);
+    State::Event* e = s.find_event("query_event", device, event);
     if (e == nullptr) return DeviceStatus::error;
     if (auto refused = s.refused_by_capture("query_event")) return *refused;
     if (auto refused = s.refused_captured_event("query_event", *e)) return *refused;
     ++s.counters.event_queries;
-    if (!e->recorded || s.streams[e->stream].completed >= e->position) return DeviceStatus::ok;
+    if (!e->recorded) return DeviceStatus::ok;
+    State::Stream& st = s.streams[e->stream];
+    if (st.completed >= e->position) return DeviceStatus::ok;
+    // Paced: the device gets through the stream's work up to the event while the host
+    // polls it pace times.
+    if (s.options.completion == SimCompletion::paced && !s.eager &&
+        ++e->queries >= s.options.pace) {
+      st.completed = e->position;
+      return DeviceStatus::ok;
+    }
     return DeviceStatus::not_ready;
   });
 }
@@ -383,8 +411,16 @@ DeviceStatus SimBackend::stream_wait_event(int device, StreamHandle stream, Even
     if (!e->recorded || e->stream == stream) return DeviceStatus::ok;
     std::uint64_t& w = waiter.waited[e->stream];
     w = std::max(w, e->position);
-    if (s.streams[e->stream].completed < e->position)
-      waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
+    if (s.streams[e->stream].completed < e->position) {
+      // Work that never completes must not make the list grow without bound: past the
+      // cap, the last wait on the same stream takes the new position.
+      auto last = std::find_if(waiter.waits.rbegin(), waiter.waits.rend(),
+                               [&](const State::Wait& x) { return x.stream == e->stream; });
+      if (waiter.waits.size() >= kMaxDeviceWaits && last != waiter.waits.rend())
+        last->position = std::max(last->position, e->position);
+      else
+        waiter.waits.push_back(State::Wait{waiter.submitted, e->stream, e->position});
+    }
     return DeviceStatus::ok;
   });
 }
@@ -396,7 +432,7 @@ DeviceStatus SimBackend::synchronize_stream(int device, StreamHandle stream) {
     auto it = s.streams.find(stream);
     if (it != s.streams.end() && it->second.destroyed)
       return s.destroyed_stream("synchronize_stream", stream);
-    if (it != s.streams.end()) it->second.completed = it->second.submitted;
+    if (it != s.streams.end()) State::finish(it->second);
     ++s.counters.stream_syncs;
     s.apply_release_thresholds(device);
     return DeviceStatus::ok;
@@ -409,6 +445,19 @@ DeviceStatus SimBackend::synchronize_device(int device) {
     if (auto refused = s.refused_by_capture("synchronize_device")) return *refused;
     s.complete_all();  // streams are not per device: all of them finish
     ++s.counters.device_syncs;
+    s.apply_release_thresholds(device);
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::host_waited(int device, StreamHandle stream) {
+  State& s = *state_;
+  return s.call(device, std::nullopt, [&](State::Device&) {
+    // manual: tests keep explicit control; the program's word completes nothing.
+    if (s.options.completion == SimCompletion::manual) return DeviceStatus::ok;
+    auto it = s.streams.find(stream);
+    if (it != s.streams.end()) State::finish(it->second);
+    ++s.counters.host_waits;
     s.apply_release_thresholds(device);
     return DeviceStatus::ok;
   });
@@ -653,6 +702,12 @@ std::size_t SimBackend::pending_events(StreamHandle stream) const {
         const State::Event& e = entry.second;
         return e.recorded && e.stream == stream && e.position > st->second.completed;
       }));
+}
+
+std::size_t SimBackend::device_waits(StreamHandle stream) const {
+  std::lock_guard lock(state_->mutex);
+  auto st = state_->streams.find(stream);
+  return st == state_->streams.end() ? 0 : st->second.waits.size();
 }
 
 void SimBackend::submit_work(StreamHandle stream) {

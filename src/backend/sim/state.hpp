@@ -125,7 +125,8 @@ struct SimBackend::State {
     bool recorded = false;
     StreamHandle stream = 0;
     std::uint64_t position = 0;
-    bool captured = false;  // recorded on a capturing stream: part of a graph
+    bool captured = false;      // recorded on a capturing stream: part of a graph
+    std::uint32_t queries = 0;  // not_ready answers since recorded (paced completion)
   };
   // Answers status on call number `call` of op (call counts from construction).
   struct NumberedFault {
@@ -199,11 +200,13 @@ struct SimBackend::State {
     return sim::error(std::string("sim: ") + op + " on stream " + std::to_string(stream) +
                       ", which was destroyed");
   }
+  // A host wait for the stream: all its work so far completes.
+  static void finish(Stream& stream) {
+    stream.completed = stream.submitted;
+    stream.waits.clear();
+  }
   void complete_all() {
-    for (auto& [handle, stream] : streams) {
-      stream.completed = stream.submitted;
-      stream.waits.clear();
-    }
+    for (auto& [handle, stream] : streams) finish(stream);
   }
   // How far streams have got, for the pools (valid under the mutex).
   sim::StreamProgress progress();

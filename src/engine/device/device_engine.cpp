@@ -77,7 +77,9 @@ void DeviceEngine::release_stream(StreamHandle stream) {
 }
 
 void DeviceEngine::host_waited(StreamHandle stream) {
-  pool(stream).process_events_now();
+  // The frees pending on stream wait in the pools of the streams that allocated the
+  // blocks: each pool checks its events (a pool with none pending only takes its lock).
+  for (StreamPool* p : all_pools_snapshot()) p->process_events_now();
   if (CompactPool* c = compact_if_made()) c->host_waited(stream);
 }
 

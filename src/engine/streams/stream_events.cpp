@@ -30,6 +30,20 @@ void StreamEvents::record(Timeline& t) {
   // Markers nobody asked about yet are retired first when they have completed, so that
   // their events are reused: a stream's markers stay few, and few events are created.
   if (!t.pending.empty()) poll(t);
+  if (t.pending.size() >= kMaxPending) {
+    // Markers that do not complete (a device far behind) must not pile up: the newest
+    // one is recorded again here, so it stands for its own seq and the new one (a fence
+    // on the older seq waits a little longer, never less; a wait already inserted
+    // keeps the recording it saw).
+    auto& [seq, event] = t.pending.back();
+    if (backend_.record_event(device_, event, t.stream) != DeviceStatus::ok)
+      throw DeviceError("reservoir: recording an event on device " + std::to_string(device_) +
+                        " (a fence for memory reuse) failed: " + backend_.last_error());
+    seq = t.wanted;
+    t.wanted = 0;
+    t.deferred = 0;
+    return;
+  }
   EventHandle e = events_.acquire();
   if (backend_.record_event(device_, e, t.stream) != DeviceStatus::ok) {
     events_.release(e);
@@ -127,6 +141,8 @@ std::string StreamEvents::problem() const {
     if (t.wanted == 0 ? t.deferred != 0 : t.deferred >= kSettleEvery)
       return stream() + std::to_string(t.deferred) + " allocations deferred its marker";
     if (std::max(last, t.wanted) >= next_seq_) return stream() + "a marker from the future";
+    if (t.pending.size() > kMaxPending)
+      return stream() + std::to_string(t.pending.size()) + " markers pending";
   }
   return {};
 }

@@ -19,8 +19,8 @@
 // calls Allocator::release_stream before destroying a stream it allocated or freed on
 // (undefined otherwise, as any CUDA call on a destroyed stream).
 //
-// Invariants: per timeline, pending_ holds recorded, not yet known complete markers in
-//   increasing seq order, all > completed; wanted > completed means a marker is owed
+// Invariants: per timeline, pending_ holds at most kMaxPending recorded, not yet known
+//   complete markers in increasing seq order, all > completed; wanted > completed means a marker is owed
 //   (its seq is wanted, not yet recorded), and then 0 <= deferred < kSettleEvery
 //   (deferred == 0 when nothing is owed); a Fence holds at most one mark per stream.
 // Not thread-safe: used under its owner's lock.
@@ -102,6 +102,10 @@ class StreamEvents {
   // time (the others leave it owed; a fence that needs it records it).
   void settle(StreamHandle stream);
   static constexpr std::uint32_t kSettleEvery = 8;
+  // Recorded, incomplete markers kept per stream at most: beyond, the newest is
+  // recorded again for the next (order_after and complete walk them: a device that
+  // never caught up made every turn of two streams slower than the last).
+  static constexpr std::size_t kMaxPending = 16;
   // Whether every mark of fence on streams other than `on` has completed (queries,
   // never waits; records owed markers it needs). Marks on `on` itself are ordered by
   // the stream and need nothing.
