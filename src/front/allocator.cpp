@@ -444,6 +444,10 @@ void Allocator::update_config(std::string_view text) {
       {"device", before.device, next.device, "the device is chosen when the allocator is made"},
       {"sim_capacity", capacity_text(before.sim_capacity), capacity_text(next.sim_capacity),
        "the simulated device is made with its capacity"},
+      {"sim_completion", before.sim_completion, next.sim_completion,
+       "the simulated device is made with its completion model"},
+      {"sim_pace", std::to_string(before.sim_pace), std::to_string(next.sim_pace),
+       "the simulated device is made with its pace"},
   };
   for (const auto& f : fixed)
     if (f.asked != f.now)

@@ -68,6 +68,10 @@ TEST_F(Refused, SettingsFixedWhenTheDeviceIsMade) {
                                "sim_capacity:4294967296"});
   expect_refused<ConfigError>([&] { a_.update_config("max_split_size_mb:256,device:cuda"); },
                               {"device cannot be set at run time", "device:sim"});
+  expect_refused<ConfigError>([&] { a_.update_config("sim_completion:eager"); },
+                              {"sim_completion cannot be set at run time", "host_waits"});
+  expect_refused<ConfigError>([&] { a_.update_config("sim_pace:9"); },
+                              {"sim_pace cannot be set at run time", "sim_pace:4"});
   a_.update_config("sim_capacity:4GiB,device:sim");  // the values in force: nothing to refuse
 }
 
