@@ -51,7 +51,7 @@ struct ReplayOptions {
   // A free completes the allocating stream's work (see above). Off: frees rely on
   // "s" lines and the engine's own events only.
   bool free_completes_stream = true;
-  // Events complete as they are recorded (SimOptions::eager): what a GPU replay sees.
+  // Events complete as they are recorded (SimCompletion::eager): what a GPU replay sees.
   bool device_keeps_up = true;
   // Replay on this device instead of a fresh simulated one (e.g. CudaBackend): each
   // trace stream gets a stream of its own (Backend::create_stream); capacity and the

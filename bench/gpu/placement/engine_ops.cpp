@@ -91,7 +91,7 @@ EngineRun replay_logged_sim(const reservoir::replay::Trace& trace, const std::st
                             std::uint64_t capacity) {
   reservoir::SimOptions o;
   o.capacity = capacity;
-  o.eager = false;
+  o.completion = reservoir::SimCompletion::manual;  // the replay advances the streams
   auto sim = std::make_shared<reservoir::SimBackend>(o);
   return replay_logged(trace, config, sim, sim.get());
 }

@@ -36,7 +36,7 @@ struct EngineRun {
 EngineRun replay_logged(const reservoir::replay::Trace& trace, const std::string& config,
                         std::shared_ptr<Backend> device, reservoir::SimBackend* sim);
 
-// The same on a fresh SimBackend of capacity bytes (not eager).
+// The same on a fresh SimBackend of capacity bytes (completion manual: the replay advances the streams).
 EngineRun replay_logged_sim(const reservoir::replay::Trace& trace, const std::string& config,
                             std::uint64_t capacity);
 
