@@ -294,16 +294,27 @@ StatLedger::~StatLedger() {
 }
 
 ShardCounters& StatLedger::mine_slow() {
-  if (!t_shards_gone)
-    for (const ThreadShards::Entry& e : t_shards.entries)
-      if (e.ledger == id_) {
-        tls_stat_hint = StatHint{id_, e.shard};
-        return *e.shard;
-      }
+  const std::uintptr_t tp = thread_pointer();
+  auto remember = [&](ShardCounters* shard) -> ShardCounters& {
+    tls_stat_hint = StatHint{id_, shard};
+    // A slot held by a live thread stays its own (two threads taking one slot in turns
+    // would write its line on every operation): the second uses the thread_local way.
+    std::atomic<ShardCounters*>& slot = by_thread_[slot_of(tp)];
+    const ShardCounters* held = slot.load(std::memory_order_relaxed);
+    if (tp != 0 && shard->owner.load(std::memory_order_relaxed) == tp &&
+        (!held || held->owner.load(std::memory_order_relaxed) == 0))
+      slot.store(shard, std::memory_order_relaxed);
+    return *shard;
+  };
+  if (tls_stat_hint.ledger == id_) return remember(tls_stat_hint.shard);
+  if (ShardCounters* known = find_mine()) return remember(known);
   ShardCounters* shard;
   {
     std::lock_guard<std::mutex> guard(mutex_);
     shard = take_shard_locked();
+    // A thread that is exiting keeps its shard unregistered (see t_shards_gone), so it
+    // is never taken back: no owner, so that no later thread with its pointer finds it.
+    shard->owner.store(t_shards_gone ? 0 : tp, std::memory_order_relaxed);
   }
   if (!t_shards_gone) {
     std::vector<ThreadShards::Entry>& entries = t_shards.entries;
@@ -318,8 +329,7 @@ ShardCounters& StatLedger::mine_slow() {
       throw;
     }
   }
-  tls_stat_hint = StatHint{id_, shard};
-  return *shard;
+  return remember(shard);
 }
 
 ShardCounters* StatLedger::find_mine() noexcept {
@@ -362,6 +372,7 @@ void StatLedger::retire_locked(ShardCounters* shard) {
   // does not grow.
   fold(&retired_, shard);
   zero(shard);
+  shard->owner.store(0, std::memory_order_relaxed);  // before its thread's pointer is reused
   // Limits zeroed while no one can read them for guards: the owner is gone.
   shard->limits_epoch.store(shard->limits_epoch.load(std::memory_order_relaxed) + 2,
                             std::memory_order_relaxed);

@@ -140,6 +140,10 @@ struct alignas(64) ShardCounters {
   // triggers a rebalance (its ceilings were passed: they are recomputed from the new limits).
   // A raised limit leaves it: guards that fit the old headroom fit the new one.
   std::atomic<std::uint64_t> limits_epoch{0};
+  // The thread pointer of the thread this shard counts for, 0 when none (a spare, a
+  // fixed shard, or a shard made while its thread exits). Written by the ledger under
+  // its mutex when the shard is given and taken back; a thread finds its shard by it.
+  std::atomic<std::uintptr_t> owner{0};
   // Cold, ledger-owned (under its mutex): accumulation bases, own high-water marks as
   // last observed by the ledger (the budget a shard claims), and the ledger epoch of
   // its last rebalance (a shard idle for a while gives up its claims).
@@ -372,13 +376,14 @@ class StatLedger {
   // The calling thread's shard, made (and brought into the budget) on its first use.
   // May throw std::bad_alloc on that first use only.
   RESERVOIR_INLINE ShardCounters& mine() {
-    if (RESERVOIR_LIKELY(tls_stat_hint.ledger == id_)) return *tls_stat_hint.shard;
+    if (ShardCounters* s = by_thread_pointer()) return *s;
     return mine_slow();
   }
   // The end of an operation: the rebalance the calling thread's shard owes, if any.
   // Makes no shard (a thread that counted nothing owes nothing).
   RESERVOIR_INLINE void settle_mine() noexcept {
-    ShardCounters* s = tls_stat_hint.ledger == id_ ? tls_stat_hint.shard : find_mine();
+    ShardCounters* s = by_thread_pointer();
+    if (!s) s = find_mine();
     if (s && RESERVOIR_UNLIKELY(s->over)) rebalance(s);
   }
   // A fixed shard, owned by a lock: it must outlive the ledger's use of it.
@@ -413,6 +418,32 @@ class StatLedger {
   };
 
  private:
+  // The calling thread's shard through a small table indexed by the thread pointer
+  // (one register read, no call: a thread_local in a shared library costs a
+  // __tls_get_addr call, 5% of a pair), or nullptr (a slot another thread took: the
+  // thread_local way then). A slot's shard is this thread's only if its owner is this
+  // thread's pointer: the ledger clears the owner when a thread exits, before its
+  // pointer can be another thread's.
+  static std::uintptr_t thread_pointer() noexcept {
+#if defined(__x86_64__)
+    std::uintptr_t tp;
+    asm("mov %%fs:0, %0" : "=r"(tp));
+    return tp;
+#else
+    return 0;  // elsewhere: the thread_local hint alone
+#endif
+  }
+  static constexpr std::size_t kByThread = 64;  // slot_of() keeps 6 bits
+  // Thread pointers of threads with default stacks lie 8 MiB apart: hashed, not masked.
+  static std::size_t slot_of(std::uintptr_t tp) noexcept {
+    return static_cast<std::size_t>((static_cast<std::uint64_t>(tp) * 0x9E3779B97F4A7C15ull) >>
+                                    58);  // top 6 bits: 0..63
+  }
+  RESERVOIR_INLINE ShardCounters* by_thread_pointer() const noexcept {
+    const std::uintptr_t tp = thread_pointer();
+    ShardCounters* s = by_thread_[slot_of(tp)].load(std::memory_order_relaxed);
+    return s && tp != 0 && s->owner.load(std::memory_order_relaxed) == tp ? s : nullptr;
+  }
   RESERVOIR_COLD ShardCounters& mine_slow();
   RESERVOIR_COLD ShardCounters* find_mine() noexcept;  // the thread's, or nullptr
   // Under the mutex: a shard for a new thread (a spare, or a new one) in the budget.
@@ -434,6 +465,7 @@ class StatLedger {
   std::vector<ShardCounters*> fixed_;
   ShardCounters retired_;                 // counters of exited threads (never live)
   std::vector<std::int64_t> cur_, want_;  // scratch of rebalance_one, one per live shard
+  std::atomic<ShardCounters*> by_thread_[kByThread] = {};  // by_thread_pointer()
   std::int64_t peak_[kReportedKinds][3] = {};
   std::uint64_t epoch_ = 0;  // rebalances so far
   // Rebalances after which a shard that triggered none gives up its claims.
