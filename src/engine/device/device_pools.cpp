@@ -30,11 +30,10 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
   StreamPool* made = nullptr;
-  auto spare = std::find_if(spare_.begin(), spare_.end(),
-                            [stream](StreamPool* p) { return p->stream() == stream; });
-  if (spare != spare_.end()) {
-    made = *spare;
-    spare_.erase(spare);
+  if (!spare_.empty()) {  // a spare holds nothing: any stream may take it
+    made = spare_.back();
+    spare_.pop_back();
+    made->assign(stream);
   } else {
     private_pools_.push_back(std::make_unique<StreamPool>(services_, stream));
     made = private_pools_.back().get();
