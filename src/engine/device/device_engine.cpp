@@ -170,16 +170,7 @@ StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = table_.find(stream)) return *p;  // created meanwhile
   sweep_draining_locked(2);
-  StreamPool* pool = nullptr;
-  if (!recycled_.empty()) {
-    pool = recycled_.back();
-    recycled_.pop_back();
-    pool->assign(stream);
-  } else {
-    pools_.push_back(std::make_unique<StreamPool>(services_, stream));
-    pool = pools_.back().get();
-    ledger_.attach(&pool->counters());
-  }
+  StreamPool* pool = take_pool_locked(recycled_, pools_, stream);
   table_.insert(stream, pool);
   if (!first_made_) {
     first_made_ = true;
@@ -187,6 +178,21 @@ StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
     first_pool_.store(pool, std::memory_order_release);
   }
   return *pool;
+}
+
+// An empty pool holds nothing of its last stream: any stream may take it.
+StreamPool* DeviceEngine::take_pool_locked(std::vector<StreamPool*>& empty,
+                                           std::vector<std::unique_ptr<StreamPool>>& owned,
+                                           StreamHandle stream) {
+  if (!empty.empty()) {
+    StreamPool* p = empty.back();
+    empty.pop_back();
+    p->assign(stream);
+    return p;
+  }
+  owned.push_back(std::make_unique<StreamPool>(services_, stream));
+  ledger_.attach(&owned.back()->counters());
+  return owned.back().get();
 }
 
 std::vector<StreamPool*> DeviceEngine::pools_snapshot() {

@@ -208,6 +208,11 @@ class DeviceEngine {
                                                 StreamHandle stream, const Context& context);
   // The pool of stream if it has one (no pool is made).
   StreamPool* existing_pool(StreamHandle stream);
+  // Under create_mutex_: a pool for stream, from empty (recycled or spare) if any, else
+  // a new one added to owned.
+  StreamPool* take_pool_locked(std::vector<StreamPool*>& empty,
+                               std::vector<std::unique_ptr<StreamPool>>& owned,
+                               StreamHandle stream);
   // Under create_mutex_: recycles p (a released stream's pool) if it holds nothing.
   bool retire_locked(StreamPool* p);
   // Under create_mutex_: tries up to `most` draining pools, oldest first.

@@ -29,16 +29,7 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   if (StreamPool* p = pool.find(stream)) return *p;
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
-  StreamPool* made = nullptr;
-  if (!spare_.empty()) {  // a spare holds nothing: any stream may take it
-    made = spare_.back();
-    spare_.pop_back();
-    made->assign(stream);
-  } else {
-    private_pools_.push_back(std::make_unique<StreamPool>(services_, stream));
-    made = private_pools_.back().get();
-    ledger_.attach(&made->counters());
-  }
+  StreamPool* made = take_pool_locked(spare_, private_pools_, stream);
   made->set_private(pool.id(), pool.options().no_split);
   pool.add(made);
   return *made;
