@@ -71,6 +71,11 @@ class RESERVOIR_API Allocator {
   // free pages back (empty_cache, out of memory) synchronizes the stream that used
   // them, as PyTorch does: from now on it waits for the whole device instead. The
   // stream may be used again afterwards; a stream Reservoir never saw is no error.
+  // Its cache is then forgotten (its memory recycled for new streams) once empty: at
+  // once when no block of it is allocated or waiting for another stream (its cached
+  // segments go back to the device now), else once they are all free and their waits
+  // done, noticed by the next new stream, release_stream or empty_cache. So streams
+  // may come and go without bound, each at a constant cost and no lasting memory.
   // Throws DeviceError when the event cannot be recorded.
   void release_stream(StreamHandle stream, int device = -1);
 

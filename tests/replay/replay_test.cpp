@@ -430,5 +430,23 @@ TEST(Replay, RealTracePeakRequestedMatchesPyTorch) {
   EXPECT_EQ(explain_ratio(r), "");  // 1.19: nothing extreme to explain
 }
 
+// The most streams a trace can name, each used once and never again: every new
+// stream costs the same (a table of 65,536 entries; statistics are per thread, so a
+// stream adds nothing to them), so the replay takes seconds.
+TEST(Replay, SixtyFiveThousandStreamsReplayAtConstantCostEach) {
+  std::string text = "# trace v1: a,ID,SIZE,STREAM | f,ID | u,ID,STREAM | s,STREAM\n";
+  constexpr std::uint64_t kStreams = 65536;
+  for (std::uint64_t s = 0; s < kStreams; ++s) {
+    text += "a," + std::to_string(s) + ",4096," + std::to_string(s) + "\n";
+    text += "f," + std::to_string(s) + "\n";
+  }
+  const Trace t = parse_trace_text(text, "streams");
+  const ReplayResult r = replay_trace(t, "", ReplayOptions{});
+  EXPECT_EQ(r.events, 2 * kStreams);
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_EQ(r.device_allocs, kStreams);  // one small segment per stream, kept cached
+  EXPECT_EQ(r.peak_reserved, kStreams * 2 * MiB);
+}
+
 }  // namespace
 }  // namespace reservoir::replay

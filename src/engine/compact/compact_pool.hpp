@@ -70,6 +70,11 @@ class alignas(64) CompactPool final : public BlockOwner {
   void host_waited(StreamHandle stream);
   // The program is about to destroy stream (StreamEvents::release).
   void release_stream(StreamHandle stream);
+  // Streams whose markers are still tracked (tests: released ones are forgotten).
+  std::size_t streams() {
+    Guard guard(lock_);
+    return fences_.streams();
+  }
 
   // ---- BlockOwner ----
   bool free(std::uintptr_t address) override;

@@ -4,6 +4,8 @@
 #include "engine/device/device_engine.hpp"
 
 #include <algorithm>
+#include <string>
+#include <unordered_set>
 
 #include "reservoir/errors.hpp"
 #include "util/checks.hpp"
@@ -65,15 +67,56 @@ void DeviceEngine::empty_cache() {
   if (capture_.underway()) return;
   release_cached_everywhere();
   if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  sweep_draining_locked(draining_.size());
 }
 
 void DeviceEngine::release_stream(StreamHandle stream) {
   // policy:compact defers work to a stream's later calls (its markers); the
   // PyTorch-exact pools record what they need at the free, but unmapping expandable
   // pages synchronizes the pool's stream: from now on they wait for the device.
-  for (StreamPool* p : all_pools_snapshot())
-    if (p->stream() == stream) p->release_stream();
+  {
+    std::lock_guard<std::mutex> guard(create_mutex_);
+    // A private pool keeps its caches while it lives (its graphs' replays need the
+    // addresses); they become spares, for any stream, once it is released and empty.
+    for (const auto& p : private_pools_)
+      if (p->stream() == stream) p->release_stream();
+    if (StreamPool* p = table_.find(stream)) {
+      p->release_stream();
+      if (!retire_locked(p) && std::find(draining_.begin(), draining_.end(), p) == draining_.end())
+        draining_.push_back(p);
+    }
+    sweep_draining_locked(2);
+  }
   if (CompactPool* c = compact_if_made()) c->release_stream(stream);
+}
+
+bool DeviceEngine::retire_locked(StreamPool* p) {
+  const StreamHandle stream = p->stream();
+  if (!p->recycle(StreamPool::kNoStream)) return false;
+  table_.erase(stream);
+  if (first_pool_.load(std::memory_order_relaxed) == p)
+    first_pool_.store(nullptr, std::memory_order_release);
+  recycled_.push_back(p);
+  return true;
+}
+
+// A few at a time: each new stream pays for at most `most` checks.
+void DeviceEngine::sweep_draining_locked(std::size_t most) {
+  for (std::size_t n = std::min(most, draining_.size()); n > 0; --n) {
+    StreamPool* p = draining_.front();
+    draining_.pop_front();
+    if (!retire_locked(p)) draining_.push_back(p);
+  }
+}
+
+StreamPool* DeviceEngine::existing_pool(StreamHandle stream) {
+  if (StreamPool* first = first_pool_.load(std::memory_order_acquire);
+      first && first_stream_ == stream)
+    return first;
+  if (StreamPool* p = table_.find(stream)) return p;
+  std::lock_guard<std::mutex> guard(create_mutex_);  // the lock-free find may miss
+  return table_.find(stream);
 }
 
 void DeviceEngine::host_waited(StreamHandle stream) {
@@ -81,6 +124,21 @@ void DeviceEngine::host_waited(StreamHandle stream) {
   // blocks: each pool checks its events (a pool with none pending only takes its lock).
   for (StreamPool* p : all_pools_snapshot()) p->process_events_now();
   if (CompactPool* c = compact_if_made()) c->host_waited(stream);
+}
+
+std::size_t DeviceEngine::stream_pool_count() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  return pools_.size();
+}
+
+std::size_t DeviceEngine::stream_table_size() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  return table_.size();
+}
+
+std::size_t DeviceEngine::stream_table_capacity() {
+  std::lock_guard<std::mutex> guard(create_mutex_);
+  return table_.capacity();
 }
 
 std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
@@ -91,21 +149,49 @@ std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, Stream
   if (compact_on_.load(std::memory_order_relaxed))
     return allocate_compact(requested, stream, context);
   StreamPool& p = pool(stream);
-  if (std::uintptr_t address = p.allocate_cached(requested, context)) return address;
-  return allocate_slow(p, requested, context);
+  if (std::uintptr_t address = p.allocate_cached(requested, stream, context, history_.active()))
+    return address;
+  return allocate_missed(p, requested, stream, context);
+}
+
+std::uintptr_t DeviceEngine::allocate_missed(StreamPool& pool, std::size_t requested,
+                                             StreamHandle stream, const Context& context) {
+  StreamPool* p = &pool;
+  // Recycled meanwhile: the table again, under its mutex (exact there).
+  while (p->stream() != stream) {
+    p = &create_pool(stream);
+    if (std::uintptr_t address = p->allocate_cached(requested, stream, context, history_.active()))
+      return address;
+  }
+  return allocate_slow(*p, requested, context);
 }
 
 StreamPool& DeviceEngine::create_pool(StreamHandle stream) {
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = table_.find(stream)) return *p;  // created meanwhile
-  pools_.push_back(std::make_unique<StreamPool>(services_, stream));
-  StreamPool* pool = pools_.back().get();
+  sweep_draining_locked(2);
+  StreamPool* pool = take_pool_locked(recycled_, pools_, stream);
   table_.insert(stream, pool);
-  if (pools_.size() == 1) {
+  if (!first_made_) {
+    first_made_ = true;
     first_stream_ = stream;
     first_pool_.store(pool, std::memory_order_release);
   }
   return *pool;
+}
+
+// An empty pool holds nothing of its last stream: any stream may take it.
+StreamPool* DeviceEngine::take_pool_locked(std::vector<StreamPool*>& empty,
+                                           std::vector<std::unique_ptr<StreamPool>>& owned,
+                                           StreamHandle stream) {
+  if (!empty.empty()) {
+    StreamPool* p = empty.back();
+    empty.pop_back();
+    p->assign(stream);
+    return p;
+  }
+  owned.push_back(std::make_unique<StreamPool>(services_, stream));
+  return owned.back().get();
 }
 
 std::vector<StreamPool*> DeviceEngine::pools_snapshot() {
@@ -298,9 +384,25 @@ void DeviceEngine::validate() {
   for (StreamPool* spare : spare_)
     RESERVOIR_CHECK(!spare->holds_segments(), "a spare private-pool cache holds segments");
   StreamPool* first = first_pool_.load(std::memory_order_acquire);
-  RESERVOIR_CHECK(first == (pools_.empty() ? nullptr : pools_[0].get()) &&
-                      (!first || table_.find(first_stream_) == first),
-                  "the first stream's pool is not the table's");
+  RESERVOIR_CHECK(
+      !first || (table_.find(first_stream_) == first && first->stream() == first_stream_),
+      "the first stream's pool is not the table's");
+  std::unordered_set<const StreamPool*> listed;
+  table_.for_each([&](StreamHandle stream, StreamPool* p) {
+    RESERVOIR_CHECK(p->stream() == stream, "the stream table maps stream " +
+                                               std::to_string(stream) + " to a pool of stream " +
+                                               std::to_string(p->stream()));
+    RESERVOIR_CHECK(listed.insert(p).second, "a pool is in two stream table slots");
+  });
+  for (StreamPool* p : recycled_) {
+    RESERVOIR_CHECK(p->stream() == StreamPool::kNoStream && !p->holds_segments(),
+                    "a recycled stream pool serves a stream or holds segments");
+    RESERVOIR_CHECK(listed.insert(p).second, "a recycled stream pool is in the stream table");
+  }
+  RESERVOIR_CHECK(listed.size() == pools_.size(),
+                  "a stream pool is neither in the stream table nor recycled");
+  for (StreamPool* p : draining_)
+    RESERVOIR_CHECK(table_.find(p->stream()) == p, "a draining stream pool is not its stream's");
   // Every pool locked for the whole walk: the budget and the threads' statistics
   // shards change only under a pool's lock.
   const auto locked = lock_every_pool();

@@ -9,8 +9,11 @@
 //   while every pool is locked: budget_.reserved() == sum over pools of their mapped
 //     segment bytes + budget_.unlocked() (device_state.hpp);
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
-//   every pool in pools_ is reachable through table_ by its stream;
-//   first_pool_ == nullptr or first_pool_ == pools_[0] == table_.find(first_stream_);
+//   every pool in pools_ is either in table_ under its stream (p->stream() == key)
+//     or in recycled_ (holds nothing, serves kNoStream, in no table slot), never both;
+//   draining_ lists pools of released streams that still held blocks (each in table_);
+//   first_pool_ == nullptr or first_pool_ == table_.find(first_stream_) and serves
+//     first_stream_ (it goes null for good when that pool is recycled);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
 //     spare (no segment) and listed in spare_;
 //   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
@@ -23,6 +26,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,10 +84,13 @@ class DeviceEngine {
     if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
       return allocate_with_context(requested, stream);
     StreamPool& p = pool(stream);
-    if (std::uintptr_t address = p.allocate_cached(requested, kNoContext, false)) return address;
-    return allocate_slow(p, requested, kNoContext);
+    if (std::uintptr_t address = p.allocate_cached(requested, stream, kNoContext, false))
+      return address;
+    return allocate_missed(p, requested, stream, kNoContext);
   }
-  // The pool of stream, created on first use. Lock-free once created.
+  // The pool of stream, created on first use. Lock-free once created, and then a hint:
+  // a pool recycled meanwhile serves another stream, which the caller checks under
+  // the pool's lock (allocate_cached's stream argument).
   StreamPool& pool(StreamHandle stream) {
     // The first stream's pool without the table (a one-stream program's every request).
     if (StreamPool* first = first_pool_.load(std::memory_order_acquire);
@@ -97,8 +104,16 @@ class DeviceEngine {
   void empty_cache();
   // The host waited for stream: pending frees and fences on it are complete.
   void host_waited(StreamHandle stream);
-  // The program is about to destroy stream: what is owed on it is recorded now.
+  // The program is about to destroy stream: what is owed on it is recorded now, and
+  // its pool is recycled once it holds nothing (at once when no block is allocated or
+  // pending: its cached segments go back; else once its last block is free and its
+  // frees complete, noticed by the next new stream, release_stream or empty_cache).
   void release_stream(StreamHandle stream);
+  // For tests: StreamPool objects of the default pools (live and recycled), the
+  // table's entries and capacity.
+  std::size_t stream_pool_count();
+  std::size_t stream_table_size();
+  std::size_t stream_table_capacity();
   void set_memory_fraction(double fraction);
   double memory_fraction() const;
   std::size_t largest_cached_block();
@@ -189,6 +204,21 @@ class DeviceEngine {
   RESERVOIR_COLD std::uintptr_t allocate_with_context(std::size_t requested, StreamHandle stream);
   static inline const Context kNoContext{};
   StreamPool& create_pool(StreamHandle stream);
+  // After allocate_cached answered 0: the pool's ladder, once the pool is stream's (a
+  // pool found without a lock may have been recycled meanwhile).
+  RESERVOIR_COLD std::uintptr_t allocate_missed(StreamPool& pool, std::size_t requested,
+                                                StreamHandle stream, const Context& context);
+  // The pool of stream if it has one (no pool is made).
+  StreamPool* existing_pool(StreamHandle stream);
+  // Under create_mutex_: a pool for stream, from empty (recycled or spare) if any, else
+  // a new one added to owned.
+  StreamPool* take_pool_locked(std::vector<StreamPool*>& empty,
+                               std::vector<std::unique_ptr<StreamPool>>& owned,
+                               StreamHandle stream);
+  // Under create_mutex_: recycles p (a released stream's pool) if it holds nothing.
+  bool retire_locked(StreamPool* p);
+  // Under create_mutex_: tries up to `most` draining pools, oldest first.
+  void sweep_draining_locked(std::size_t most);
   std::vector<StreamPool*> pools_snapshot();
   // Locks every pool in the lock order (the caller holds create_mutex_); the locks go
   // with the returned guards.
@@ -216,9 +246,13 @@ class DeviceEngine {
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;
   std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
-  // pools_[0] and its stream, set once (stream first, then the pool, released).
+  std::vector<StreamPool*> recycled_;               // under create_mutex_: empty, for new streams
+  std::deque<StreamPool*> draining_;                // under create_mutex_: released, not yet empty
+  // The first pool ever made and its stream, set once (stream first, then the pool,
+  // released); the pool goes null for good when recycled.
   StreamHandle first_stream_ = 0;
   std::atomic<StreamPool*> first_pool_{nullptr};
+  bool first_made_ = false;  // under create_mutex_
   PoolRegistry private_registry_{detours_, kDetourRouting};
   std::vector<std::unique_ptr<StreamPool>> private_pools_;  // under create_mutex_
   std::vector<StreamPool*> spare_;                          // under create_mutex_

@@ -29,16 +29,7 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   if (StreamPool* p = pool.find(stream)) return *p;
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
-  StreamPool* made = nullptr;
-  auto spare = std::find_if(spare_.begin(), spare_.end(),
-                            [stream](StreamPool* p) { return p->stream() == stream; });
-  if (spare != spare_.end()) {
-    made = *spare;
-    spare_.erase(spare);
-  } else {
-    private_pools_.push_back(std::make_unique<StreamPool>(services_, stream));
-    made = private_pools_.back().get();
-  }
+  StreamPool* made = take_pool_locked(spare_, private_pools_, stream);
   made->set_private(pool.id(), pool.options().no_split);
   pool.add(made);
   return *made;

@@ -105,9 +105,11 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
   return b;
 }
 
-std::uintptr_t StreamPool::allocate_cached(std::size_t requested, const Context& context,
-                                           bool traced) {
+std::uintptr_t StreamPool::allocate_cached(std::size_t requested, StreamHandle stream,
+                                           const Context& context, bool traced) {
   ScopedGuard guard(*this);
+  // Found without a lock: the pool may serve another stream by now (recycled).
+  if (RESERVOIR_UNLIKELY(stream != stream_.load(std::memory_order_relaxed))) return 0;
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
   last_size_ = size;
@@ -506,6 +508,9 @@ void StreamPool::process_events(bool wait) {
       }
     }
   }
+  // A stream's queue goes once empty: a pool keeps nothing of streams it no longer
+  // waits for (they come and go by the million in some programs).
+  std::erase_if(pending_queues_, [](const UseQueue& q) { return q.entries.empty(); });
 }
 
 void StreamPool::release_stream() {
@@ -529,7 +534,7 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
   Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
-  if (other == stream_) return true;
+  if (other == stream()) return true;
   BlockExtras& x = b->extra();
   if (x.uses.insert(other) && RESERVOIR_UNLIKELY(services_.capture.underway()))
     x.capture_uses.insert(other);
@@ -615,6 +620,12 @@ void StreamPool::release_segment(Segment* seg) {
 
 std::size_t StreamPool::release_cached() {
   Guard guard(*this);
+  const std::size_t released = release_cached_locked();
+  finish_operation();
+  return released;
+}
+
+std::size_t StreamPool::release_cached_locked() {
   std::size_t released = 0;
   std::vector<Segment*> whole;
   std::vector<Block*> expandable;
@@ -638,7 +649,6 @@ std::size_t StreamPool::release_cached() {
     released += before - seg->mapped_bytes;
   }
   released += release_idle_expandable();
-  finish_operation();
   return released;
 }
 

@@ -50,6 +50,7 @@
 // Locking: public members take the lock; a member never takes another pool's lock.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -90,7 +91,18 @@ class alignas(64) StreamPool final : public BlockOwner {
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
-  StreamHandle stream() const noexcept { return stream_; }
+  // The stream served: changes only while the pool is empty, under its lock and the
+  // engine's creation mutex (a recycled pool serves a new stream), so a reader holding
+  // the lock sees the stream of every block it finds.
+  StreamHandle stream() const noexcept { return stream_.load(std::memory_order_relaxed); }
+  // Recycling (the engine, under its creation mutex): when the pool holds nothing (no
+  // allocated, pending or parked block; cached segments are released first), it
+  // forgets its stream, takes `next` (kNoStream: none yet) and answers true; else
+  // changes nothing and answers false. Never during a capture (nothing may go back).
+  bool recycle(StreamHandle next);
+  // A recycled pool takes a stream. pre: the pool holds nothing.
+  void assign(StreamHandle stream);
+  static constexpr StreamHandle kNoStream = ~StreamHandle{0} - 0x600d;
   // The private pool this cache serves ({0, 0}: the default pools) and its no_split
   // option. Set while the pool holds no segment (a new or recycled cache).
   void set_private(PoolId pool, bool no_split);
@@ -104,9 +116,12 @@ class alignas(64) StreamPool final : public BlockOwner {
   // or 0 when that step cannot serve it. Device errors throw DeviceError.
   // From cached blocks only (completing finished pending frees first). traced: history
   // is on (read once per operation by the caller; the engine's fast path knows it off).
-  std::uintptr_t allocate_cached(std::size_t requested, const Context& context, bool traced);
+  // stream: the stream the caller looked the pool up for without a lock; 0 when the
+  // pool serves another by the time its lock is taken (recycled meanwhile).
+  std::uintptr_t allocate_cached(std::size_t requested, StreamHandle stream, const Context& context,
+                                 bool traced);
   std::uintptr_t allocate_cached(std::size_t requested, const Context& context) {
-    return allocate_cached(requested, context, tracing());
+    return allocate_cached(requested, stream(), context, tracing());
   }
   // From a new device allocation (or newly mapped pages); retry counts a retry.
   std::uintptr_t allocate_new_segment(std::size_t requested, bool retry, const Context& context);
@@ -209,7 +224,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool tracing() const noexcept { return history_.active(); }
   void trace(TraceAction action, std::uintptr_t address, std::size_t size,
              const Context& context) const {
-    services_.trace(action, address, size, stream_, context, pool_id_);
+    services_.trace(action, address, size, stream(), context, pool_id_);
   }
   // ---- blocks and their indexes ----
   // (the small ones are defined inline at the end of this header: they are the hot path)
@@ -271,6 +286,8 @@ class alignas(64) StreamPool final : public BlockOwner {
   void restore_segment(Segment* segment, const CheckpointSegment& record,
                        std::vector<void*>* allocated);
   void process_events(bool wait);
+  std::size_t release_cached_locked();
+  void serve(StreamHandle stream);  // pre: the pool holds nothing (recycle, assign)
   void release_segment(Segment* segment);
 
   void finish_operation();
@@ -280,7 +297,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   // place by a configuration change, never moved).
   const SizePolicy& policy_;
   const History& history_;
-  const StreamHandle stream_;
+  std::atomic<StreamHandle> stream_;  // see stream()
   Lock lock_;
   std::size_t pending_blocks_ = 0;
   Block* parked_ = nullptr;  // a freed block, merge postponed (the class comment)

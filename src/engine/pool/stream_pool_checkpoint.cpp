@@ -27,7 +27,7 @@ void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
           "reservoir: cannot checkpoint a private pool with expandable segments (segment " +
           at(seg->base) + "); use expandable_segments:False for CUDA graph trees");
     CheckpointSegment record;
-    record.stream = stream_;
+    record.stream = stream();
     record.base = seg->base;
     record.size = seg->size;
     record.is_small = seg->is_small();

@@ -163,7 +163,7 @@ bool StreamPool::unmap_block(Block* b) {
   // device once the program has said it destroys the stream (release_stream).
   const DeviceStatus synced = stream_released_
                                   ? services_.backend.synchronize_device(services_.device)
-                                  : services_.backend.synchronize_stream(services_.device, stream_);
+                                  : services_.backend.synchronize_stream(services_.device, stream());
   if (synced != DeviceStatus::ok)
     throw DeviceError(std::string("reservoir: synchronizing the ") +
                       (stream_released_ ? "device" : "stream") + " before unmapping on device " +

@@ -1,10 +1,11 @@
 // StreamPool: reading the books (sizes, segments, snapshots, error explanations) and
-// the age-based garbage collection of cached blocks.
+// the age-based garbage collection of cached blocks; recycling an empty pool.
 #include <algorithm>
 
 #include "engine/pool/expandable_segment.hpp"
 #include "engine/pool/stream_pool.hpp"
 #include "reservoir/errors.hpp"
+#include "util/checks.hpp"
 #include "util/format.hpp"
 
 namespace reservoir::detail {
@@ -72,7 +73,7 @@ std::size_t StreamPool::snapshot(std::vector<SegmentInfo>* out) {
         info = &out->back();
         info->device = services_.device;
         info->address = b->address;
-        info->stream = stream_;
+        info->stream = stream();
         info->is_large = !seg->is_small();
         info->is_expandable = seg->expandable;
         info->pool = pool_id_;
@@ -157,6 +158,37 @@ void StreamPool::add_peer(int device) {
   Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
     if (seg->expandable) seg->vm->add_peer(device);
+}
+
+// ---------------------------------------------------------------- recycling
+
+bool StreamPool::recycle(StreamHandle next) {
+  Guard guard(*this);
+  // No memory may go back during a capture, nor may events be queried.
+  if (services_.capture.underway()) return false;
+  if (pending_blocks_ != 0) process_events(false);
+  const bool busy = allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
+                    !capture_deferred_.empty();
+  if (!busy) release_cached_locked();
+  finish_operation();
+  if (busy || segments_) return false;  // segments_: memory the device refused to take back
+  serve(next);
+  return true;
+}
+
+void StreamPool::assign(StreamHandle stream) {
+  Guard guard(*this);
+  serve(stream);
+}
+
+// What the pool knew of its stream goes: a new stream starts afresh.
+void StreamPool::serve(StreamHandle stream) {
+  RESERVOIR_CHECK(!segments_ && pending_blocks_ == 0, "a stream pool changes stream while in use");
+  pending_queues_.clear();  // every queue is empty (no pending block)
+  stream_released_ = false;
+  last_size_ = 0;
+  fit_block_ = nullptr;
+  stream_.store(stream, std::memory_order_relaxed);
 }
 
 }  // namespace reservoir::detail

@@ -16,11 +16,17 @@ StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
   if (Timeline* t = find(stream)) return *t;
   timelines_.emplace_back();
   timelines_.back().stream = stream;
+  // Marks numbered so far on this handle are a forgotten stream's: all completed.
+  timelines_.back().completed = next_seq_ - 1;
   return timelines_.back();
 }
 
 std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
   Timeline& t = timeline(stream);
+  if (t.released) {  // the handle is a new stream's
+    t.released = false;
+    --released_;
+  }
   if (t.wanted == 0) t.wanted = next_seq_++;
   return t.wanted;
 }
@@ -98,9 +104,18 @@ bool StreamEvents::done(Timeline& t, std::uint64_t seq) {
 bool StreamEvents::complete(const Fence& fence, StreamHandle on) {
   for (std::size_t i = 0; i < fence.size(); ++i) {
     const Fence::Mark& m = fence[i];
-    if (m.stream != on && !done(timeline(m.stream), m.seq)) return false;
+    if (m.stream == on) continue;
+    Timeline* t = find(m.stream);
+    if (t && !done(*t, m.seq)) return false;  // no timeline: forgotten, so complete
   }
   return true;
+}
+
+void StreamEvents::drop_completed(Fence& fence) {
+  fence.erase_if([this](const Fence::Mark& m) {
+    const Timeline* t = find(m.stream);
+    return !t || m.seq <= t->completed;  // no timeline: forgotten once complete
+  });
 }
 
 EventHandle StreamEvents::event_of(Timeline& t, std::uint64_t seq) {
@@ -114,9 +129,9 @@ int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
   for (std::size_t i = 0; i < fence.size(); ++i) {
     const Fence::Mark& m = fence[i];
     if (m.stream == stream) continue;
-    Timeline& t = timeline(m.stream);
-    if (done(t, m.seq)) continue;
-    EventHandle e = event_of(t, m.seq);
+    Timeline* t = find(m.stream);
+    if (!t || done(*t, m.seq)) continue;
+    EventHandle e = event_of(*t, m.seq);
     if (backend_.stream_wait_event(device_, stream, e) != DeviceStatus::ok)
       throw DeviceError("reservoir: making a stream wait for another on device " +
                         std::to_string(device_) + " failed: " + backend_.last_error());
@@ -126,6 +141,10 @@ int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
 }
 
 std::string StreamEvents::problem() const {
+  const auto released = std::count_if(timelines_.begin(), timelines_.end(),
+                                      [](const Timeline& t) { return t.released; });
+  if (static_cast<std::size_t>(released) != released_)
+    return std::to_string(released) + " released timelines, counted " + std::to_string(released_);
   for (const Timeline& t : timelines_) {
     auto stream = [&] { return "stream " + std::to_string(t.stream) + ": "; };
     std::uint64_t last = t.completed;
@@ -154,10 +173,33 @@ void StreamEvents::host_waited(StreamHandle stream) {
     record(*t);
     poll(*t);
   }
+  forget_released();
 }
 
 void StreamEvents::release(StreamHandle stream) {
-  if (Timeline* t = find(stream)) record(*t);
+  if (Timeline* t = find(stream)) {
+    record(*t);
+    if (!t->released) {
+      t->released = true;
+      ++released_;
+    }
+  }
+  forget_released();
+}
+
+void StreamEvents::forget_released() {
+  if (released_ == 0) return;
+  for (std::size_t i = 0; i < timelines_.size();) {
+    Timeline& t = timelines_[i];
+    if (t.released) poll(t);
+    if (!t.released || !t.pending.empty() || t.wanted != 0) {
+      ++i;
+      continue;
+    }
+    --released_;
+    if (i + 1 != timelines_.size()) t = std::move(timelines_.back());
+    timelines_.pop_back();
+  }
 }
 
 void StreamEvents::synchronize_all() {
@@ -175,6 +217,7 @@ void StreamEvents::synchronize_all() {
     t.wanted = 0;
     t.deferred = 0;
   }
+  forget_released();
 }
 
 }  // namespace reservoir::detail

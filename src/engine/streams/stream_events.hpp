@@ -19,6 +19,12 @@
 // calls Allocator::release_stream before destroying a stream it allocated or freed on
 // (undefined otherwise, as any CUDA call on a destroyed stream).
 //
+// A released stream's timeline is forgotten once its markers have completed (checked
+// at each release, host wait and device-wide wait): a mark on a stream with no
+// timeline has completed. A timeline made later for the same handle (streams come
+// back under old handles) starts with every marker numbered so far completed, so old
+// marks never wait for the new stream's work.
+//
 // Invariants: per timeline, pending_ holds at most kMaxPending recorded, not yet known
 //   complete markers in increasing seq order, all > completed; wanted > completed means a marker is owed
 //   (its seq is wanted, not yet recorded), and then 0 <= deferred < kSettleEvery
@@ -72,6 +78,17 @@ class Fence {
     size_ = 0;
     more_.clear();
   }
+  // Drops the marks pred accepts.
+  template <typename Pred>
+  void erase_if(Pred pred) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < size_; ++i) {
+      const Mark m = (*this)[i];
+      if (!pred(m)) at(kept++) = m;
+    }
+    size_ = kept;
+    more_.resize(kept > kInline ? kept - kInline : 0);
+  }
   // Whether every mark is on stream (nothing to order or wait for there).
   bool only_on(StreamHandle stream) const noexcept {
     for (std::size_t i = 0; i < size_; ++i)
@@ -112,6 +129,9 @@ class StreamEvents {
   bool complete(const Fence& fence, StreamHandle on);
   // Whether every mark has completed, on any stream (the host may unmap then).
   bool complete(const Fence& fence) { return complete(fence, kNoStream); }
+  // Drops the marks known complete (no query): a fence keeps nothing of streams whose
+  // work it no longer waits for, however many streams used its memory.
+  void drop_completed(Fence& fence);
   // Makes stream wait on the device for every incomplete mark of fence on other
   // streams; returns the number of waits inserted. Throws DeviceError.
   int order_after(StreamHandle stream, const Fence& fence);
@@ -124,7 +144,7 @@ class StreamEvents {
   // marker, owed ones too, has completed then — one wait, which also covers streams
   // destroyed since (no event can be recorded there). Throws DeviceError.
   void synchronize_all();
-  // Streams seen so far.
+  // Streams with a timeline: seen, and not forgotten since their release.
   std::size_t streams() const noexcept { return timelines_.size(); }
   // The invariants above: empty when they hold, else what breaks them (the validator).
   std::string problem() const;
@@ -137,6 +157,7 @@ class StreamEvents {
     std::uint64_t completed = 0;  // every marker <= completed has completed
     std::uint64_t wanted = 0;     // owed marker (0: none)
     std::uint32_t deferred = 0;   // allocations that left the owed marker unrecorded
+    bool released = false;        // release() since its last want_marker()
     std::deque<std::pair<std::uint64_t, EventHandle>> pending;
   };
   Timeline* find(StreamHandle stream);      // nullptr: never seen
@@ -145,12 +166,14 @@ class StreamEvents {
   void poll(Timeline& t);                   // retires completed markers (queries)
   bool done(Timeline& t, std::uint64_t seq);
   EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
+  void forget_released();  // drops released timelines whose markers have completed
 
   Backend& backend_;
   const int device_;
   EventPool& events_;
   std::vector<Timeline> timelines_;  // few streams: a linear search is cheapest
   std::uint64_t next_seq_ = 1;
+  std::size_t released_ = 0;  // timelines with released set
 };
 
 }  // namespace reservoir::detail

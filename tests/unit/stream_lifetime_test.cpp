@@ -1,0 +1,146 @@
+// Streams come and go: a released stream's pool is recycled once it holds nothing, so
+// a program that makes a million short-lived streams runs at constant cost and memory.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <vector>
+
+#include "engine/allocators/caching_allocator.hpp"
+#include "engine/device/device_engine.hpp"
+#include "reservoir/sim_backend.hpp"
+
+namespace reservoir::detail {
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+#ifdef RESERVOIR_TEST_SLOW_BUILD
+constexpr int kStreams = 20'000;  // the validator after every operation, or a sanitizer
+#else
+constexpr int kStreams = 1'000'000;
+#endif
+
+long resident_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * 4;
+}
+
+// Each stream allocates (a large and a small block), lends the small one to a
+// long-lived stream (record_stream: its free waits there), frees both and is released.
+// The long-lived stream's work completes every 16 streams, so some pools are still
+// draining when released and are recycled later.
+TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  constexpr StreamHandle kWorker = 7;
+  a.deallocate(a.allocate(MiB, kWorker, 0));
+
+  constexpr int kChunk = kStreams / 50;
+  std::vector<double> chunk_seconds;
+  std::size_t pools_early = 0, capacity_early = 0;
+  long resident_early = 0;
+  auto chunk_start = std::chrono::steady_clock::now();
+  for (int i = 1; i <= kStreams; ++i) {
+    const auto s = static_cast<StreamHandle>(1000 + i);
+    void* big = a.allocate(4 * MiB, s, 0);
+    void* small = a.allocate(4096, s, 0);
+    a.record_stream(small, kWorker);
+    a.deallocate(small);
+    a.deallocate(big);
+    a.release_stream(s, 0);
+    if (i % 16 == 0) sim.advance(kWorker);
+    if (i == 1000) {
+      pools_early = engine.stream_pool_count();
+      capacity_early = engine.stream_table_capacity();
+      resident_early = resident_kib();
+    }
+    if (i % kChunk == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      chunk_seconds.push_back(std::chrono::duration<double>(now - chunk_start).count());
+      chunk_start = now;
+    }
+  }
+  EXPECT_LE(engine.stream_pool_count(), pools_early);
+  EXPECT_EQ(engine.stream_table_capacity(), capacity_early);
+  EXPECT_LE(engine.stream_table_size(), 32u);  // the worker and a few draining streams
+  EXPECT_LE(resident_kib() - resident_early, 4 * 1024) << "KiB of resident memory grew";
+#ifndef RESERVOIR_TEST_SLOW_BUILD
+  // The last 100,000 streams cost what the first 100,000 did: medians of 5 chunks.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double first = median({chunk_seconds.begin(), chunk_seconds.begin() + 5});
+  const double last = median({chunk_seconds.end() - 5, chunk_seconds.end()});
+  EXPECT_LE(last, first * 1.2) << "first chunks " << first << " s, last " << last << " s";
+#endif
+  a.empty_cache(0);
+  a.engine(0).validate(true);
+}
+
+// A released stream whose pool still holds a block keeps it (and its table entry)
+// until the block is freed; then the next new stream recycles the pool.
+TEST(StreamLifetime, APoolWithABlockIsRecycledOnceTheBlockIsFreed) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  void* kept = a.allocate(MiB, 1, 0);
+  a.release_stream(1, 0);
+  EXPECT_EQ(engine.stream_table_size(), 1u);
+  EXPECT_GT(sim.used(0), 0u);
+  a.deallocate(kept);
+  // A new stream: the draining pool is recycled first, and the new stream takes it.
+  a.deallocate(a.allocate(MiB, 2, 0));
+  EXPECT_EQ(engine.stream_table_size(), 1u);
+  EXPECT_EQ(engine.stream_pool_count(), 1u);
+  a.release_stream(2, 0);  // empty at release: recycled at once, its segment given back
+  EXPECT_EQ(engine.stream_table_size(), 0u);
+  EXPECT_EQ(sim.used(0), 0u);
+  engine.validate(true);
+  // A stream under an old handle starts afresh on a recycled pool.
+  void* again = a.allocate(MiB, 1, 0);
+  EXPECT_EQ(engine.stream_pool_count(), 1u);
+  a.deallocate(again);
+  engine.validate(true);
+}
+
+// The first stream's pool is reached without the table; once recycled, that shortcut
+// is gone and its handle, reused, is a new stream like any other.
+TEST(StreamLifetime, ReleasingTheFirstStreamLeavesNoStaleShortcut) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  a.deallocate(a.allocate(MiB, 5, 0));
+  a.release_stream(5, 0);
+  void* other = a.allocate(MiB, 6, 0);  // takes the recycled first pool
+  void* first_again = a.allocate(MiB, 5, 0);
+  BaseAllocation base_other = a.base_allocation(other);
+  BaseAllocation base_first = a.base_allocation(first_again);
+  EXPECT_NE(base_other.base, base_first.base);  // separate pools, separate segments
+  a.engine(0).validate(true);
+  a.deallocate(other);
+  a.deallocate(first_again);
+  a.engine(0).validate(true);
+}
+
+// policy:compact forgets a released stream's markers once they complete.
+TEST(StreamLifetime, CompactForgetsReleasedStreams) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse("policy:compact"), 1);
+  for (StreamHandle s = 1; s <= 20000; ++s) {
+    void* p = a.allocate(MiB, s, 0);
+    a.deallocate(p);
+    a.release_stream(s, 0);
+    sim.advance(s);
+  }
+  a.empty_cache(0);
+  a.engine(0).validate(true);
+  ASSERT_NE(a.engine(0).compact_if_made(), nullptr);
+  EXPECT_LE(a.engine(0).compact_if_made()->streams(), 2u);
+}
+
+}  // namespace
+}  // namespace reservoir::detail
