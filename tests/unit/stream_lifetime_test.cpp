@@ -79,7 +79,7 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
   EXPECT_LE(last, first * 1.2) << "first chunks " << first << " s, last " << last << " s";
 #endif
   a.empty_cache(0);
-  a.engine(0).validate(true);
+  a.engine(0).validate();
 }
 
 // A released stream whose pool still holds a block keeps it (and its table entry)
@@ -100,12 +100,12 @@ TEST(StreamLifetime, APoolWithABlockIsRecycledOnceTheBlockIsFreed) {
   a.release_stream(2, 0);  // empty at release: recycled at once, its segment given back
   EXPECT_EQ(engine.stream_table_size(), 0u);
   EXPECT_EQ(sim.used(0), 0u);
-  engine.validate(true);
+  engine.validate();
   // A stream under an old handle starts afresh on a recycled pool.
   void* again = a.allocate(MiB, 1, 0);
   EXPECT_EQ(engine.stream_pool_count(), 1u);
   a.deallocate(again);
-  engine.validate(true);
+  engine.validate();
 }
 
 // The first stream's pool is reached without the table; once recycled, that shortcut
@@ -120,10 +120,10 @@ TEST(StreamLifetime, ReleasingTheFirstStreamLeavesNoStaleShortcut) {
   BaseAllocation base_other = a.base_allocation(other);
   BaseAllocation base_first = a.base_allocation(first_again);
   EXPECT_NE(base_other.base, base_first.base);  // separate pools, separate segments
-  a.engine(0).validate(true);
+  a.engine(0).validate();
   a.deallocate(other);
   a.deallocate(first_again);
-  a.engine(0).validate(true);
+  a.engine(0).validate();
 }
 
 // policy:compact forgets a released stream's markers once they complete.
@@ -137,7 +137,7 @@ TEST(StreamLifetime, CompactForgetsReleasedStreams) {
     sim.advance(s);
   }
   a.empty_cache(0);
-  a.engine(0).validate(true);
+  a.engine(0).validate();
   ASSERT_NE(a.engine(0).compact_if_made(), nullptr);
   EXPECT_LE(a.engine(0).compact_if_made()->streams(), 2u);
 }

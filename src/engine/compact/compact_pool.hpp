@@ -72,7 +72,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   void release_stream(StreamHandle stream);
   // Streams whose markers are still tracked (tests: released ones are forgotten).
   std::size_t streams() {
-    Guard guard(lock_);
+    std::lock_guard<Lock> guard(lock_);
     return fences_.streams();
   }
 
