@@ -300,10 +300,10 @@ ShardCounters& StatLedger::mine_slow() {
     // A slot held by a live thread stays its own (two threads taking one slot in turns
     // would write its line on every operation): the second uses the thread_local way.
     std::atomic<ShardCounters*>& slot = by_thread_[slot_of(tp)];
-    const ShardCounters* held = slot.load(std::memory_order_relaxed);
+    const ShardCounters* held = slot.load(std::memory_order_acquire);
     if (tp != 0 && shard->owner.load(std::memory_order_relaxed) == tp &&
         (!held || held->owner.load(std::memory_order_relaxed) == 0))
-      slot.store(shard, std::memory_order_relaxed);
+      slot.store(shard, std::memory_order_release);  // the shard made before it is seen
     return *shard;
   };
   if (tls_stat_hint.ledger == id_) return remember(tls_stat_hint.shard);

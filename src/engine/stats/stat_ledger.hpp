@@ -441,7 +441,8 @@ class StatLedger {
   }
   RESERVOIR_INLINE ShardCounters* by_thread_pointer() const noexcept {
     const std::uintptr_t tp = thread_pointer();
-    ShardCounters* s = by_thread_[slot_of(tp)].load(std::memory_order_relaxed);
+    // Acquire: the shard was made by another thread (free on x86: a plain load).
+    ShardCounters* s = by_thread_[slot_of(tp)].load(std::memory_order_acquire);
     return s && tp != 0 && s->owner.load(std::memory_order_relaxed) == tp ? s : nullptr;
   }
   RESERVOIR_COLD ShardCounters& mine_slow();
