@@ -8,8 +8,8 @@
 //   - Reservoir under policy:compact (docs/memory.md);
 //   - Reservoir with backend:cudaMallocAsync (a pool of its own, Reservoir's books on top).
 // Rows: alloc+free pairs (512 B, 1 MiB, 64 MiB), log-uniform sizes, 1 MiB pairs on 2 and
-// 8 threads with their own streams, one thread taking turns between 2, 8 and 512
-// streams, the bundled traces replayed.
+// 8 threads with their own streams, one thread on one new stream and taking turns
+// between 2, 8 and 512 streams, the bundled traces replayed.
 // Then every single allocate and free call timed on its own (latency_bench.cpp):
 // p50 / p99 / p99.9 / max with 1 and 8 threads.
 // Prints side-by-side tables; --markdown PATH also writes them as a markdown file.
@@ -292,8 +292,11 @@ double bench_interleaved(const Api& a, int n, int iters) {
   for (auto& s : ss) reservoir_bench::destroy_stream(a, s);
   return std::chrono::duration<double, std::nano>(t1 - t0).count() / iters;
 }
-constexpr int kTurnCounts[] = {2, 8, 512};
+constexpr int kTurnCounts[] = {1, 2, 8, 512};
+// One stream (not the first one used: the general routing) is the row to read the
+// others against.
 std::string turns_row(int n) {
+  if (n == 1) return "pair 1 KiB, 1 thread, one new stream";
   return "pair 1 KiB, 1 thread, turns between " + std::to_string(n) + " streams";
 }
 
