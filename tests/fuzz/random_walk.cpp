@@ -230,8 +230,9 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
   if (trace_)
     std::fprintf(stderr, "  allocate(%zu, stream %lu, device %d)\n", size,
                  static_cast<unsigned long>(stream), current ? -1 : device);
+  const bool on_thread = next_on_thread_;
   try {
-    if (next_on_thread_) {
+    if (on_thread) {
       // The simulator's current device is per thread: the new thread names it.
       next_on_thread_ = false;
       std::exception_ptr error;
@@ -285,7 +286,7 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
          compact_};
   WALK_CHECK(l.block >= size && l.block % 512 == 0, "block size " + std::to_string(l.block));
   WALK_CHECK(alloc_->requested_size(p) == size, "requested size differs");
-  l.pool = serving_slot(device, stream, l.address);
+  l.pool = serving_slot(device, stream, l.address, on_thread);
   l.compact = compact_ && l.pool == -1;  // a private pool's block never moves
   check_disjoint(l);
   shadow_.emplace(l.address, l.address + l.block);

@@ -26,14 +26,16 @@ bool Walker::capture_on(int device) const {
   });
 }
 
-int Walker::serving_slot(int device, StreamHandle stream, std::uintptr_t address) {
+int Walker::serving_slot(int device, StreamHandle stream, std::uintptr_t address,
+                         bool other_thread) {
   int best = -1;
   bool lends = false;
   for (int i = 0; i < 2; ++i) {
     const PoolSlot& s = pools_[static_cast<std::size_t>(i)];
     if (!s.exists || s.device != device) continue;
     lends |= s.use_on_oom;
-    if (s.route == 0 || (s.route == 2 && s.stream != stream)) continue;
+    if (s.route == 0 || (s.route == 1 && other_thread) || (s.route == 2 && s.stream != stream))
+      continue;
     if (best < 0 || s.order < pools_[static_cast<std::size_t>(best)].order) best = i;
   }
   if (best >= 0 || !lends) return best;

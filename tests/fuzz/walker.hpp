@@ -174,7 +174,10 @@ class Walker {
   // walk_pools.cpp: private pools (kOpDevice with an argument of 0x80 and up).
   void op_pool(std::uint8_t arg);
   // The slot whose pool served a block allocated on device and stream.
-  int serving_slot(int device, StreamHandle stream, std::uintptr_t address);
+  // The private pool slot that served a request (-1: the default pools); other_thread:
+  // it ran on a thread of its own, which a route of this thread does not cover.
+  int serving_slot(int device, StreamHandle stream, std::uintptr_t address,
+                   bool other_thread = false);
   void pool_restore(PoolSlot& slot, int index);
   void check_capture();
   bool capture_on() const;
