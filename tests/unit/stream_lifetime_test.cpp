@@ -1,6 +1,7 @@
 // Streams come and go: a released stream's pool is recycled once it holds nothing, so
 // a program that makes a million short-lived streams runs at constant cost and memory.
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -54,7 +55,14 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
   std::vector<double> chunk_seconds;
   std::size_t pools_early = 0, capacity_early = 0;
   [[maybe_unused]] long resident_early = 0;  // unread under a sanitizer
-  auto chunk_start = std::chrono::steady_clock::now();
+  // The thread's own CPU time: the other tests that ctest runs beside this one take the
+  // machine's cores, which wall time would count.
+  auto thread_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+  };
+  double chunk_start = thread_seconds();
   for (int i = 1; i <= kStreams; ++i) {
     const auto s = static_cast<StreamHandle>(1000 + i);
     void* big = a.allocate(4 * MiB, s, 0);
@@ -70,8 +78,8 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
       resident_early = resident_kib();
     }
     if (i % kChunk == 0) {
-      const auto now = std::chrono::steady_clock::now();
-      chunk_seconds.push_back(std::chrono::duration<double>(now - chunk_start).count());
+      const double now = thread_seconds();
+      chunk_seconds.push_back(now - chunk_start);
       chunk_start = now;
     }
   }
@@ -82,13 +90,14 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
   EXPECT_LE(resident_kib() - resident_early, 4 * 1024) << "KiB of resident memory grew";
 #endif
 #ifndef RESERVOIR_TEST_SLOW_BUILD
-  // The last 100,000 streams cost what the first 100,000 did: medians of 5 chunks.
-  auto median = [](std::vector<double> v) {
+  // The last 100,000 streams cost what the first 100,000 did: the fastest of 5 chunks
+  // each (a chunk slowed by another process's use of the caches is not the allocator's).
+  auto fastest = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
+    return v.front();
   };
-  const double first = median({chunk_seconds.begin(), chunk_seconds.begin() + 5});
-  const double last = median({chunk_seconds.end() - 5, chunk_seconds.end()});
+  const double first = fastest({chunk_seconds.begin(), chunk_seconds.begin() + 5});
+  const double last = fastest({chunk_seconds.end() - 5, chunk_seconds.end()});
   EXPECT_LE(last, first * 1.2) << "first chunks " << first << " s, last " << last << " s";
 #endif
   a.empty_cache(0);
