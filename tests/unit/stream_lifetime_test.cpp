@@ -135,6 +135,31 @@ TEST(StreamLifetime, APoolWithABlockIsRecycledOnceTheBlockIsFreed) {
   engine.validate();
 }
 
+// A stream released twice, the second time once its block is freed: the pool is
+// recycled at the second release and leaves the draining list then, so the sweep never
+// recycles it again (twice in the recycled list, or taken from a stream that reuses it).
+TEST(StreamLifetime, AStreamReleasedAgainAfterDrainingIsRecycledOnce) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  void* kept = a.allocate(MiB, 1, 0);
+  a.release_stream(1, 0);  // holds a block: draining
+  a.deallocate(kept);
+  a.release_stream(1, 0);  // empty now: recycled at once
+  engine.validate();
+  EXPECT_EQ(engine.stream_table_size(), 0u);
+  void* on_two = a.allocate(MiB, 2, 0);  // a new stream takes the recycled pool
+  a.empty_cache(0);                       // sweeps whatever still drains
+  void* on_three = a.allocate(MiB, 3, 0);
+  engine.validate();
+  EXPECT_EQ(engine.stream_table_size(), 2u);
+  EXPECT_EQ(engine.stream_pool_count(), 2u);
+  EXPECT_NE(a.base_allocation(on_two).base, a.base_allocation(on_three).base);
+  a.deallocate(on_two);
+  a.deallocate(on_three);
+  engine.validate();
+}
+
 // The first stream's pool is reached without the table; once recycled, that shortcut
 // is gone and its handle, reused, is a new stream like any other.
 TEST(StreamLifetime, ReleasingTheFirstStreamLeavesNoStaleShortcut) {

@@ -83,8 +83,14 @@ void DeviceEngine::release_stream(StreamHandle stream) {
       if (p->stream() == stream) p->release_stream();
     if (StreamPool* p = table_.find(stream)) {
       p->release_stream();
-      if (!retire_locked(p) && std::find(draining_.begin(), draining_.end(), p) == draining_.end())
+      // Released before and drained since: recycled now, it leaves the draining list
+      // (the sweep would recycle it a second time, perhaps serving another stream).
+      const auto listed = std::find(draining_.begin(), draining_.end(), p);
+      if (retire_locked(p)) {
+        if (listed != draining_.end()) draining_.erase(listed);
+      } else if (listed == draining_.end()) {
         draining_.push_back(p);
+      }
     }
     sweep_draining_locked(2);
   }
@@ -397,12 +403,17 @@ void DeviceEngine::validate() {
   for (StreamPool* p : recycled_) {
     RESERVOIR_CHECK(p->stream() == StreamPool::kNoStream && !p->holds_segments(),
                     "a recycled stream pool serves a stream or holds segments");
-    RESERVOIR_CHECK(listed.insert(p).second, "a recycled stream pool is in the stream table");
+    RESERVOIR_CHECK(listed.insert(p).second,
+                    "a recycled stream pool is in the stream table or recycled twice");
   }
   RESERVOIR_CHECK(listed.size() == pools_.size(),
                   "a stream pool is neither in the stream table nor recycled");
-  for (StreamPool* p : draining_)
-    RESERVOIR_CHECK(table_.find(p->stream()) == p, "a draining stream pool is not its stream's");
+  std::unordered_set<const StreamPool*> draining;
+  for (StreamPool* p : draining_) {
+    RESERVOIR_CHECK(p->stream() != StreamPool::kNoStream && table_.find(p->stream()) == p,
+                    "a draining stream pool is not its stream's");
+    RESERVOIR_CHECK(draining.insert(p).second, "a stream pool is twice in the draining list");
+  }
   // Every pool locked for the whole walk: the budget and the threads' statistics
   // shards change only under a pool's lock.
   const auto locked = lock_every_pool();

@@ -11,7 +11,8 @@
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
 //   every pool in pools_ is either in table_ under its stream (p->stream() == key)
 //     or in recycled_ (holds nothing, serves kNoStream, in no table slot), never both;
-//   draining_ lists pools of released streams that still held blocks (each in table_);
+//   draining_ lists, each once, pools of released streams that still held blocks (each
+//     in table_, none in recycled_);
 //   first_pool_ == nullptr or first_pool_ == table_.find(first_stream_) and serves
 //     first_stream_ (it goes null for good when that pool is recycled);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
