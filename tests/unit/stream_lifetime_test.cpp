@@ -149,7 +149,7 @@ TEST(StreamLifetime, AStreamReleasedAgainAfterDrainingIsRecycledOnce) {
   engine.validate();
   EXPECT_EQ(engine.stream_table_size(), 0u);
   void* on_two = a.allocate(MiB, 2, 0);  // a new stream takes the recycled pool
-  a.empty_cache(0);                       // sweeps whatever still drains
+  a.empty_cache(0);                      // sweeps whatever still drains
   void* on_three = a.allocate(MiB, 3, 0);
   engine.validate();
   EXPECT_EQ(engine.stream_table_size(), 2u);
