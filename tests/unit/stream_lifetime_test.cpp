@@ -44,8 +44,9 @@ long resident_kib() {
 // Each stream allocates (a large and a small block), lends the small one to a
 // long-lived stream (record_stream: its free waits there), frees both and is released.
 // The long-lived stream's work completes every 16 streams, so some pools are still
-// draining when released and are recycled later.
-TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost) {
+// draining when released and are recycled later. Returns what the last 100,000
+// streams cost against the first 100,000 (the thread's CPU time).
+double run_streams_one_after_another() {
   SimBackend sim;
   CachingAllocator a(sim, Config::parse(""), 1);
   DeviceEngine& engine = a.engine(0);
@@ -90,23 +91,30 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
 #ifndef RESERVOIR_TEST_SANITIZED
   EXPECT_LE(resident_kib() - resident_early, 4 * 1024) << "KiB of resident memory grew";
 #endif
-#ifndef RESERVOIR_TEST_SLOW_BUILD
-  // What the last 100,000 streams cost against the first 100,000: the fastest of 5 chunks
-  // each (a chunk slowed by another process's use of the caches is not the allocator's).
+  a.empty_cache(0);
+  a.engine(0).validate();
+  // The fastest of 5 chunks each (a chunk slowed by another process's use of the
+  // caches is not the allocator's).
   auto fastest = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.front();
   };
   const double first = fastest({chunk_seconds.begin(), chunk_seconds.begin() + 5});
   const double last = fastest({chunk_seconds.end() - 5, chunk_seconds.end()});
-  // Recorded, not asserted: on a shared 2-core machine the ratio of the thread's CPU
-  // time over the last and first chunks ranged 1.05-1.66 between runs of the same
-  // binary, so a bound here fails for reasons not the allocator's (tests are not
-  // benchmarks). The constant structures and memory above are the test's assertions.
-  RecordProperty("last_over_first", std::to_string(last / first));
+  return last / first;
+}
+
+TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost) {
+  double ratio = run_streams_one_after_another();
+#ifndef RESERVOIR_TEST_SLOW_BUILD
+  // Run alone the ratio is 0.96-1.05; beside other tests on a 2-core machine (one
+  // core's sibling busy, caches shared) one run measured up to 1.66. A cost that grows
+  // with the streams seen exceeds the bound in every run; noise rarely in three.
+  for (int attempt = 1; attempt < 3 && ratio > 1.2; ++attempt)
+    ratio = std::min(ratio, run_streams_one_after_another());
+  RecordProperty("last_over_first", std::to_string(ratio));
+  EXPECT_LE(ratio, 1.2) << "the last 100,000 streams cost more per stream than the first";
 #endif
-  a.empty_cache(0);
-  a.engine(0).validate();
 }
 
 // A released stream whose pool still holds a block keeps it (and its table entry)
