@@ -117,6 +117,39 @@ TEST(StreamLifetime, AMillionReleasedStreamsKeepConstantStructuresMemoryAndCost)
 #endif
 }
 
+// A host wait on one stream visits only the pools whose frees wait on it: 1,000
+// streams each with a free pending on a busy stream cost no event query when the
+// program waits on another stream, and the frees waiting on the stream waited for
+// complete (its pool checks one event).
+TEST(StreamLifetime, AHostWaitVisitsOnlyThePoolsWaitingOnItsStream) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  constexpr StreamHandle kBusy = 5000, kWaited = 5001;
+  for (StreamHandle s = 1; s <= 1000; ++s) {
+    void* p = a.allocate(4096, s, 0);
+    a.record_stream(p, kBusy);
+    a.deallocate(p);
+  }
+  void* lent = a.allocate(4096, 2000, 0);
+  a.record_stream(lent, kWaited);
+  a.deallocate(lent);
+  engine.validate();
+  EXPECT_EQ(engine.stats().active.all().current, 1001);
+  const std::uint64_t queries = sim.counters().event_queries;
+  // What reservoir::Allocator::notify_host_wait does: the device learns of the wait
+  // (the simulated one completes the stream's work), then the engine.
+  sim.host_waited(0, kWaited);
+  a.notify_host_wait(kWaited, 0);
+  EXPECT_EQ(sim.counters().event_queries - queries, 1u);
+  EXPECT_EQ(engine.stats().active.all().current, 1000);
+  engine.validate();
+  sim.host_waited(0, kBusy);
+  a.notify_host_wait(kBusy, 0);
+  EXPECT_EQ(engine.stats().active.all().current, 0);
+  engine.validate();
+}
+
 // A released stream whose pool still holds a block keeps it (and its table entry)
 // until the block is freed; then the next new stream recycles the pool.
 TEST(StreamLifetime, APoolWithABlockIsRecycledOnceTheBlockIsFreed) {

@@ -37,8 +37,8 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       settings_(config),
       events_(backend, device),
       registry_(segments),
-      services_{backend_,  device_, events_, ledger_,  registry_, budget_,
-                counters_, gc_,     peers_,  history_, settings_, capture_} {
+      services_{backend_, device_, events_,  ledger_,   registry_, budget_, counters_,
+                gc_,      peers_,  history_, settings_, capture_,  waiting_} {
   const bool compact = config.policy == Config::Policy::compact;
   compact_on_.store(compact, std::memory_order_relaxed);
   if (compact) detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
@@ -127,8 +127,8 @@ StreamPool* DeviceEngine::existing_pool(StreamHandle stream) {
 
 void DeviceEngine::host_waited(StreamHandle stream) {
   // The frees pending on stream wait in the pools of the streams that allocated the
-  // blocks: each pool checks its events (a pool with none pending only takes its lock).
-  for (StreamPool* p : all_pools_snapshot()) p->process_events_now();
+  // blocks: those pools check their events, whatever the number of other streams.
+  for (StreamPool* p : waiting_.of(stream)) p->process_events_now();
   if (CompactPool* c = compact_if_made()) c->host_waited(stream);
 }
 
@@ -421,20 +421,18 @@ void DeviceEngine::validate() {
   for (auto& p : pools_) p->validate_locked(&totals);
   for (auto& p : private_pools_) p->validate_locked(&totals);
   if (compact_) compact_->validate_locked(&totals);
+  RESERVOIR_CHECK(totals.use_queues == waiting_.pairs(),
+                  "the device lists " + std::to_string(waiting_.pairs()) +
+                      " (stream, pool) waits but the pools hold " +
+                      std::to_string(totals.use_queues) + " use queues");
   const std::string ledger = ledger_.problem();
   RESERVOIR_CHECK(ledger.empty(), ledger);
   // The statistics are the blocks' sums (fixed shards are other engines' books).
-  static const char* const kNames[kStatKinds] = {"allocation",       "segment",
-                                                 "pending",          "inactive_split",
-                                                 "allocated_bytes",  "reserved_bytes",
-                                                 "pending_bytes",    "inactive_split_bytes",
-                                                 "requested_bytes",  "oversize_allocations",
-                                                 "oversize_segments"};
   for (int pool = 0; pool < kPoolCount; ++pool)
     for (int kind = 0; kind < kStatKinds; ++kind) {
       const std::int64_t counted = ledger_.pooled_total(kind, pool);
       RESERVOIR_CHECK(counted == totals.counted[kind][pool],
-                      std::string("statistic ") + kNames[kind] +
+                      std::string("statistic ") + kStatKindNames[kind] +
                           (pool ? ".large_pool" : ".small_pool") + " is " +
                           std::to_string(counted) + " but the blocks add up to " +
                           std::to_string(totals.counted[kind][pool]));

@@ -239,6 +239,7 @@ class DeviceEngine {
   PeerSet peers_;
   History history_;
   CaptureState capture_;
+  WaitingPools waiting_;
   PoolServices services_;
 
   mutable std::mutex config_mutex_;  // lock-all operations

@@ -10,6 +10,7 @@
 
 #include "engine/pool/device_state.hpp"
 #include "engine/streams/event_pool.hpp"
+#include "engine/streams/waiting_pools.hpp"
 #include "engine/stats/history.hpp"
 #include "engine/books/segment_registry.hpp"
 #include "engine/books/size_policy.hpp"
@@ -45,6 +46,7 @@ struct PoolServices {
   History& history;
   const PoolSettings& settings;
   CaptureState& capture;
+  WaitingPools& waiting;  // which pools wait on which stream (host waits visit those)
 
   const SizePolicy& policy() const noexcept { return settings.policy; }
   // A history entry (call only when history.active()).

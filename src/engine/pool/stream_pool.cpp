@@ -438,7 +438,16 @@ void StreamPool::defer_free(Block* b) {
         auto q = std::find_if(pending_queues_.begin(), pending_queues_.end(),
                               [s](const UseQueue& u) { return u.stream == s; });
         if (q == pending_queues_.end()) {
-          pending_queues_.push_back(UseQueue{s, {}});
+          try {  // out of host memory: the event goes back, the block stays live
+            pending_queues_.push_back(UseQueue{s, {}});
+            services_.waiting.add(s, this);
+          } catch (...) {
+            if (!pending_queues_.empty() && pending_queues_.back().stream == s &&
+                pending_queues_.back().entries.empty())
+              pending_queues_.pop_back();
+            services_.events.release(e);
+            throw;
+          }
           q = std::prev(pending_queues_.end());
         }
         q->entries.push_back(Pending{e, b});
@@ -510,12 +519,22 @@ void StreamPool::process_events(bool wait) {
   }
   // A stream's queue goes once empty: a pool keeps nothing of streams it no longer
   // waits for (they come and go by the million in some programs).
-  std::erase_if(pending_queues_, [](const UseQueue& q) { return q.entries.empty(); });
+  drop_empty_queues();
 }
 
 void StreamPool::release_stream() {
   Guard guard(*this);
   stream_released_ = true;
+}
+
+// Empty use queues go, and with them the pool's place among the pools waiting on
+// their streams.
+void StreamPool::drop_empty_queues() {
+  std::erase_if(pending_queues_, [this](const UseQueue& q) {
+    if (!q.entries.empty()) return false;
+    services_.waiting.remove(q.stream, this);
+    return true;
+  });
 }
 
 void StreamPool::process_events_now() {

@@ -19,6 +19,7 @@
 //     + held bytes of its expandable segments (memory a failed give-back kept),
 //   |free_[p]| == number of free blocks in pool p segments; |allocated_| == allocated blocks,
 //   pending_blocks_ == number of pending blocks with event_count > 0;
+//   services_.waiting lists (s, this) iff pending_queues_ has a queue for s;
 //   every block in capture_deferred_ is pending with event_count == 0 (freed while a
 //     capture was under way: its events are recorded once no capture is, spec's
 //     needs_events_deferred_until_no_capture).
@@ -286,6 +287,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   void restore_segment(Segment* segment, const CheckpointSegment& record,
                        std::vector<void*>* allocated);
   void process_events(bool wait);
+  void drop_empty_queues();  // and their entries in services_.waiting
   std::size_t release_cached_locked();
   void serve(StreamHandle stream);  // pre: the pool holds nothing (recycle, assign)
   void release_segment(Segment* segment);

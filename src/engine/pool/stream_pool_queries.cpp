@@ -184,7 +184,7 @@ void StreamPool::assign(StreamHandle stream) {
 // What the pool knew of its stream goes: a new stream starts afresh.
 void StreamPool::serve(StreamHandle stream) {
   RESERVOIR_CHECK(!segments_ && pending_blocks_ == 0, "a stream pool changes stream while in use");
-  pending_queues_.clear();  // every queue is empty (no pending block)
+  drop_empty_queues();  // every queue is empty (no pending block)
   stream_released_ = false;
   last_size_ = 0;
   fit_block_ = nullptr;

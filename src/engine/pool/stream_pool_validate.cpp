@@ -144,6 +144,11 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
                   "allocated map holds " + std::to_string(allocated_.size()) + " blocks, " +
                       std::to_string(allocated_blocks) + " are allocated");
   RESERVOIR_CHECK(pending_with_events == pending_blocks_, "pending block count is off");
+  for (const UseQueue& q : pending_queues_)
+    RESERVOIR_CHECK(services_.waiting.lists(q.stream, this),
+                    "a pool waits on stream " + std::to_string(q.stream) +
+                        " but is not among the device's pools waiting on it");
+  totals->use_queues += pending_queues_.size();
   RESERVOIR_CHECK(parked_blocks == (parked_ ? 1u : 0u),
                   "the parked block is not one of the pool's blocks in state parked");
   if (fit_block_) {

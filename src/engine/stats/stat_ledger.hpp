@@ -78,6 +78,14 @@ enum StatKind : int {
   kStatKinds
 };
 static_assert(kStatKinds == ValidationTotals::kKinds);
+// StatKind's names, in its order (the validator's messages).
+inline constexpr const char* kStatKindNames[kStatKinds] = {
+    "allocation",       "segment",
+    "pending",          "inactive_split",
+    "allocated_bytes",  "reserved_bytes",
+    "pending_bytes",    "inactive_split_bytes",
+    "requested_bytes",  "oversize_allocations",
+    "oversize_segments"};
 
 // The units of ShardCounters' guards.
 enum GuardUnit : int {
