@@ -169,6 +169,25 @@ void BM_PairInterleavedStreams(benchmark::State& state) {
 }
 BENCHMARK(BM_PairInterleavedStreams)->Arg(1)->Arg(2)->Arg(8)->Arg(128)->Arg(512);
 
+// A host wait (Stream.synchronize) on one stream while N other streams each have a
+// free pending on a busy stream: the wait should visit only the pools waiting on the
+// stream waited for, whatever N. Streams 3000.. are this benchmark's own.
+void BM_HostWaitBesideWaitingStreams(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const auto n = static_cast<reservoir::StreamHandle>(state.range(0));
+  constexpr reservoir::StreamHandle kBusy = 2998, kWaited = 2999;
+  for (reservoir::StreamHandle s = 0; s < n; ++s) {
+    void* p = a.allocate(4096, 3000 + s, 0);
+    a.record_stream(p, kBusy);
+    a.deallocate(p);
+  }
+  for (auto _ : state) a.notify_host_wait(kWaited, 0);
+  state.SetItemsProcessed(state.iterations());
+  a.notify_host_wait(kBusy, 0);  // the pending frees complete: nothing stays behind
+  for (reservoir::StreamHandle s = 0; s < n; ++s) a.release_stream(3000 + s, 0);
+}
+BENCHMARK(BM_HostWaitBesideWaitingStreams)->Arg(1)->Arg(512);
+
 }  // namespace
 
 BENCHMARK_MAIN();

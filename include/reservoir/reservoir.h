@@ -56,7 +56,9 @@ RESERVOIR_C_API reservoir_status reservoir_free(void* ptr);
 RESERVOIR_C_API reservoir_status reservoir_record_stream(void* ptr, uintptr_t stream);
 /* The host waited for stream's work to finish (cudaStreamSynchronize, an event
  * synchronize, cudaDeviceSynchronize for each stream): frees pending on it complete
- * now (in every stream's cache), and a trace being recorded gets an "s,STREAM" line.
+ * now (in every stream's cache; only the caches with frees pending on it are visited,
+ * so the cost does not grow with the number of streams), and a trace being recorded
+ * gets an "s,STREAM" line.
  * On the simulated device the report itself completes the stream's work (config
  * sim_completion, default host_waits; docs/simulated_device.md). device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, int device);
