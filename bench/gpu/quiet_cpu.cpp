@@ -139,13 +139,14 @@ std::string QuietCpu::describe() {
     median_hi = std::max(median_hi, s.median_ns);
     swept = std::max(swept, s.swept);
   }
-  char text[512];
+  char text[640];
   std::snprintf(text, sizeof text,
                 "Single-thread cells (pairs, log-uniform, replays) each ran pinned to the CPU "
                 "on which two calibration loops (glibc malloc+free of 512 B; a pointer chase "
                 "over 1 MiB) ran fastest just before it, for every allocator alike (%zu "
                 "sweeps over %d CPUs; on the CPUs chosen a calibration pair took %.1f-%.1f ns "
-                "(median over all CPUs %.1f-%.1f) and a chase step %.1f-%.1f ns); thread "
+                "(median over all CPUs %.1f-%.1f) and a chase step %.1f-%.1f ns); the stream "
+                "turn rows of a column ran on one such CPU, their rounds alternating; thread "
                 "cells and the latency table ran unpinned.",
                 g_sweeps.size(), swept, best_lo, best_hi, median_lo, median_hi, chase_lo, chase_hi);
   return text;
