@@ -1,8 +1,8 @@
 // Thread stress: 16 threads allocate on their own streams and on two shared ones,
 // hand blocks to each other through a mutex-protected exchange (so blocks are
 // freed by other threads than the allocating one), record stream uses across
-// streams while the simulator's streams advance, and empty the cache now and
-// then. Blocks live in host-backed memory and carry their owner's pattern, so a
+// streams while the simulator's streams advance or the host waits for them, release
+// their streams, and empty the cache now and then. Blocks live in host-backed memory and carry their owner's pattern, so a
 // block handed out twice shows up as a corrupted pattern (and, under TSan, as a
 // data race). Bounded: 20,000 operations in all, well under 10 s under TSan. A second
 // test keeps eight threads on one stream, across the end of the sole-owner free path.
@@ -140,8 +140,16 @@ TEST_P(ThreadStress, SixteenThreadsOnOwnAndSharedStreams) {
         } else if (r < 94 && !live.empty()) {
           const StreamHandle other = rng() % 2 ? kShared[rng() % 2] : 1 + rng() % kThreads;
           a.record_stream(live[rng() % live.size()].ptr, other);
-        } else if (r < 99) {
-          sim->advance(rng() % 3 == 0 ? kShared[rng() % 2] : 1 + rng() % kThreads);
+        } else if (r < 97) {
+          const StreamHandle s = rng() % 3 == 0 ? kShared[rng() % 2] : 1 + rng() % kThreads;
+          if (rng() % 2)
+            sim->advance(s);
+          else
+            a.notify_host_wait(s, 0);  // the host waited: the pools waiting on s check
+        } else if (r < 98) {
+          // The thread's stream released while others may hold its blocks (its pool
+          // drains); the stream stays usable and gets a pool again on its next request.
+          a.release_stream(own, 0);
         } else {
           a.empty_cache();
           (void)a.stats(0);
