@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <latch>
 #include <random>
 #include <string>
 #include <thread>
@@ -297,6 +298,39 @@ TEST(StatLedger, ThreadShardsFoldIntoTheLedgerWhenTheirThreadsExit) {
   EXPECT_EQ(ledger.pooled_total(kAllocatedBytes, 0), 10);
   // Accumulated totals survive the folds: allocated - freed == current.
   EXPECT_EQ(out.allocated_bytes.pool[1].allocated - out.allocated_bytes.pool[1].freed, 10);
+}
+
+// Eight threads at once, generation after generation (threads come and go, their shards
+// reused): every thread finds its shard through the thread-pointer table, none falls to
+// the thread_local way (threads whose pointers hash to one slot share its group; a
+// thread's slots are cleared when it exits, so no reused shard holds an old slot).
+TEST(StatLedger, EveryThreadOfEightFindsItsShardTheFastWay) {
+#if !defined(__x86_64__)
+  GTEST_SKIP() << "the thread-pointer table is x86-64 only";
+#endif
+  StatLedger ledger;
+  constexpr int kThreads = 8;
+  for (int generation = 0; generation < 40; ++generation) {
+    std::atomic<int> fast{0};
+    std::latch started(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&] {
+        {
+          StatScope scope(ledger);
+          scope->add<kAllocatedBytes>(0, 4096);
+        }
+        started.arrive_and_wait();  // all eight live at once
+        {
+          StatScope scope(ledger);
+          scope->add<kAllocatedBytes>(0, -4096);
+        }
+        if (ledger.mine_found_fast()) ++fast;
+      });
+    for (auto& th : threads) th.join();
+    ASSERT_EQ(fast.load(), kThreads) << "generation " << generation;
+  }
+  EXPECT_EQ(ledger.problem(), "");
 }
 
 // One thread's operations, whatever pool or stream they come from, write one shard:

@@ -293,17 +293,34 @@ StatLedger::~StatLedger() {
   home_->ledger = nullptr;  // threads that exit later leave their shard alone
 }
 
+ShardCounters* StatLedger::by_thread_group(std::uintptr_t tp) const noexcept {
+  if (tp == 0) return nullptr;
+  const std::size_t home = slot_of(tp);
+  for (std::size_t k = 1; k < kProbe; ++k) {
+    ShardCounters* s = by_thread_[home ^ k].load(std::memory_order_acquire);
+    if (s && s->owner.load(std::memory_order_relaxed) == tp) return s;
+  }
+  return nullptr;
+}
+
 ShardCounters& StatLedger::mine_slow() {
   const std::uintptr_t tp = thread_pointer();
   auto remember = [&](ShardCounters* shard) -> ShardCounters& {
     tls_stat_hint = StatHint{id_, shard};
     // A slot held by a live thread stays its own (two threads taking one slot in turns
-    // would write its line on every operation): the second uses the thread_local way.
-    std::atomic<ShardCounters*>& slot = by_thread_[slot_of(tp)];
-    const ShardCounters* held = slot.load(std::memory_order_acquire);
-    if (tp != 0 && shard->owner.load(std::memory_order_relaxed) == tp &&
-        (!held || held->owner.load(std::memory_order_relaxed) == 0))
-      slot.store(shard, std::memory_order_release);  // the shard made before it is seen
+    // would write its line on every operation): the thread takes the first free slot of
+    // its group, else uses the thread_local way.
+    if (tp == 0 || shard->owner.load(std::memory_order_relaxed) != tp) return *shard;
+    const std::size_t home = slot_of(tp);
+    for (std::size_t k = 0; k < kProbe; ++k) {
+      std::atomic<ShardCounters*>& slot = by_thread_[home ^ k];
+      const ShardCounters* held = slot.load(std::memory_order_acquire);
+      if (held == shard) return *shard;
+      if (!held || held->owner.load(std::memory_order_relaxed) == 0) {
+        slot.store(shard, std::memory_order_release);  // the shard made before it is seen
+        return *shard;
+      }
+    }
     return *shard;
   };
   if (tls_stat_hint.ledger == id_) return remember(tls_stat_hint.shard);
@@ -373,6 +390,12 @@ void StatLedger::retire_locked(ShardCounters* shard) {
   fold(&retired_, shard);
   zero(shard);
   shard->owner.store(0, std::memory_order_relaxed);  // before its thread's pointer is reused
+  // Its slots go too: a spare taken by a new thread would otherwise hold, as a live
+  // thread's, a slot of the old thread's group (threads that come and go would fill
+  // the table with such aliases and push later threads to the slow way).
+  for (std::atomic<ShardCounters*>& slot : by_thread_)
+    if (slot.load(std::memory_order_relaxed) == shard)
+      slot.store(nullptr, std::memory_order_relaxed);
   // Limits zeroed while no one can read them for guards: the owner is gone.
   shard->limits_epoch.store(shard->limits_epoch.load(std::memory_order_relaxed) + 2,
                             std::memory_order_relaxed);

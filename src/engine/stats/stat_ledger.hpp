@@ -387,6 +387,9 @@ class StatLedger {
     if (ShardCounters* s = by_thread_pointer()) return *s;
     return mine_slow();
   }
+  // Whether the calling thread's shard is found the fast way (the thread-pointer table,
+  // no thread_local): for tests.
+  bool mine_found_fast() const noexcept { return by_thread_pointer() != nullptr; }
   // The end of an operation: the rebalance the calling thread's shard owes, if any.
   // Makes no shard (a thread that counted nothing owes nothing).
   RESERVOIR_INLINE void settle_mine() noexcept {
@@ -428,8 +431,11 @@ class StatLedger {
  private:
   // The calling thread's shard through a small table indexed by the thread pointer
   // (one register read, no call: a thread_local in a shared library costs a
-  // __tls_get_addr call, 5% of a pair), or nullptr (a slot another thread took: the
-  // thread_local way then). A slot's shard is this thread's only if its owner is this
+  // __tls_get_addr call, 5% of a pair), or nullptr (the four slots of its group taken
+  // by other threads: the thread_local way then). A thread's shard sits in one of the
+  // kProbe slots of its home group (one 32-byte part of a line), so that threads whose
+  // pointers hash alike (8 threads share a home slot about a third of the time) each
+  // keep the fast way. A slot's shard is this thread's only if its owner is this
   // thread's pointer: the ledger clears the owner when a thread exits, before its
   // pointer can be another thread's.
   static std::uintptr_t thread_pointer() noexcept {
@@ -441,18 +447,21 @@ class StatLedger {
     return 0;  // elsewhere: the thread_local hint alone
 #endif
   }
-  static constexpr std::size_t kByThread = 64;  // slot_of() keeps 6 bits
+  static constexpr std::size_t kByThread = 128;  // slot_of() keeps 7 bits
   // Thread pointers of threads with default stacks lie 8 MiB apart: hashed, not masked.
   static std::size_t slot_of(std::uintptr_t tp) noexcept {
     return static_cast<std::size_t>((static_cast<std::uint64_t>(tp) * 0x9E3779B97F4A7C15ull) >>
-                                    58);  // top 6 bits: 0..63
+                                    57);  // top 7 bits: 0..127
   }
+  static constexpr std::size_t kProbe = 4;  // slots of a group: home ^ 0 .. home ^ 3
   RESERVOIR_INLINE ShardCounters* by_thread_pointer() const noexcept {
     const std::uintptr_t tp = thread_pointer();
     // Acquire: the shard was made by another thread (free on x86: a plain load).
     ShardCounters* s = by_thread_[slot_of(tp)].load(std::memory_order_acquire);
-    return s && tp != 0 && s->owner.load(std::memory_order_relaxed) == tp ? s : nullptr;
+    return s && tp != 0 && s->owner.load(std::memory_order_relaxed) == tp ? s : by_thread_group(tp);
   }
+  // The other slots of tp's group (slot_of(tp) ^ 1 .. ^ 3), or nullptr.
+  RESERVOIR_COLD ShardCounters* by_thread_group(std::uintptr_t tp) const noexcept;
   RESERVOIR_COLD ShardCounters& mine_slow();
   RESERVOIR_COLD ShardCounters* find_mine() noexcept;  // the thread's, or nullptr
   // Under the mutex: a shard for a new thread (a spare, or a new one) in the budget.
