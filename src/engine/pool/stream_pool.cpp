@@ -438,13 +438,13 @@ void StreamPool::defer_free(Block* b) {
         auto q = std::find_if(pending_queues_.begin(), pending_queues_.end(),
                               [s](const UseQueue& u) { return u.stream == s; });
         if (q == pending_queues_.end()) {
+          bool queued = false;
           try {  // out of host memory: the event goes back, the block stays live
             pending_queues_.push_back(UseQueue{s, {}});
+            queued = true;
             services_.waiting.add(s, this);
           } catch (...) {
-            if (!pending_queues_.empty() && pending_queues_.back().stream == s &&
-                pending_queues_.back().entries.empty())
-              pending_queues_.pop_back();
+            if (queued) pending_queues_.pop_back();
             services_.events.release(e);
             throw;
           }
