@@ -28,7 +28,9 @@ Allocator& shared_allocator() {
   static auto* a = [] {
     reservoir::SimOptions o;
     o.capacity = std::size_t{141} << 30;
-    return new Allocator(std::make_shared<reservoir::SimBackend>(o), reservoir::Config{});
+    // RESERVOIR_ALLOC_CONF as the library reads it (e.g. policy:compact).
+    return new Allocator(std::make_shared<reservoir::SimBackend>(o),
+                         reservoir::Config::from_environment());
   }();
   return *a;
 }

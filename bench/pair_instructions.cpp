@@ -8,7 +8,8 @@
 // SIZE@2 runs the pairs on a second stream (the general routing, no one-owner shortcut);
 // SIZE~N takes turns between N streams (1..N), one pair on each in turn.
 // Instructions per pair: the difference of the totals of two N, divided by their
-// difference (scripts/pair-instructions.sh does both runs).
+// difference (scripts/pair-instructions.sh does both runs). Settings from
+// RESERVOIR_ALLOC_CONF (e.g. policy:compact).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +58,9 @@ int main(int argc, char** argv) {
   }
   reservoir::SimOptions options;
   options.capacity = std::size_t{141} << 30;
-  Allocator a(std::make_shared<reservoir::SimBackend>(options), reservoir::Config{});
+  // RESERVOIR_ALLOC_CONF as the library reads it (e.g. policy:compact).
+  Allocator a(std::make_shared<reservoir::SimBackend>(options),
+              reservoir::Config::from_environment());
   const int n = std::atoi(argv[2]);
   if (std::string(argv[1]) == "logu") {
     LogUniform lu;

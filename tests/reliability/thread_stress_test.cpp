@@ -2,9 +2,9 @@
 // hand blocks to each other through a mutex-protected exchange (so blocks are
 // freed by other threads than the allocating one), record stream uses across
 // streams while the simulator's streams advance or the host waits for them, release
-// their streams, and empty the cache now and then. Blocks live in host-backed memory and carry their owner's pattern, so a
-// block handed out twice shows up as a corrupted pattern (and, under TSan, as a
-// data race). Bounded: 20,000 operations in all, well under 10 s under TSan. A second
+// their streams, and empty the cache now and then. Blocks live in host-backed memory and carry
+// their owner's pattern, so a block handed out twice shows up as a corrupted pattern (and, under
+// TSan, as a data race). Bounded: 20,000 operations in all, well under 10 s under TSan. A second
 // test keeps eight threads on one stream, across the end of the sole-owner free path.
 #include <gtest/gtest.h>
 
@@ -230,13 +230,13 @@ TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
 }
 
 std::string config_name(const ::testing::TestParamInfo<const char*>& info) {
-  static const char* const kNames[] = {"Default", "Expandable", "MallocAsync"};
+  static const char* const kNames[] = {"Default", "Expandable", "MallocAsync", "Compact"};
   return kNames[info.index];
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, ThreadStress,
                          ::testing::Values("", "expandable_segments:True",
-                                           "backend:cudaMallocAsync"),
+                                           "backend:cudaMallocAsync", "policy:compact"),
                          config_name);
 
 }  // namespace

@@ -71,15 +71,16 @@ TEST(Compact, StreamsTakingTurnsKeepBoundedMarkersAndWaits) {
   s.a.validate();
 }
 
-// Alternating allocations and frees on one stream record a marker (an event, ~0.4 us
-// on an H200, and a query to retire it) only every StreamEvents::kSettleEvery-th
+// Alternating allocations and frees on one stream, of blocks the stream caches do not
+// keep (larger than StreamCaches::kMaxBlock), record a marker (an event, ~0.4 us on an
+// H200, and a query to retire it) only every StreamEvents::kSettleEvery-th
 // allocation, not at each; memory reused on another stream still waits for the work
 // before its free (the owed marker is recorded when the fence needs it).
 TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
   SimAllocator s("policy:compact", sim());
   const SimCounters before = s.sim->counters();
   for (int i = 0; i < 64; ++i) {
-    void* p = s.a.allocate(1 * MiB, 1, 0);
+    void* p = s.a.allocate(4 * MiB, 1, 0);
     s.sim->submit_work(1);
     s.a.deallocate(p);
   }
@@ -89,7 +90,7 @@ TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
   s.a.validate();
   // The last frees' marker is owed: a request on stream 2 records it and waits for it.
   const std::uint64_t used_until = s.sim->submitted(1);
-  void* q = s.a.allocate(1 * MiB, 2, 0);
+  void* q = s.a.allocate(4 * MiB, 2, 0);
   EXPECT_TRUE(s.sim->ordered_after(2, 1, used_until));
   s.a.deallocate(q);
   s.a.validate();
@@ -106,7 +107,7 @@ TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
   int failed_at = 0;
   for (int i = 1; i <= 32 && failed_at == 0; ++i) {
     try {
-      void* p = s.a.allocate(1 * MiB, 1, 0);
+      void* p = s.a.allocate(4 * MiB, 1, 0);  // beyond the stream caches
       s.sim->submit_work(1);
       s.a.deallocate(p);
     } catch (const DeviceError&) {
@@ -118,7 +119,7 @@ TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
   s.a.validate();
   s.sim->clear_faults();
   const std::uint64_t recorded = s.sim->counters().events_recorded;
-  void* p = s.a.allocate(1 * MiB, 1, 0);
+  void* p = s.a.allocate(4 * MiB, 1, 0);
   EXPECT_EQ(s.sim->counters().events_recorded, recorded + 1);
   s.a.deallocate(p);
   s.a.validate();

@@ -137,20 +137,29 @@ Block* CompactPool::choose(FreeIndex::iterator best, std::size_t size) const {
 
 // ---------------------------------------------------------------- requests
 
+Block* CompactPool::pick(std::size_t size) {
+  auto it = free_.lower_bound(size);
+  if (it == free_.end()) return nullptr;
+  // Under a memory fraction every byte counts: best fit. Without one, moving memory
+  // less is worth a little address space (choose).
+  return services_.budget.limited() ? *it : choose(it, size);
+}
+
 std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
                                      const Context& context) {
+  if (std::uintptr_t address = allocate_cached(requested, stream, context)) return address;
   Guard guard(*this);
   // A new arena or extent counted, then the request refused (out of memory or a
   // device error): the guard's scope settles the ledger on the way out all the same.
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
-  auto it = free_.lower_bound(size);
-  Block* b;
-  if (it != free_.end()) {
-    // Under a memory fraction every byte counts: best fit. Without one, moving memory
-    // less is worth a little address space (choose).
-    b = services_.budget.limited() ? *it : choose(it, size);
-  } else {
+  // The pool decides only over every block the program has freed: a request no cache
+  // serves first returns every cached block (a cache only ever holds blocks between
+  // requests that caches serve, so in one thread the pool's choices are those it
+  // would make without caches).
+  drain_caches();
+  Block* b = pick(size);
+  if (!b) {
     // More than the device has can never be backed: out of memory, not a device error.
     MemoryInfo info;
     if (services_.backend.memory_info(services_.device, &info) == DeviceStatus::ok &&
@@ -160,7 +169,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   }
   Arena& a = *arena_of(b);
   const std::uintptr_t address = b->address;
-  const std::size_t taken = b->size - size >= SizePolicy::kMinBlockSize ? size : b->size;
+  const std::size_t taken = taken_of(b, size);
   auto [first, end] = extents_.page_span(a, address, taken);
   extents_.grow_pages(a, end);
   // Memory last used on other streams: this stream waits for that work (on the device).
@@ -190,11 +199,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   extents_.add_live(a, address, taken);
   stats().on_allocate(SizePolicy::pool_for(taken), static_cast<std::int64_t>(taken),
                       static_cast<std::int64_t>(requested));
-  if (services_.history.active()) {
-    services_.trace(TraceAction::alloc, address, requested, stream,
-                    services_.history.level() >= ContextLevel::alloc ? context : nullptr);
-    if (context) out->extra().context = context;
-  }
+  trace_alloc(out, requested, stream, context);
   finish_operation();
   return address;
 }
@@ -205,15 +210,19 @@ bool CompactPool::free(std::uintptr_t address) {
   const bool traced = services_.history.active();
   Context context;
   if (traced) context = services_.history.gather(ContextLevel::all);
+  switch (free_cached(address, traced, context)) {
+    case CachedFree::kept:
+      return true;
+    case CachedFree::not_allocated:
+      return false;
+    case CachedFree::declined:
+      break;
+  }
   Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
   Arena& a = *arena_of(b);
-  if (traced) {
-    services_.trace(TraceAction::free_requested, b->address, b->requested, b->stream,
-                    context ? context : b->context());
-    services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream, b->context());
-  }
+  if (traced) trace_free(b, context);
   // The memory's users so far: its own stream and those record_stream named.
   extents_.remove_live(a, *b);
   stats().on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
@@ -224,6 +233,91 @@ bool CompactPool::free(std::uintptr_t address) {
   finish_operation();
   return true;
 }
+
+// ---------------------------------------------------------------- stream caches
+
+std::uintptr_t CompactPool::allocate_cached(std::size_t requested, StreamHandle stream,
+                                            const Context& context) {
+  // Rounding only grows a size: a larger request needs no look at the cache.
+  if (!StreamCaches::fits(requested)) return 0;
+  StreamCaches::Cache* c = caches_.lock(stream);
+  std::unique_lock<Lock> held(c->lock, std::adopt_lock);
+  // The settings change only while every cache is locked (DeviceEngine::update_config).
+  const std::size_t size = services_.policy().round(requested);
+  if (!StreamCaches::fits(size)) return 0;
+  Block* b = StreamCaches::take(*c, size);
+  if (!b) return 0;
+  // The statistics settle before the cache's lock goes (the validator holds it).
+  StatScope scope(services_.ledger);
+  b->requested = requested;
+  allocated_.insert(b->address, b);
+  scope->on_allocate(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
+                     static_cast<std::int64_t>(requested));
+  trace_alloc(b, requested, stream, context);
+  return b->address;
+}
+
+CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool traced,
+                                                 const Context& context) {
+  // A look at the block first (its stream names the cache); the block is taken out
+  // of the stripes only under the cache's lock, so a walk holding every lock finds it
+  // in one place or the other.
+  StreamHandle stream;
+  std::size_t size;
+  {
+    Block* b = allocated_.find(address);
+    if (!b) return CachedFree::not_allocated;
+    // Memory other streams used needs fences: the pool's free gives them.
+    if (!StreamCaches::fits(b->size) || (b->extras && !b->extras->uses.empty()) ||
+        b->requested == 0)
+      return CachedFree::declined;
+    stream = b->stream;
+    size = b->size;
+  }
+  StreamCaches::Cache* c = caches_.lock(stream);
+  std::unique_lock<Lock> held(c->lock, std::adopt_lock);
+  if (!StreamCaches::wants(*c, size)) return CachedFree::declined;
+  Block* b = allocated_.erase(address);
+  if (!b) return CachedFree::not_allocated;  // freed meanwhile by another thread
+  if (b->stream != stream || b->size != size || (b->extras && !b->extras->uses.empty())) {
+    allocated_.insert(address, b);  // another block by now: the pool's free takes it
+    return CachedFree::declined;
+  }
+  StatScope scope(services_.ledger);
+  if (traced) trace_free(b, context);
+  scope->on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
+                 static_cast<std::int64_t>(b->requested));
+  b->extras.reset();
+  b->requested = 0;
+  caches_.put(*c, b);
+  return CachedFree::kept;
+}
+
+void CompactPool::return_cached(Block* b) {
+  Arena& a = *arena_of(b);
+  extents_.remove_live(a, *b);  // fenced on its stream from now: later than its free
+  coalesce_free(b);
+}
+
+std::size_t CompactPool::drain_caches() {
+  return caches_.drain_all([this](Block* b) { return_cached(b); });
+}
+
+void CompactPool::trace_alloc(Block* b, std::size_t requested, StreamHandle stream,
+                              const Context& context) {
+  if (!services_.history.active()) return;
+  services_.trace(TraceAction::alloc, b->address, requested, stream,
+                  services_.history.level() >= ContextLevel::alloc ? context : nullptr);
+  if (context) b->extra().context = context;
+}
+
+void CompactPool::trace_free(const Block* b, const Context& context) {
+  services_.trace(TraceAction::free_requested, b->address, b->requested, b->stream,
+                  context ? context : b->context());
+  services_.trace(TraceAction::free_completed, b->address, b->requested, b->stream, b->context());
+}
+
+// ---------------------------------------------------------------- other calls
 
 bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
   Guard guard(*this);
@@ -241,11 +335,13 @@ void CompactPool::host_waited(StreamHandle stream) {
 
 void CompactPool::release_stream(StreamHandle stream) {
   Guard guard(*this);
-  fences_.release(stream);
+  caches_.release(stream, [this](Block* b) { return_cached(b); });
+  fences_.release(stream);  // after the drain: its fences want a marker there
 }
 
 std::size_t CompactPool::release_free_pages(bool give_back) {
   Guard guard(*this);
+  drain_caches();
   fences_.synchronize_all();
   std::size_t released = 0;
   // Ghosts first: memory goes back only once unmapped everywhere, and an arena only
@@ -295,7 +391,8 @@ std::size_t CompactPool::release_free_pages(bool give_back) {
 void CompactPool::finish_operation() {
   RESERVOIR_ASSERT_EXPENSIVE({
     ValidationTotals totals;
-    validate_locked(&totals);
+    RequestsHeld held(*this);
+    validate_locked(&totals, held);
   });
 }
 

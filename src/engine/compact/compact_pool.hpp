@@ -15,17 +15,23 @@
 //     device for A's work (StreamEvents: markers recorded lazily, no host waits); a
 //     page's memory moves to another address only once the host knows the work that
 //     used it has completed (events queried, never waited for, short of the
-//     out-of-memory ladder).
+//     out-of-memory ladder);
+//   - a stream's frees of blocks up to StreamCaches::kMaxBlock wait in its own cache
+//     (stream_caches.hpp) for its next request of the same size, served without this
+//     pool's lock; every cache drains back here before physical memory is taken.
 // Physical memory (extents, pages, ghosts, stitching) is ExtentMap's (extent_map.hpp);
 // this class keeps the arenas' blocks and serves requests.
 // Invariants (validate()):
 //   blocks tile every arena (block_list.hpp); no two neighbouring blocks are both free;
-//   free blocks == free_ (by size, address); allocated blocks == allocated_;
-//   page.live == bytes of allocated blocks overlapping the page (the live bytes
-//   ExtentMap books, through add_live and remove_live); the pages and extents keep
+//   free blocks == free_ (by size, address); allocated blocks == allocated_ (stripes)
+//   + the blocks of the stream caches, each in one of the two;
+//   page.live == bytes of allocated blocks, cached ones included, overlapping the page (the live
+//   bytes ExtentMap books, through add_live and remove_live); the pages and extents keep
 //   ExtentMap's invariants (ExtentMap::validate_arena, validate_end);
 //   reserved_bytes == the physical bytes ExtentMap holds.
-// Locking: one Lock for the pool (the device); never held while taking another pool's.
+// Locking: lock_ (the device) -> the caches' writers -> a cache -> an allocated stripe;
+// the cached requests take a cache and a stripe, never lock_; never held while taking
+// another pool's.
 #pragma once
 
 #include <cstddef>
@@ -40,7 +46,9 @@
 #include "engine/books/block_owner.hpp"
 #include "engine/books/free_index.hpp"
 #include "engine/books/validation_totals.hpp"
+#include "engine/compact/allocated_stripes.hpp"
 #include "engine/compact/extent_map.hpp"
+#include "engine/compact/stream_caches.hpp"
 #include "engine/pool/pool_services.hpp"
 #include "engine/stats/stat_ledger.hpp"
 #include "engine/streams/stream_events.hpp"
@@ -68,12 +76,20 @@ class alignas(64) CompactPool final : public BlockOwner {
   // kept as spare pages for the retry (nothing is released).
   std::size_t release_free_pages(bool give_back);
   void host_waited(StreamHandle stream);
-  // The program is about to destroy stream (StreamEvents::release).
+  // The program is about to destroy stream: its cache drains, its markers are recorded
+  // (StreamEvents::release).
   void release_stream(StreamHandle stream);
   // Streams whose markers are still tracked (tests: released ones are forgotten).
   std::size_t streams() {
     std::lock_guard<Lock> guard(lock_);
     return fences_.streams();
+  }
+
+  // Blocks waiting in the stream caches (tests, reports).
+  std::size_t stream_cached_blocks() {
+    std::lock_guard<Lock> guard(lock_);
+    StreamCaches::AllLocked caches(caches_);
+    return caches.blocks().size();
   }
 
   // ---- BlockOwner ----
@@ -87,8 +103,17 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::size_t largest_free_block();
   std::size_t cached_bytes();  // physical bytes held but not under an allocated block
   std::size_t snapshot(std::vector<SegmentInfo>* out);
-  // The validator's walk (the caller holds lock()). Throws InvariantError.
-  void validate_locked(ValidationTotals* totals);
+  // Every stream cache and allocated stripe locked: with lock(), no request of this
+  // pool is under way (the cached ones take these, not lock()). Taken after lock().
+  class RequestsHeld {
+   public:
+    explicit RequestsHeld(CompactPool& p) : caches(p.caches_), stripes(p.allocated_) {}
+    StreamCaches::AllLocked caches;
+    AllocatedStripes::AllLocked stripes;
+  };
+  // The validator's walk (the caller holds lock() and a RequestsHeld). Throws
+  // InvariantError.
+  void validate_locked(ValidationTotals* totals, const RequestsHeld& held);
 
  private:
   // An operation's hold on the pool: the lock, and the statistics scope (declared
@@ -113,13 +138,32 @@ class alignas(64) CompactPool final : public BlockOwner {
     return extents_.unbacked_pages(*arena_of(b), b->address, size);
   }
   Block* choose(FreeIndex::iterator best, std::size_t size) const;
+  // The free block a request of size takes (nullptr: a new arena is needed).
+  Block* pick(std::size_t size);
+  // The bytes of b a request of size takes (all of it when the rest would be too small).
+  static std::size_t taken_of(const Block* b, std::size_t size) {
+    return b->size - size >= SizePolicy::kMinBlockSize ? size : b->size;
+  }
+  // The stream caches' side (no lock_): a request served from stream's cache (0: none
+  // there), and a free kept in its stream's cache.
+  std::uintptr_t allocate_cached(std::size_t requested, StreamHandle stream,
+                                 const Context& context);
+  enum class CachedFree { kept, not_allocated, declined };
+  CachedFree free_cached(std::uintptr_t address, bool traced, const Context& context);
+  // A cached block given back to the free blocks (its pages' live bytes and fences as
+  // a free's); every cache's, and the number of blocks. Under lock_.
+  void return_cached(Block* b);
+  std::size_t drain_caches();
+  void trace_alloc(Block* b, std::size_t requested, StreamHandle stream, const Context& context);
+  void trace_free(const Block* b, const Context& context);
   void finish_operation();
 
   PoolServices& services_;
   Lock lock_;
   NodePool block_nodes_;
   FreeIndex free_;
-  AddressMap<Block> allocated_;
+  AllocatedStripes allocated_;
+  StreamCaches caches_;
   StreamEvents fences_;
   ExtentMap extents_;  // after fences_, which it uses
   std::vector<std::unique_ptr<Arena>> arenas_;

@@ -10,6 +10,15 @@
 
 namespace reservoir::detail {
 
+namespace {
+// Whether b is in blocks (sorted by address: StreamCaches::AllLocked::blocks).
+bool holds(const std::vector<Block*>& blocks, const Block* b) {
+  auto it = std::lower_bound(blocks.begin(), blocks.end(), b->address,
+                             [](const Block* x, std::uintptr_t a) { return x->address < a; });
+  return it != blocks.end() && *it == b;
+}
+}  // namespace
+
 std::size_t CompactPool::largest_free_block() {
   std::lock_guard<Lock> guard(lock_);
   // The tail of an arena is address space, not memory: count only mapped free bytes.
@@ -32,6 +41,7 @@ std::size_t CompactPool::cached_bytes() {
   std::lock_guard<Lock> guard(lock_);
   std::size_t held = extents_.spare_bytes();
   for (auto& a : arenas_) held += a->segment->mapped_bytes;
+  // Cached blocks are in no stripe: they count as cached here.
   std::size_t allocated = 0;
   allocated_.for_each([&](std::uintptr_t, Block* b) { allocated += b->size; });
   return held > allocated ? held - allocated : 0;
@@ -64,7 +74,9 @@ std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
     if (!a->segment->holds(address)) continue;
     for (Block* b = a->segment->head; b; b = b->next) {
       if (address < b->address || address - b->address >= b->size) continue;
-      if (b->state == BlockState::allocated)
+      // A block in a stream's cache is allocated for its neighbours but freed for
+      // the program: it is in no stripe.
+      if (b->state == BlockState::allocated && allocated_.find(b->address) == b)
         return "it points " + std::to_string(address - b->address) +
                " bytes inside the allocated block at " +
                format_pointer(reinterpret_cast<void*>(b->address)) + " (" + format_size(b->size) +
@@ -78,6 +90,10 @@ std::string CompactPool::explain_not_allocated(std::uintptr_t address) {
 
 std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
   std::lock_guard<Lock> guard(lock_);
+  // Cached blocks are inactive (the program freed them); the caches are held still
+  // while the blocks are read.
+  StreamCaches::AllLocked caches(caches_);
+  const std::vector<Block*> cached = caches.blocks();
   std::size_t active = 0;
   for (auto& a : arenas_) {
     // Each run of mapped pages is reported as a segment; blocks clipped to it.
@@ -102,7 +118,7 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
         block.address = bl;
         block.size = bh - bl;
         block.context = b->context();
-        if (b->state == BlockState::allocated) {
+        if (b->state == BlockState::allocated && !holds(cached, b)) {
           block.state = BlockStateInfo::active_allocated;
           block.requested_size = b->requested;
           info.allocated_size += block.size;
@@ -121,7 +137,7 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
   return active;
 }
 
-void CompactPool::validate_locked(ValidationTotals* totals) {
+void CompactPool::validate_locked(ValidationTotals* totals, const RequestsHeld& requests) {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   std::int64_t allocation[kPoolCount] = {}, allocated_bytes[kPoolCount] = {},
                requested[kPoolCount] = {};
@@ -132,6 +148,14 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
     const std::string fences = fences_.problem();
     RESERVOIR_CHECK(fences.empty(), "stream markers: " + fences);
   }
+  const StreamCaches::AllLocked& caches = requests.caches;
+  const AllocatedStripes::AllLocked& stripes = requests.stripes;
+  {
+    const std::string problem = caches.problem();
+    RESERVOIR_CHECK(problem.empty(), "stream caches: " + problem);
+  }
+  const std::vector<Block*> cached = caches.blocks();
+  std::size_t cached_seen = 0;
   for (auto& a : arenas_) {
     Segment* seg = a->segment;
     RESERVOIR_CHECK(seg->owner == this, "arena " + at(seg->base) + " has another owner");
@@ -166,13 +190,19 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
       }
       RESERVOIR_CHECK(b->state == BlockState::allocated,
                       where() + " is neither free nor allocated");
-      RESERVOIR_CHECK(allocated_.find(b->address) == b,
-                      where() + " missing from the allocated map");
-      ++allocated_blocks;
-      const int pool = SizePolicy::pool_for(b->size);
-      allocation[pool] += 1;
-      allocated_bytes[pool] += static_cast<std::int64_t>(b->size);
-      requested[pool] += static_cast<std::int64_t>(b->requested);
+      if (holds(cached, b)) {
+        // Freed for the statistics, live for its pages.
+        RESERVOIR_CHECK(stripes.find(b->address) == nullptr,
+                        where() + " is both in a stream cache and allocated");
+        ++cached_seen;
+      } else {
+        RESERVOIR_CHECK(stripes.find(b->address) == b, where() + " missing from the allocated map");
+        ++allocated_blocks;
+        const int pool = SizePolicy::pool_for(b->size);
+        allocation[pool] += 1;
+        allocated_bytes[pool] += static_cast<std::int64_t>(b->size);
+        requested[pool] += static_cast<std::int64_t>(b->requested);
+      }
       auto [first, end] = extents_.page_span(*a, b->address, b->size);
       for (std::size_t i = first; i < end; ++i) {
         const std::uintptr_t lo = std::max(b->address, seg->base + i * page);
@@ -189,8 +219,9 @@ void CompactPool::validate_locked(ValidationTotals* totals) {
   RESERVOIR_CHECK(free_blocks == free_.size(), "the free set holds blocks that are not free");
   const std::string index_problem = free_.problem();
   RESERVOIR_CHECK(index_problem.empty(), index_problem);
-  RESERVOIR_CHECK(allocated_blocks == allocated_.size(),
+  RESERVOIR_CHECK(allocated_blocks == stripes.size(),
                   "the allocated map holds blocks that are not allocated");
+  RESERVOIR_CHECK(cached_seen == cached.size(), "the stream caches hold blocks no arena has");
   // What the statistics must count for this pool (the device compares the sums): the
   // physical memory held and the arenas, in the large pool; the live blocks by size.
   totals->counted[kReservedBytes][kLargePool] += static_cast<std::int64_t>(held);

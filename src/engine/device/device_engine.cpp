@@ -345,13 +345,14 @@ void DeviceEngine::reset_accumulated_stats() {
   counters_.reset();
 }
 
-std::vector<std::unique_lock<Lock>> DeviceEngine::lock_every_pool() {
-  std::vector<std::unique_lock<Lock>> locks;
-  locks.reserve(pools_.size() + private_pools_.size() + 1);
-  for (auto& p : pools_) locks.emplace_back(p->lock());
-  for (auto& p : private_pools_) locks.emplace_back(p->lock());
-  if (compact_) locks.emplace_back(compact_->lock());
-  return locks;
+void DeviceEngine::lock_every_pool(EveryPoolLocked* held) {
+  held->locks.reserve(pools_.size() + private_pools_.size() + 1);
+  for (auto& p : pools_) held->locks.emplace_back(p->lock());
+  for (auto& p : private_pools_) held->locks.emplace_back(p->lock());
+  if (compact_) {
+    held->locks.emplace_back(compact_->lock());
+    held->compact.emplace(*compact_);
+  }
 }
 
 void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
@@ -360,7 +361,8 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
     // one is locked while they change.
     std::lock_guard<std::mutex> guard(config_mutex_);
     std::lock_guard<std::mutex> creating(create_mutex_);
-    const auto locked = lock_every_pool();
+    EveryPoolLocked locked;
+    lock_every_pool(&locked);
     config_ = config;
     settings_ = PoolSettings(config);
     gc_.set_enabled(budget_.limited() && config.garbage_collection_threshold > 0.0);
@@ -416,11 +418,12 @@ void DeviceEngine::validate() {
   }
   // Every pool locked for the whole walk: the budget and the threads' statistics
   // shards change only under a pool's lock.
-  const auto locked = lock_every_pool();
+  EveryPoolLocked locked;
+  lock_every_pool(&locked);
   ValidationTotals totals;
   for (auto& p : pools_) p->validate_locked(&totals);
   for (auto& p : private_pools_) p->validate_locked(&totals);
-  if (compact_) compact_->validate_locked(&totals);
+  if (compact_) compact_->validate_locked(&totals, *locked.compact);
   RESERVOIR_CHECK(totals.use_queues == waiting_.pairs(),
                   "the device lists " + std::to_string(waiting_.pairs()) +
                       " (stream, pool) waits but the pools hold " +

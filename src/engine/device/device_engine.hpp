@@ -20,7 +20,8 @@
 //   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
 // Lock order: capture_gate_ -> config_mutex_ -> create_mutex_ -> private-pool registry
 // mutex -> pool locks (in creation order: the default pools, the private pools' caches,
-// the compact pool) -> ledger / segment map / event pool / segment registry mutexes.
+// the compact pool, then its stream caches and allocated stripes) -> ledger / segment
+// map / event pool / segment registry mutexes.
 // Only lock_every_pool() holds two pool locks; every other path holds at most one.
 #pragma once
 
@@ -30,6 +31,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -221,9 +223,14 @@ class DeviceEngine {
   // Under create_mutex_: tries up to `most` draining pools, oldest first.
   void sweep_draining_locked(std::size_t most);
   std::vector<StreamPool*> pools_snapshot();
-  // Locks every pool in the lock order (the caller holds create_mutex_); the locks go
-  // with the returned guards.
-  std::vector<std::unique_lock<Lock>> lock_every_pool();
+  // Locks every pool in the lock order (the caller holds create_mutex_), and the
+  // compact pool's request locks (its stream caches and stripes, which its cached
+  // requests take instead of its lock); they go with held.
+  struct EveryPoolLocked {
+    std::vector<std::unique_lock<Lock>> locks;
+    std::optional<CompactPool::RequestsHeld> compact;
+  };
+  void lock_every_pool(EveryPoolLocked* held);
 
   Backend& backend_;
   const int device_;

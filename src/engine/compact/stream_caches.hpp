@@ -1,0 +1,178 @@
+// StreamCaches: policy:compact's per-stream front. The blocks a stream's program
+// freed are kept, up to a small bound, for that stream's next requests of the same
+// size: a thread working on its own stream allocates and frees without the device-wide
+// pool's lock, and memory reused on the stream that last used it needs no marker, no
+// wait and no page bookkeeping. Only sizes the stream asked for among its last
+// kRecent requests are kept: a block of a size not asked for again would wait in the
+// cache for nothing, and drain at a cost.
+//
+// A cached block stays where it is in its arena: allocated for its neighbours and
+// its pages (ExtentMap still counts its bytes live), but freed for the statistics and
+// for the program. The pool drains every cache back into its free blocks (coalesced,
+// fenced) before it takes physical memory (a mapping, a move or a new arena), at the
+// ladder and empty_cache, and drains a stream's cache when the stream is released: a
+// cache never makes the device hold more memory than the pool would without it.
+//
+// Invariants (problem(), every cache locked): a live cache serves one stream and the
+// table finds it; a recycled cache is empty and in recycled_; a cache holds at most
+// kMaxBlocks blocks, each of its stream, of size <= kMaxBlock, allocated, requested == 0,
+// and bytes == the sum of their sizes <= kMaxBytes.
+// Locking: each cache has its own Lock; writers_ (a cache made or released) is taken
+// before any cache's lock, and the pool's lock (when held) before writers_. Nothing on
+// the requests' path writes memory shared by every stream (no device-wide count): a
+// thread on its own stream touches its cache's line and its blocks only.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/books/block.hpp"
+#include "engine/streams/stream_table.hpp"
+#include "util/lock.hpp"
+
+namespace reservoir::detail {
+
+class StreamCaches {
+ public:
+  // Larger blocks are where mapping and placement matter: the pool serves them.
+  static constexpr std::size_t kMaxBlock = std::size_t{2} << 20;
+  static constexpr std::size_t kMaxBlocks = 16;
+  static constexpr std::size_t kMaxBytes = std::size_t{16} << 20;
+  static constexpr std::size_t kRecent = 4;
+
+  struct alignas(64) Cache {
+    Lock lock;
+    StreamHandle stream = 0;
+    bool live = false;  // serves stream (false: recycled)
+    std::uint32_t next_recent = 0;
+    std::size_t recent[kRecent] = {};  // sizes of the last requests (0: none)
+    std::size_t bytes = 0;             // sum of blocks' sizes
+    std::size_t count = 0;
+    std::size_t sizes[kMaxBlocks] = {};  // sizes[i] == blocks[i]->size: a search loads no block
+    Block* blocks[kMaxBlocks] = {};      // the most recently freed last
+  };
+
+  StreamCaches() = default;
+  StreamCaches(const StreamCaches&) = delete;
+  StreamCaches& operator=(const StreamCaches&) = delete;
+
+  // stream's cache (made on its first use), locked: the caller adopts the lock.
+  Cache* lock(StreamHandle stream);
+
+  // A block of exactly size from c (the most recently freed), or nullptr; size counts
+  // as asked for. pre: c locked.
+  static Block* take(Cache& c, std::size_t size) {
+    asked(c, size);
+    for (std::size_t i = c.count; i-- > 0;) {
+      if (c.sizes[i] != size) continue;
+      Block* b = c.blocks[i];
+      --c.count;
+      c.sizes[i] = c.sizes[c.count];
+      c.blocks[i] = c.blocks[c.count];
+      c.bytes -= size;
+      return b;
+    }
+    return nullptr;
+  }
+  static bool fits(std::size_t size) noexcept { return size <= kMaxBlock; }
+  // Whether a block of size is worth keeping in c. pre: c locked.
+  static bool wants(const Cache& c, std::size_t size) noexcept {
+    if (c.count == kMaxBlocks || c.bytes + size > kMaxBytes) return false;
+    for (std::size_t r : c.recent)
+      if (r == size) return true;
+    return false;
+  }
+  // pre: c locked, wants(c, b->size), b of c's stream.
+  void put(Cache& c, Block* b) {
+    // Written only when it changes: threads keeping blocks all the time only read it.
+    if (!any_.load(std::memory_order_relaxed)) any_.store(true, std::memory_order_relaxed);
+    c.sizes[c.count] = b->size;
+    c.blocks[c.count] = b;
+    ++c.count;
+    c.bytes += b->size;
+  }
+
+  // Whether a cache may hold a block (false: none does, but for a put under way).
+  bool any() const noexcept { return any_.load(std::memory_order_relaxed); }
+  // Every block of every cache handed to drain(Block*), the caches emptied; returns
+  // the number of blocks. The caller holds the pool's lock.
+  template <typename F>
+  std::size_t drain_all(F&& drain) {
+    if (!any()) return 0;
+    std::lock_guard<std::mutex> guard(writers_);
+    // Cleared first: a put after this point sets it again.
+    any_.store(false, std::memory_order_relaxed);
+    std::size_t n = 0;
+    for (auto& c : all_) {
+      if (!c->live) continue;  // recycled caches are empty
+      std::lock_guard<Lock> cache_guard(c->lock);
+      n += c->count;
+      drain_locked(*c, drain);
+    }
+    return n;
+  }
+  // stream's blocks handed to drain(Block*), and its cache recycled (the stream is
+  // about to be destroyed). The caller holds the pool's lock.
+  template <typename F>
+  void release(StreamHandle stream, F&& drain) {
+    std::lock_guard<std::mutex> guard(writers_);
+    Cache* c = table_.find(stream);
+    if (!c) return;
+    std::lock_guard<Lock> cache_guard(c->lock);
+    drain_locked(*c, drain);
+    table_.erase(stream);
+    c->live = false;
+    recycled_.push_back(c);
+  }
+
+  // Every cache locked while it lives (walks that must see one state: the validator,
+  // snapshots). The caller holds the pool's lock.
+  class AllLocked {
+   public:
+    explicit AllLocked(StreamCaches& s) : s_(s), writers_(s.writers_) {
+      for (auto& c : s_.all_) c->lock.lock();
+    }
+    ~AllLocked() {
+      for (auto& c : s_.all_) c->lock.unlock();
+    }
+    AllLocked(const AllLocked&) = delete;
+    AllLocked& operator=(const AllLocked&) = delete;
+    // Every cached block, sorted by address.
+    std::vector<Block*> blocks() const;
+    // What breaks the invariants above, or empty.
+    std::string problem() const;
+    // Caches made (live and recycled).
+    std::size_t caches() const noexcept { return s_.all_.size(); }
+
+   private:
+    StreamCaches& s_;
+    std::lock_guard<std::mutex> writers_;
+  };
+
+ private:
+  template <typename F>
+  static void drain_locked(Cache& c, F& drain) {
+    for (std::size_t i = 0; i < c.count; ++i) drain(c.blocks[i]);
+    c.count = 0;
+    c.bytes = 0;
+  }
+  static void asked(Cache& c, std::size_t size) noexcept {
+    for (std::size_t r : c.recent)
+      if (r == size) return;
+    c.recent[c.next_recent] = size;
+    c.next_recent = (c.next_recent + 1) % kRecent;
+  }
+
+  std::mutex writers_;
+  StreamTable<Cache> table_;                 // live caches by stream; read without a lock
+  std::vector<std::unique_ptr<Cache>> all_;  // every cache made (never freed: readers)
+  std::vector<Cache*> recycled_;             // released, for the next new stream
+  std::atomic<bool> any_{false};             // set by a put, cleared by drain_all
+};
+
+}  // namespace reservoir::detail
