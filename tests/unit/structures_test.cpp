@@ -186,24 +186,52 @@ TEST(SegmentMap, OwnerHintsHoldUntilAnEraseOrAnOwnersEndAndNeverAcrossMaps) {
     map.insert(&b);
     const std::uint64_t g = map.generation();
     EXPECT_EQ(map.generation(), g);  // inserts keep it
-    SegmentMap::remember(g, &a, &first);
+    SegmentMap::remember(g, a.base, &a, &first);
     EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base + 100), &first);
     EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), b.base), nullptr);  // not in a
     map.erase(&b);  // another segment's release: hints of every segment go stale
     EXPECT_NE(map.generation(), g);
     EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base + 100), nullptr);
-    SegmentMap::remember(map.generation(), &a, &first);
+    SegmentMap::remember(map.generation(), a.base, &a, &first);
     const std::uint64_t before_end = map.generation();
     map.owner_gone(&second);
     EXPECT_NE(map.generation(), before_end);
     EXPECT_EQ(SegmentMap::hinted_owner(map.generation(), a.base), nullptr);
-    SegmentMap::remember(map.generation(), &a, &first);
+    SegmentMap::remember(map.generation(), a.base, &a, &first);
     earlier = map.generation();
   }
   SegmentMap later;  // (likely at the same address as the map above)
   later.insert(&a);
   EXPECT_NE(later.generation(), earlier);
   EXPECT_EQ(SegmentMap::hinted_owner(later.generation(), a.base), nullptr);
+}
+
+// A thread taking turns between streams frees into their segments in turn: each
+// segment keeps its hint in its page's slot, so every free finds its owner without a
+// lookup; a segment whose page shares the slot replaces the hint there.
+TEST(SegmentMap, OwnerHintsOfSegmentsOnDifferentPageSlotsHoldTogether) {
+  NoBlocks first, second, third;
+  Segment a, b, c;
+  a.base = 0x7f0000000000;
+  b.base = a.base + (2 << 20);                  // the next page slot
+  c.base = a.base + (kOwnerHints * (2 << 20));  // a's page slot again
+  a.size = b.size = c.size = 2 << 20;
+  a.set_owner(&first);
+  b.set_owner(&second);
+  c.set_owner(&third);
+  SegmentMap map;
+  map.insert(&a);
+  map.insert(&b);
+  map.insert(&c);
+  const std::uint64_t g = map.generation();
+  SegmentMap::remember(g, a.base + 512, &a, &first);
+  SegmentMap::remember(g, b.base + 512, &b, &second);
+  EXPECT_EQ(SegmentMap::hinted_owner(g, a.base + 1024), &first);
+  EXPECT_EQ(SegmentMap::hinted_owner(g, b.base + 1024), &second);
+  SegmentMap::remember(g, c.base, &c, &third);
+  EXPECT_EQ(SegmentMap::hinted_owner(g, c.base + 1024), &third);
+  EXPECT_EQ(SegmentMap::hinted_owner(g, a.base + 1024), nullptr);  // c took the slot
+  EXPECT_EQ(SegmentMap::hinted_owner(g, b.base + 1024), &second);
 }
 
 TEST(SegmentMap, FindsSegmentsIncludingUnalignedNeighbours) {

@@ -69,7 +69,7 @@ void CachingAllocator::free_routed(void* ptr) {
     if (hinted->free(address)) return;
   } else if (Segment* seg = segments_.find(address)) {
     if (BlockOwner* owner = seg->owner_now(); owner && owner->free(address)) {
-      SegmentMap::remember(generation, seg, owner);
+      SegmentMap::remember(generation, address, seg, owner);
       return;
     }
   }

@@ -46,7 +46,7 @@ void FreeIndex::clear_below(Node* n) {
 }
 
 void FreeIndex::clear() {
-  ++version_;
+  ++*version_;
   for (int bin = next_bin(0); bin >= 0; bin = next_bin(bin + 1)) {
     clear_below(roots_[bin]);
     roots_[bin] = nullptr;
@@ -58,7 +58,7 @@ void FreeIndex::clear() {
 }
 
 void FreeIndex::insert(Block* b) {
-  ++version_;
+  ++*version_;
   const FreeKey key{b->size, b->address};
   const int bin = bin_of(key.size);
   const Node* root = roots_[bin];
@@ -176,7 +176,7 @@ void FreeIndex::insert_separator(Node* left, const FreeKey& key, Node* right, in
 }
 
 void FreeIndex::erase(Block* b) {
-  ++version_;
+  ++*version_;
   remove_at(b->free_leaf, slot_of(b->free_leaf, b));
 }
 

@@ -30,7 +30,9 @@
 // The owner changes a free block's size or address only by then calling reposition()
 // (or erase() before and insert() after).
 // version() changes with every insert, erase, reposition and clear: a decision drawn
-// from the index (StreamPool's fit memo) stands while version() is what it was.
+// from the index (StreamPool's fit memo) stands while version() is what it was. An
+// owner may keep the counter itself, shared by its indexes (count_versions_in): then it
+// changes with a change of any of them, and sits where the owner reads it.
 // Not thread-safe: the owner's lock guards it.
 #pragma once
 
@@ -149,7 +151,10 @@ class FreeIndex {
 
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
-  std::uint64_t version() const noexcept { return version_; }
+  std::uint64_t version() const noexcept { return *version_; }
+  // counter (which outlives the index) counts the changes from now on, instead of the
+  // index's own.
+  void count_versions_in(std::uint64_t* counter) noexcept { version_ = counter; }
   iterator begin() const { return size_ ? iterator(this, first_, 0) : end(); }
   iterator end() const { return iterator(this, nullptr, 0); }
   void clear();
@@ -182,7 +187,7 @@ class FreeIndex {
   // the order still holds (the common case of splitting or merging the same block),
   // else it moves.
   RESERVOIR_INLINE void reposition(Block* b) {
-    ++version_;
+    ++*version_;
     const FreeKey key{b->size, b->address};
     Leaf* leaf = b->free_leaf;
     const int j = slot_of(leaf, b);
@@ -270,11 +275,12 @@ class FreeIndex {
   Leaf* first_ = nullptr;
   Leaf* last_ = nullptr;
   std::size_t size_ = 0;
-  std::uint64_t version_ = 0;
+  std::uint64_t* version_ = &own_version_;
   std::uint32_t nonempty_words_ = 0;  // bit w: nonempty_[w] != 0
   std::uint64_t nonempty_[kBinWords] = {};
   Node* roots_[kBins] = {};
   NodePool nodes_;
+  std::uint64_t own_version_ = 0;
 };
 
 }  // namespace reservoir::detail

@@ -7,7 +7,7 @@
 
 namespace reservoir::detail {
 
-constinit thread_local OwnerHint tls_owner_hint;
+constinit thread_local OwnerHints tls_owner_hints;
 
 namespace {
 // Generations of every map of the process: a value is never used twice, so a hint

@@ -14,8 +14,10 @@
 // sees nullptr; the sole owner refuses a pointer it did not hand out.
 // Nodes are never freed before the map, so concurrent readers are safe; writers
 // (segment creation and release) serialize on a mutex.
-// Owner hints: each thread keeps the range and owner of the last segment a free of
-// its found (OwnerHint), with the map's generation then. generation() moves to a value
+// Owner hints: each thread keeps, per 2 MiB page slot (kOwnerHints of them, by the
+// page number's low bits), the range and owner of the last segment a free of its found
+// there (OwnerHint), with the map's generation then: a thread taking turns between a
+// few streams frees into a few segments, each found by its own hint. generation() moves to a value
 // no map has used before at every erase and every owner's end, so while it is
 // unchanged the hinted segment is still registered to that owner, alive: a free in its
 // range asks the owner directly (which still refuses a pointer it did not hand out).
@@ -32,15 +34,23 @@
 
 namespace reservoir::detail {
 
-// A thread's last segment found for a free (see above); generation 0: none.
+// A thread's last segment found for a free in a page slot (see above); generation 0:
+// none.
 struct OwnerHint {
   std::uint64_t generation = 0;
   std::uintptr_t base = 0;
   std::size_t size = 0;
   BlockOwner* owner = nullptr;
 };
+constexpr std::size_t kOwnerHints = 8;
+struct OwnerHints {
+  OwnerHint slot[kOwnerHints];
+  static std::size_t of(std::uintptr_t address) noexcept {
+    return static_cast<std::size_t>(address >> 21) & (kOwnerHints - 1);
+  }
+};
 // Constant-initialized: an access is a thread-pointer offset, no initialization check.
-extern constinit thread_local OwnerHint tls_owner_hint;
+extern constinit thread_local OwnerHints tls_owner_hints;
 
 class SegmentMap {
  public:
@@ -72,7 +82,7 @@ class SegmentMap {
   // The owner of this thread's hint when address lies in its segment and generation
   // (read before) is the hint's, else nullptr.
   static BlockOwner* hinted_owner(std::uint64_t generation, std::uintptr_t address) noexcept {
-    const OwnerHint& h = tls_owner_hint;
+    const OwnerHint& h = tls_owner_hints.slot[OwnerHints::of(address)];
     return h.generation == generation && address - h.base < h.size ? h.owner : nullptr;
   }
   // Records segment (found under generation, read before the lookup) and its owner as
@@ -80,9 +90,11 @@ class SegmentMap {
   // (it was erased, so generation() has moved on): its range is read atomically, and
   // a range of the object's next use, read with acquire, makes this thread's later
   // generation() reads see that move, so such a hint never matches.
-  static void remember(std::uint64_t generation, const Segment* segment,
+  // address: the freed pointer (its page slot keeps the hint).
+  static void remember(std::uint64_t generation, std::uintptr_t address, const Segment* segment,
                        BlockOwner* owner) noexcept {
-    tls_owner_hint = {generation, segment->base_now(), segment->size_now(), owner};
+    tls_owner_hints.slot[OwnerHints::of(address)] = {generation, segment->base_now(),
+                                                     segment->size_now(), owner};
   }
   // owner is going away: it is no longer the sole owner (nor will any be).
   void owner_gone(BlockOwner* owner);

@@ -25,7 +25,9 @@ StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
       set_nodes_(kSetNodeSize),
       block_nodes_(sizeof(Block)),
       unmapped_{AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_)),
-                AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {}
+                AddressSet(ByAddress{}, PoolAllocator<Block*>(&set_nodes_))} {
+  for (FreeIndex& f : free_) f.count_versions_in(&index_version_);
+}
 
 StreamPool::~StreamPool() {
   services_.segments.owner_gone(this);

@@ -315,12 +315,16 @@ class alignas(64) StreamPool final : public BlockOwner {
   // The statistics shard of the operation holding the lock (its thread's), or nullptr
   // until it first counts; set by the guards, never read without the lock.
   ShardCounters* shard_ = nullptr;
+  // On the line after the fit memo's, with the free indexes' version counter: a steady
+  // pair touches the pool's first three lines only (one thread taking turns between
+  // hundreds of streams finds few of them in its L1).
+  alignas(64) AddressMap<Block> allocated_;
+  std::uint64_t index_version_ = 0;  // free_[0] and free_[1] count their changes here
   NodePool set_nodes_;
   NodePool block_nodes_;
   FreeIndex free_[kPoolCount];
   AddressSet unmapped_[kPoolCount];  // unmapped blocks of expandable segments, by address
-  AddressMap<Block> allocated_;
-  Segment* segments_ = nullptr;  // list through prev_in_pool/next_in_pool
+  Segment* segments_ = nullptr;      // list through prev_in_pool/next_in_pool
   std::vector<UseQueue> pending_queues_;
   std::vector<Block*> stranded_;  // pending forever after a device error
   std::vector<Block*> capture_deferred_;
