@@ -154,9 +154,9 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
   // The pool decides only over every block the program has freed: a request no cache
-  // serves first returns every cached block (a cache only ever holds blocks between
-  // requests that caches serve, so in one thread the pool's choices are those it
-  // would make without caches).
+  // serves first returns every cached block (a cache holds blocks only between
+  // requests that caches serve; what differs from a pool without caches is that such
+  // a request gets the block its stream freed last, not the best fit at that moment).
   drain_caches();
   Block* b = pick(size);
   if (!b) {
