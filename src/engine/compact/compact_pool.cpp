@@ -216,6 +216,7 @@ bool CompactPool::free(std::uintptr_t address) {
     case CachedFree::not_allocated:
       return false;
     case CachedFree::declined:
+    case CachedFree::retry:
       break;
   }
   Guard guard(*this);
@@ -257,8 +258,43 @@ std::uintptr_t CompactPool::allocate_cached(std::size_t requested, StreamHandle 
   return b->address;
 }
 
+// The common way: under the block's stripe, its stream's cache taken without waiting
+// (the stripe comes after the caches in the lock order), the block moved from the
+// one to the other at once. retry: the cache was busy or not made yet.
+CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address, bool traced,
+                                                         const Context& context) {
+  return allocated_.with_stripe(address, [&](AddressMap<Block>& map) {
+    Block* b = map.find(address);
+    if (!b) return CachedFree::not_allocated;
+    // Memory other streams used needs fences: the pool's free gives them.
+    if (!StreamCaches::fits(b->size) || (b->extras && !b->extras->uses.empty()) ||
+        b->requested == 0)
+      return CachedFree::declined;
+    StreamCaches::Cache* c = caches_.try_lock(b->stream);
+    if (!c) return CachedFree::retry;
+    std::unique_lock<Lock> held(c->lock, std::adopt_lock);
+    if (!StreamCaches::wants(*c, b->size)) return CachedFree::declined;
+    map.erase(address);
+    keep_cached(*c, b, traced, context);
+    return CachedFree::kept;
+  });
+}
+
+void CompactPool::keep_cached(StreamCaches::Cache& c, Block* b, bool traced,
+                              const Context& context) {
+  StatScope scope(services_.ledger);  // settled before the cache's lock goes
+  if (traced) trace_free(b, context);
+  scope->on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
+                 static_cast<std::int64_t>(b->requested));
+  b->extras.reset();
+  b->requested = 0;
+  caches_.put(c, b);
+}
+
 CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool traced,
                                                  const Context& context) {
+  if (CachedFree r = free_cached_at_once(address, traced, context); r != CachedFree::retry)
+    return r;
   // A look at the block first (its stream names the cache); the block is taken out
   // of the stripes only under the cache's lock, so a walk holding every lock finds it
   // in one place or the other.
@@ -283,13 +319,7 @@ CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool tr
     allocated_.insert(address, b);  // another block by now: the pool's free takes it
     return CachedFree::declined;
   }
-  StatScope scope(services_.ledger);
-  if (traced) trace_free(b, context);
-  scope->on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
-                 static_cast<std::int64_t>(b->requested));
-  b->extras.reset();
-  b->requested = 0;
-  caches_.put(*c, b);
+  keep_cached(*c, b, traced, context);
   return CachedFree::kept;
 }
 
@@ -303,9 +333,8 @@ std::size_t CompactPool::drain_caches() {
   return caches_.drain_all([this](Block* b) { return_cached(b); });
 }
 
-void CompactPool::trace_alloc(Block* b, std::size_t requested, StreamHandle stream,
-                              const Context& context) {
-  if (!services_.history.active()) return;
+void CompactPool::trace_alloc_on(Block* b, std::size_t requested, StreamHandle stream,
+                                 const Context& context) {
   services_.trace(TraceAction::alloc, b->address, requested, stream,
                   services_.history.level() >= ContextLevel::alloc ? context : nullptr);
   if (context) b->extra().context = context;

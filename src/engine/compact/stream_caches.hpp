@@ -63,6 +63,15 @@ class StreamCaches {
 
   // stream's cache (made on its first use), locked: the caller adopts the lock.
   Cache* lock(StreamHandle stream);
+  // stream's cache if it has one, locked, or nullptr: without waiting (the caller may
+  // hold a lock that comes after the caches' in the lock order) nor making one.
+  Cache* try_lock(StreamHandle stream) {
+    Cache* c = table_.find(stream);  // a hint: confirmed under the cache's lock
+    if (!c || !c->lock.try_lock()) return nullptr;
+    if (c->live && c->stream == stream) return c;
+    c->lock.unlock();
+    return nullptr;
+  }
 
   // A block of exactly size from c (the most recently freed), or nullptr; size counts
   // as asked for. pre: c locked.

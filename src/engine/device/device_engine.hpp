@@ -84,8 +84,12 @@ class DeviceEngine {
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
     // With history on, the user's context recorder runs first (it may be slow or take
     // its own locks), out of the hot path.
-    if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed)))
+    if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed))) {
+      // policy:compact alone (no routing, no history): no context to gather.
+      if (detours_.load(std::memory_order_relaxed) == kDetourCompact && !history_.active())
+        return allocate_compact(requested, stream, kNoContext);
       return allocate_with_context(requested, stream);
+    }
     StreamPool& p = pool(stream);
     if (std::uintptr_t address = p.allocate_cached(requested, stream, kNoContext, false))
       return address;
