@@ -7,7 +7,7 @@ namespace {
 
 // These tests choose their configuration themselves; run them once per backend.
 #define ONCE_PER_BACKEND()                                 \
-  if (expandable() || async())                             \
+  if (expandable() || async() || compact())                \
   GTEST_SKIP() << "runs once per backend, in the default " \
                   "mode"
 

@@ -11,11 +11,21 @@
 #include "reservoir/allocator.hpp"
 
 // Skips a test of the regular segments' exact layout in the expandable mode (and in
-// the async mode, which has no segments of its own).
+// the async mode, which has no segments of its own, and the compact mode, whose
+// arenas are mapped page by page).
 #define REGULAR_SEGMENTS_ONLY()                                                           \
   if (expandable())                                                                       \
     GTEST_SKIP() << "regular-segment layout (sizes, splits, inactive-split statistics); " \
                     "expandable segments have their own layout tests (Expandable*)";      \
+  PYTORCH_POLICY_ONLY()
+
+// Skips a test of PyTorch's caching policy (per-stream caches, its segments, its
+// ladder) in the compact mode: policy:compact shares one cache across streams over
+// pages mapped where blocks live, with tests of its own (Compact*, CompactStreamCache*).
+#define PYTORCH_POLICY_ONLY()                                                         \
+  if (compact())                                                                      \
+    GTEST_SKIP() << "PyTorch's caching policy; policy:compact has its own tests (unit " \
+                    "tests Compact*, CompactStreamCache*)";                              \
   NATIVE_ENGINE_ONLY()
 
 // Skips a test of Reservoir's own caching engine (its cache, rounding and ladder) in
@@ -44,6 +54,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     const std::string mode = plus == std::string::npos ? "" : param.substr(plus + 1);
     expandable_ = mode == "expandable";
     async_ = mode == "async";
+    compact_ = mode == "compact";
     for (auto& [name, factory] : harness_registry())
       if (name == backend_name_) harness_ = factory();
     ASSERT_TRUE(harness_) << "no harness " << GetParam();
@@ -64,6 +75,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   Allocator& make(const std::string& config = "") {
     std::string full = expandable_ ? "expandable_segments:True," + config
                        : async_    ? "backend:cudaMallocAsync," + config
+                       : compact_  ? "policy:compact," + config
                                    : config;
     alloc_ = std::make_unique<Allocator>(backend_, Config::parse(full));
     return *alloc_;
@@ -73,6 +85,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   // tests are in expandable_test.cpp.
   bool expandable() const { return expandable_; }
   bool async() const { return async_; }
+  bool compact() const { return compact_; }
   Allocator& a() {
     if (!alloc_) make();
     return *alloc_;
@@ -95,6 +108,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   std::string backend_name_;
   bool expandable_ = false;
   bool async_ = false;
+  bool compact_ = false;
   std::unique_ptr<Harness> harness_;
   std::shared_ptr<Backend> backend_;
   std::unique_ptr<Allocator> alloc_;

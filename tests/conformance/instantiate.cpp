@@ -9,6 +9,7 @@ std::vector<std::string> harness_names() {
     names.push_back(entry.first);
     names.push_back(entry.first + "+expandable");
     names.push_back(entry.first + "+async");  // backend:cudaMallocAsync: its subset
+    names.push_back(entry.first + "+compact");  // policy:compact: what holds for any policy
   }
   return names;
 }

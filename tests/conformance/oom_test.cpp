@@ -63,7 +63,7 @@ TEST_P(Conformance, OutOfMemoryErrorIsActionableAndRecoverable) {
 }
 
 TEST_P(Conformance, LadderRungFreeMemoryCallbacks) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   void* held = nullptr;
   int calls = 0;
   a().add_free_memory_callback([&] {
@@ -123,7 +123,7 @@ TEST_P(Conformance, LadderRungReleaseCachedOversizeBlocks) {
 }
 
 TEST_P(Conformance, LadderRungReleaseAllCachedBlocksAndRetry) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   cap(64 * MiB);
   StreamHandle other = harness_->new_stream();
   void* a1 = alloc_on(30 * MiB, other);

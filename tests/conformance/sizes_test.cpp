@@ -176,7 +176,7 @@ TEST_P(Conformance, MaxNonSplitRoundingIsConfigurable) {
 }
 
 TEST_P(Conformance, BlocksStayOnTheirStream) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   StreamHandle other = harness_->new_stream();
   void* p = alloc(4 * MiB);
   free(p);

@@ -104,7 +104,7 @@ TEST_P(Conformance, ConfigurationChangesAtRunTime) {
 // The table's rows carry the statistics' values (current, peak, allocated, freed),
 // not only their labels.
 TEST_P(Conformance, SummaryTableShowsTheStatistics) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   void* big = alloc(3 * MiB);  // large pool: a 20 MiB segment
   void* small = alloc(1000);   // small pool: 1024 bytes in a 2 MiB segment
   free(big);

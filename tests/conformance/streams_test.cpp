@@ -12,7 +12,7 @@ namespace reservoir::testing {
 namespace {
 
 TEST_P(Conformance, RecordStreamDefersReuseUntilTheStreamFinishes) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   StreamHandle user = harness_->new_stream();
   void* p = alloc(8 * MiB);
   a().record_stream(p, user);
@@ -39,7 +39,7 @@ TEST_P(Conformance, RecordStreamOnTheAllocationStreamIsIgnored) {
 }
 
 TEST_P(Conformance, ASlowStreamDoesNotDelayFreesOnAnother) {
-  NATIVE_ENGINE_ONLY();
+  PYTORCH_POLICY_ONLY();
   StreamHandle slow = harness_->new_stream();
   StreamHandle quick = harness_->new_stream();
   void* p = alloc(12 * MiB);
