@@ -113,7 +113,7 @@ class alignas(64) CompactPool final : public BlockOwner {
   };
   // The validator's walk (the caller holds lock() and a RequestsHeld). Throws
   // InvariantError.
-  void validate_locked(ValidationTotals* totals, const RequestsHeld& held);
+  void validate_locked(ValidationTotals* totals, const RequestsHeld& requests);
 
  private:
   // An operation's hold on the pool: the lock, and the statistics scope (declared
