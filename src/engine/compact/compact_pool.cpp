@@ -266,10 +266,7 @@ CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address,
   return allocated_.with_stripe(address, [&](AddressMap<Block>& map) {
     Block* b = map.find(address);
     if (!b) return CachedFree::not_allocated;
-    // Memory other streams used needs fences: the pool's free gives them.
-    if (!StreamCaches::fits(b->size) || (b->extras && !b->extras->uses.empty()) ||
-        b->requested == 0)
-      return CachedFree::declined;
+    if (!cacheable(*b)) return CachedFree::declined;
     StreamCaches::Cache* c = caches_.try_lock(b->stream);
     if (!c) return CachedFree::retry;
     std::unique_lock<Lock> held(c->lock, std::adopt_lock);
@@ -303,10 +300,7 @@ CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool tr
   {
     Block* b = allocated_.find(address);
     if (!b) return CachedFree::not_allocated;
-    // Memory other streams used needs fences: the pool's free gives them.
-    if (!StreamCaches::fits(b->size) || (b->extras && !b->extras->uses.empty()) ||
-        b->requested == 0)
-      return CachedFree::declined;
+    if (!cacheable(*b)) return CachedFree::declined;
     stream = b->stream;
     size = b->size;
   }
@@ -315,7 +309,7 @@ CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool tr
   if (!StreamCaches::wants(*c, size)) return CachedFree::declined;
   Block* b = allocated_.erase(address);
   if (!b) return CachedFree::not_allocated;  // freed meanwhile by another thread
-  if (b->stream != stream || b->size != size || (b->extras && !b->extras->uses.empty())) {
+  if (b->stream != stream || b->size != size || !cacheable(*b)) {
     allocated_.insert(address, b);  // another block by now: the pool's free takes it
     return CachedFree::declined;
   }
@@ -329,8 +323,8 @@ void CompactPool::return_cached(Block* b) {
   coalesce_free(b);
 }
 
-std::size_t CompactPool::drain_caches() {
-  return caches_.drain_all([this](Block* b) { return_cached(b); });
+void CompactPool::drain_caches() {
+  caches_.drain_all([this](Block* b) { return_cached(b); });
 }
 
 void CompactPool::trace_alloc_on(Block* b, std::size_t requested, StreamHandle stream,

@@ -149,14 +149,19 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::uintptr_t allocate_cached(std::size_t requested, StreamHandle stream,
                                  const Context& context);
   enum class CachedFree { kept, not_allocated, declined, retry };
+  // Whether a freed block may wait in its stream's cache: small enough, and used on its
+  // own stream only (memory other streams used needs the fences the pool's free gives).
+  static bool cacheable(const Block& b) {
+    return StreamCaches::fits(b.size) && (!b.extras || b.extras->uses.empty());
+  }
   CachedFree free_cached(std::uintptr_t address, bool traced, const Context& context);
   CachedFree free_cached_at_once(std::uintptr_t address, bool traced, const Context& context);
   // b (out of the stripes) freed into c. pre: c locked, wants(c, b->size).
   void keep_cached(StreamCaches::Cache& c, Block* b, bool traced, const Context& context);
   // A cached block given back to the free blocks (its pages' live bytes and fences as
-  // a free's); every cache's, and the number of blocks. Under lock_.
+  // a free's); every cache's blocks given back. Under lock_.
   void return_cached(Block* b);
-  std::size_t drain_caches();
+  void drain_caches();
   void trace_alloc(Block* b, std::size_t requested, StreamHandle stream, const Context& context) {
     if (services_.history.active()) trace_alloc_on(b, requested, stream, context);
   }

@@ -108,22 +108,19 @@ class StreamCaches {
 
   // Whether a cache may hold a block (false: none does, but for a put under way).
   bool any() const noexcept { return any_.load(std::memory_order_relaxed); }
-  // Every block of every cache handed to drain(Block*), the caches emptied; returns
-  // the number of blocks. The caller holds the pool's lock.
+  // Every block of every cache handed to drain(Block*), the caches emptied. The caller
+  // holds the pool's lock.
   template <typename F>
-  std::size_t drain_all(F&& drain) {
-    if (!any()) return 0;
+  void drain_all(F&& drain) {
+    if (!any()) return;
     std::lock_guard<std::mutex> guard(writers_);
     // Cleared first: a put after this point sets it again.
     any_.store(false, std::memory_order_relaxed);
-    std::size_t n = 0;
     for (auto& c : all_) {
       if (!c->live) continue;  // recycled caches are empty
       std::lock_guard<Lock> cache_guard(c->lock);
-      n += c->count;
       drain_locked(*c, drain);
     }
-    return n;
   }
   // stream's blocks handed to drain(Block*), and its cache recycled (the stream is
   // about to be destroyed). The caller holds the pool's lock.
