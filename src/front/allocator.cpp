@@ -454,7 +454,6 @@ void Allocator::update_config(std::string_view text) {
       throw ConfigError(std::string("reservoir: ") + f.key + " cannot be set at run time: " +
                         f.why + " (set RESERVOIR_ALLOC_CONF=" + f.key + ":" + f.asked +
                         " before the first allocation); it is " + f.key + ":" + f.now);
-  im.core->check_update(next);  // a refusal (ConfigError) changes nothing here either
   // A new trace file is opened before anything changes, so a path that cannot be
   // written (IoError) leaves the configuration as it was.
   if (next.record_trace != before.record_trace) im.set_recording(*this, next.record_trace);

@@ -15,6 +15,13 @@
 
 namespace reservoir::fuzz {
 
+bool Walker::in_compact_arena(std::uintptr_t address) const {
+  for (const SegmentInfo& seg : alloc_->snapshot().segments)
+    if (address >= seg.address && address < seg.address + seg.total_size)
+      return seg.is_expandable && seg.pool == PoolId{};
+  return false;
+}
+
 bool Walker::capture_on() const {
   return std::any_of(pools_.begin(), pools_.end(),
                      [](const PoolSlot& s) { return s.exists && s.route == 2; });
@@ -95,13 +102,7 @@ void Walker::op_pool(std::uint8_t arg) {
       if (step == 1) {
         alloc_->begin_allocate_current_thread_to_pool(slot.id, slot.device);
       } else {
-        try {
-          alloc_->begin_capture_to_pool(slot.id, stream, slot.device);
-        } catch (const InvalidArgumentError&) {
-          WALK_CHECK(compact_, "a capture route refused without policy:compact");
-          return;
-        }
-        WALK_CHECK(!compact_, "a capture route accepted under policy:compact");
+        alloc_->begin_capture_to_pool(slot.id, stream, slot.device);  // either policy
       }
       WALK_CHECK(alloc_->pool_use_count(slot.id, slot.device) == uses + 1, "begin adds a use");
       slot.route = step;

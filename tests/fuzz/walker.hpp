@@ -182,6 +182,9 @@ class Walker {
   void check_capture();
   bool capture_on() const;
   bool capture_on(int device) const;  // a capture route on that device
+  // Under policy:compact: whether address lies in a compact arena (not a default pool's
+  // segment, which serves requests during a capture).
+  bool in_compact_arena(std::uintptr_t address) const;
 
   // walk_checks.cpp: checks, queries and bad inputs.
   void check_disjoint(const Live& l);

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -36,20 +35,6 @@ const bool kSimDevice = [] {
 }();
 
 constexpr std::size_t MiB = std::size_t{1} << 20;
-
-// A thread route (no capture) on pool serves a request from the pool, then the pool is
-// released and the allocator validated; while_routed runs once the route is on.
-void expect_a_thread_route_serves(Allocator& a, PoolId pool,
-                                  const std::function<void()>& while_routed = {}) {
-  a.begin_allocate_current_thread_to_pool(pool, 0);
-  if (while_routed) while_routed();
-  void* p = a.allocate(MiB, 1, 0);
-  EXPECT_TRUE(a.pool_live_allocations_are(pool, {p}, 0));
-  a.end_allocate_to_pool(pool, 0);
-  a.deallocate(p);
-  a.release_pool(pool, 0);
-  a.validate();
-}
 
 class BadInput : public ::testing::Test {
  protected:
@@ -574,47 +559,6 @@ TEST_F(BadInput, RequestsOnAnotherStreamDuringACaptureStayInTheDefaultPools) {
   a_.end_allocate_to_pool(pool, 0);
   a_.release_pool(pool, 0);
   a_.validate();
-}
-
-TEST_F(BadInput, CaptureRoutesUnderPolicyCompact) {
-  Allocator compact(sim_, Config::parse("policy:compact"));
-  const PoolId pool = compact.create_pool({}, 0);
-  EXPECT_THROW(
-      {
-        try {
-          compact.begin_capture_to_pool(pool, 1, 0);
-        } catch (const InvalidArgumentError& e) {
-          EXPECT_NE(std::string(e.what()).find("policy:compact"), std::string::npos);
-          throw;
-        }
-      },
-      InvalidArgumentError);
-  EXPECT_EQ(compact.pool_use_count(pool, 0), 1) << "a refused begin kept a use";
-  expect_a_thread_route_serves(compact, pool);  // not a capture: served
-}
-
-// The other order: policy:compact set while a capture is routed. Refused, changing
-// nothing (not the policy, not the trace file the same update names); a thread route
-// is no capture and does not stand in the way.
-TEST_F(BadInput, PolicyCompactSetDuringACaptureRoute) {
-  const PoolId pool = a_.create_pool({}, 0);
-  a_.begin_capture_to_pool(pool, 1, 0);
-  void* p = a_.allocate(MiB, 1, 0);  // served by the pool
-  before_ = stats_vector(a_);
-  const std::string config = a_.config().to_string();
-  const std::string trace = ::testing::TempDir() + "reservoir_refused_compact.trace";
-  std::remove(trace.c_str());
-  expect_refused<ConfigError>([&] { a_.update_config("policy:compact,record_trace:" + trace); },
-                              {"policy:compact", "capture", "device 0", "end_allocate_to_pool"});
-  EXPECT_EQ(a_.config().to_string(), config) << "a refused update changed the configuration";
-  EXPECT_FALSE(std::filesystem::exists(trace)) << "a refused update opened its trace";
-  EXPECT_TRUE(a_.pool_live_allocations_are(pool, {p}, 0));
-  a_.deallocate(p);
-  a_.end_allocate_to_pool(pool, 0);
-  expect_a_thread_route_serves(a_, pool, [&] {
-    a_.update_config("policy:compact");  // the capture ended; a thread route is none
-    EXPECT_EQ(a_.config().policy, Config::Policy::compact);
-  });
 }
 
 TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {

@@ -30,7 +30,9 @@ using testing_util::MiB;
 using testing_util::Rig;
 
 struct Op {
-  enum Kind { alloc, free, record, advance, empty_cache, release } kind;
+  // capture: a CUDA graph capture on stream 3 begins (routed to a private pool) or,
+  // when one is under way, ends.
+  enum Kind { alloc, free, record, advance, empty_cache, release, capture } kind;
   std::size_t size = 0;     // alloc
   StreamHandle stream = 0;  // alloc, record, advance, release
   std::size_t slot = 0;     // alloc, free, record
@@ -40,20 +42,25 @@ struct Op {
 // sizes, frees, record_stream across streams, stream progress, empty_cache, and
 // release_stream (the stream stays in use: later calls may name it). Some requests
 // repeat their slot's last size and stream right after its free (the engine's
-// parked free).
-std::vector<Op> make_workload() {
+// parked free). With captures, a capture on stream 3 begins and ends every few
+// dozen operations (the others go on beside it).
+std::vector<Op> make_workload(bool captures = false) {
   std::mt19937_64 rng(7);
   std::vector<Op> ops;
   constexpr std::size_t kSlots = 16;
   std::vector<Op> last(kSlots, Op{Op::free});
+  bool capturing = false;  // on stream 3, which is then not released (it is in use)
   for (int i = 0; i < 400; ++i) {
     const unsigned r = rng() % 100;
     const std::size_t slot = rng() % kSlots;
     const StreamHandle stream = 1 + rng() % 3;
-    if (i % 97 == 96) {
+    if (captures && i % 37 == 36) {
+      ops.push_back({Op::capture});
+      capturing = !capturing;
+    } else if (i % 97 == 96) {
       ops.push_back({Op::empty_cache});
     } else if (i % 61 == 60) {
-      ops.push_back({Op::release, 0, stream});
+      ops.push_back({Op::release, 0, capturing && stream == 3 ? StreamHandle{1} : stream});
     } else if (r < 12 && last[slot].kind == Op::alloc) {
       ops.push_back(last[slot]);  // the free of the slot, then the same request
     } else if (r < 45) {
@@ -95,6 +102,18 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
       out.errors_name_the_fault &= std::string(e.what()).find("injected") != std::string::npos;
     }
   };
+  constexpr StreamHandle kCapturing = 3;
+  bool capturing = false;
+  const bool any_capture =
+      std::any_of(ops.begin(), ops.end(), [](const Op& op) { return op.kind == Op::capture; });
+  const PoolId pool = any_capture ? rig.a->create_pool({}, 0) : PoolId{};
+  auto end_capture = [&] {
+    capturing = false;
+    rig.sim->end_capture(kCapturing);
+    // The frees deferred meanwhile record their events now (a failure surfaces).
+    guarded([&] { rig.a->end_allocate_to_pool(pool, 0); });
+    rig.a->release_pool(pool, 0);  // the route's use
+  };
   auto free_slot = [&](std::size_t slot) {
     void* p = std::exchange(slots[slot], nullptr);
     guarded([&] { rig.a->deallocate(p); });  // nullptr is a no-op
@@ -131,11 +150,22 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
       case Op::release:
         guarded([&] { rig.a->release_stream(op.stream, 0); });
         break;
+      case Op::capture:
+        if (capturing) {
+          end_capture();
+        } else {
+          rig.a->begin_capture_to_pool(pool, kCapturing, 0);
+          rig.sim->begin_capture(kCapturing);
+          capturing = true;
+        }
+        break;
     }
     rig.a->validate();
     out.counted_after_every_op &= testing_util::counted(rig);
   }
+  if (capturing) end_capture();
   for (std::size_t slot = 0; slot < slots.size(); ++slot) free_slot(slot);
+  if (any_capture) rig.a->release_pool(pool, 0);
   rig.sim->advance_all();
   guarded([&] { rig.a->empty_cache(); });
   rig.a->validate();
@@ -218,6 +248,7 @@ struct Plan {
   SimOp then;
   std::uint64_t then_count;
   int errors;
+  bool captures = false;  // the workload with captures (make_workload)
 };
 
 constexpr DeviceStatus kError = DeviceStatus::error;
@@ -275,6 +306,19 @@ const Plan kPlans[] = {
     {"CompactQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1},
     {"CompactStreamWait", kCompact, SimOp::stream_wait_event, kError, SimOp::map, 0, 1},
     {"CompactSynchronizeDevice", kCompact, SimOp::synchronize_device, kError, SimOp::map, 0, -1},
+    // policy:compact beside CUDA graph captures: the pool's paths until a capture and
+    // after it, the default pools' segments that serve during one, the deferred frees'
+    // events at its end.
+    {"CompactCapturesCreatePhysical", kCompact, SimOp::create_physical, kError, SimOp::map, 0, 1,
+     true},
+    {"CompactCapturesAllocate", kCompact, SimOp::allocate, kError, SimOp::map, 0, 1, true},
+    {"CompactCapturesAllocateOom", kCompact, SimOp::allocate, DeviceStatus::out_of_memory,
+     SimOp::map, 0, -1, true},
+    {"CompactCapturesUnmap", kCompact, SimOp::unmap, kError, SimOp::unmap, 1, 1, true},
+    {"CompactCapturesRecordEvent", kCompact, SimOp::record_event, kError, SimOp::map, 0, -1, true},
+    {"CompactCapturesQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1, true},
+    {"CompactCapturesDeallocate", kCompact, SimOp::deallocate, kError, SimOp::deallocate, 1, 1,
+     true},
     // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
     {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
     {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,
@@ -293,7 +337,7 @@ class CallSweep : public ::testing::TestWithParam<Plan> {};
 // (memory, segments, address ranges) and the workload runs again without an error.
 TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
   const Plan& plan = GetParam();
-  const std::vector<Op> ops = make_workload();
+  const std::vector<Op> ops = make_workload(plan.captures);
   Rig clean(plan.config);
   run(clean, ops);
   const std::uint64_t calls = clean.sim->calls(plan.op);
@@ -319,6 +363,7 @@ TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
     expect_empty(rig);
     EXPECT_EQ(run(rig, ops).ooms, 0);  // recovers: a DeviceError would escape here
     expect_empty(rig);
+    EXPECT_EQ(rig.sim->capture_violations(), 0u);
   }
   if (plan.errors == 0) {
     EXPECT_EQ(errors, 0) << "these failures are recovered from by design";

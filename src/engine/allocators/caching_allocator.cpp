@@ -156,22 +156,6 @@ Config CachingAllocator::config() const {
   return config_;
 }
 
-void CachingAllocator::refuse_compact_during_capture(const DeviceEngine& engine) {
-  if (engine.capture_underway())
-    throw ConfigError(
-        "reservoir: policy:compact cannot be set while a CUDA graph capture is "
-        "routed to a private pool on device " +
-        std::to_string(engine.device()) +
-        " (the policy does not support captures yet); end the capture "
-        "(end_allocate_to_pool) first, or keep the default policy for CUDA graphs");
-}
-
-void CachingAllocator::check_update(const Config& next) {
-  if (next.policy != Config::Policy::compact) return;
-  std::lock_guard<std::mutex> guard(engines_mutex_);
-  for (auto& e : owned_) refuse_compact_during_capture(*e);
-}
-
 Config CachingAllocator::update_config(std::string_view text) {
   Config next = config();
   next.apply(text);  // throws ConfigError, leaving everything unchanged
@@ -179,14 +163,6 @@ Config CachingAllocator::update_config(std::string_view text) {
   const bool sets_fraction = Config::parse(text).per_process_memory_fraction_set;
   {
     std::lock_guard<std::mutex> guard(engines_mutex_);
-    // policy:compact does not serve captures: refused, changing nothing, where one is
-    // under way; the gates keep new ones from beginning until every engine has it.
-    std::vector<std::unique_lock<std::mutex>> gates;
-    if (next.policy == Config::Policy::compact)
-      for (auto& e : owned_) {
-        gates.push_back(e->hold_captures());
-        refuse_compact_during_capture(*e);
-      }
     for (auto& e : owned_) e->update_config(next, sets_fraction);
     std::lock_guard<std::mutex> cg(config_mutex_);
     config_ = next;

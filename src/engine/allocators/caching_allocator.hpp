@@ -79,11 +79,7 @@ class CachingAllocator final : public BlockResource {
   Config config() const;
   // Applies "key:value,..." to every engine (throws ConfigError, changing nothing);
   // returns the configuration now in force.
-  // policy:compact is refused while a capture is routed to a private pool on a device.
   Config update_config(std::string_view text);
-  // Throws the ConfigError that update_config would throw for next (the front asks
-  // before changing what it owns, such as the trace file).
-  void check_update(const Config& next);
 
   // ---- History (kept per engine; settings apply to engines made later too) ----
   void record_history(bool enabled, std::size_t max_entries, ContextLevel level,
@@ -104,7 +100,6 @@ class CachingAllocator final : public BlockResource {
   void retry(void* ptr, const char* action, Op&& op);
   BlockOwner& owner_of(void* ptr, const char* action);
   DeviceEngine& make_engine(int device);
-  static void refuse_compact_during_capture(const DeviceEngine& engine);
   // Where device's engine is published: the first devices' slots live in this object
   // (a request loads its engine without first loading an array's address).
   std::atomic<DeviceEngine*>& slot(int device) const {

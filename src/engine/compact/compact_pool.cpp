@@ -149,6 +149,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
                                      const Context& context) {
   if (std::uintptr_t address = allocate_cached(requested, stream, context)) return address;
   Guard guard(*this);
+  if (services_.capture.underway()) return kClosedForCapture;
   // A new arena or extent counted, then the request refused (out of memory or a
   // device error): the guard's scope settles the ledger on the way out all the same.
   const std::size_t size = services_.policy().round(requested);
@@ -353,17 +354,21 @@ bool CompactPool::record_use(std::uintptr_t address, StreamHandle other) {
 
 void CompactPool::host_waited(StreamHandle stream) {
   Guard guard(*this);
+  // Checked later: a capture forbids event queries (and a missed hint only waits longer).
+  if (services_.capture.underway()) return;
   fences_.host_waited(stream);
 }
 
 void CompactPool::release_stream(StreamHandle stream) {
   Guard guard(*this);
   caches_.release(stream, [this](Block* b) { return_cached(b); });
-  fences_.release(stream);  // after the drain: its fences want a marker there
+  // After the drain: its fences want a marker there.
+  fences_.release(stream, !services_.capture.underway());
 }
 
 std::size_t CompactPool::release_free_pages(bool give_back) {
   Guard guard(*this);
+  if (services_.capture.underway()) return 0;  // no wait, no unmap, nothing back then
   drain_caches();
   fences_.synchronize_all();
   std::size_t released = 0;

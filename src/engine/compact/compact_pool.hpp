@@ -68,9 +68,17 @@ class alignas(64) CompactPool final : public BlockOwner {
   Lock& lock() noexcept { return lock_; }
 
   // A block of at least requested bytes for stream, or 0 when the device or the memory
-  // fraction has no physical memory left for it (the ladder then runs). Throws
-  // DeviceError.
+  // fraction has no physical memory left for it (the ladder then runs), or
+  // kClosedForCapture: a capture is under way and no stream cache serves it (the
+  // caller serves it elsewhere). Throws DeviceError.
   std::uintptr_t allocate(std::size_t requested, StreamHandle stream, const Context& context);
+  // Never a block's address.
+  static constexpr std::uintptr_t kClosedForCapture = 1;
+  // Returns once no operation under the pool's lock is under way: a capture counted
+  // before this call is seen by every later one (which then records no event, queries
+  // none and moves no page: the shared path is closed, host waits are not checked,
+  // nothing goes back to the device). The stream caches' paths make no device call.
+  void wait_for_operations() { std::lock_guard<Lock> guard(lock_); }
   // The ladder's rung: waits for every fence, then gives every free page's memory back
   // to the device; returns the bytes released. With give_back false, the memory is
   // kept as spare pages for the retry (nothing is released).

@@ -66,7 +66,6 @@ void DeviceEngine::empty_cache() {
   // During a capture nothing may go back to the device (nor may events be waited for).
   if (capture_.underway()) return;
   release_cached_everywhere();
-  if (CompactPool* c = compact_if_made()) c->release_free_pages(true);
   std::lock_guard<std::mutex> guard(create_mutex_);
   sweep_draining_locked(draining_.size());
 }
@@ -278,7 +277,7 @@ void DeviceEngine::garbage_collect() {
 
 // The default pools and the released private pools (a pool still in use keeps its
 // cache: replays of its graphs need the addresses).
-void DeviceEngine::release_cached_everywhere() {
+void DeviceEngine::release_cached_everywhere(bool compact_pages_back) {
   if (capture_.underway()) return;
   {
     std::lock_guard<std::mutex> guard(ladder_mutex_);
@@ -289,6 +288,9 @@ void DeviceEngine::release_cached_everywhere() {
     for (StreamPool* p : pools) p->synchronize_pending();
     for (StreamPool* p : pools) p->release_cached();
   }
+  // The pools share the device: a private pool's request under policy:compact (and a
+  // default pool's after a policy switch) may need the compact pool's free pages.
+  if (CompactPool* c = compact_if_made()) c->release_free_pages(compact_pages_back);
   collect_dead_pools();
 }
 
@@ -382,11 +384,6 @@ void DeviceEngine::update_config(const Config& config, bool apply_fraction) {
 // What it compares is read under the locks that guard it, in the lock order: walking
 // the pools one by one and reading the budget afterwards compared different moments.
 void DeviceEngine::validate() {
-  // No capture begins and policy:compact is not set meanwhile (both take the gate);
-  // a capture may end and the policy go back, which cannot make a false report here.
-  std::lock_guard<std::mutex> gate(capture_gate_);
-  RESERVOIR_CHECK(!(compact_on_.load(std::memory_order_relaxed) && capture_.underway()),
-                  "policy:compact is in force while a capture is under way");
   std::lock_guard<std::mutex> creating(create_mutex_);  // no pool made or recycled
   private_registry_.validate();
   for (StreamPool* spare : spare_)

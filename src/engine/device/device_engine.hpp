@@ -17,8 +17,7 @@
 //     first_stream_ (it goes null for good when that pool is recycled);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
 //     spare (no segment) and listed in spare_;
-//   compact_on_ implies !capture_.underway() (policy:compact serves no capture).
-// Lock order: capture_gate_ -> config_mutex_ -> create_mutex_ -> private-pool registry
+// Lock order: config_mutex_ -> create_mutex_ -> private-pool registry
 // mutex -> pool locks (in creation order: the default pools, the private pools' caches,
 // the compact pool, then its stream caches and allocated stripes) -> ledger / segment
 // map / event pool / segment registry mutexes.
@@ -160,11 +159,6 @@ class DeviceEngine {
   // Whether the pool's allocated blocks are exactly expected.
   bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected);
   bool capture_underway() const noexcept { return capture_.underway(); }
-  // While held, no capture begins on this device (begin_allocate_to_pool with capture
-  // waits): update_config holds it to set policy:compact only where none is under way.
-  [[nodiscard]] std::unique_lock<std::mutex> hold_captures() {
-    return std::unique_lock<std::mutex>(capture_gate_);
-  }
 
   // The compact pool if policy:compact was ever used (else null).
   CompactPool* compact_if_made() const noexcept {
@@ -180,7 +174,9 @@ class DeviceEngine {
   void garbage_collect();
   // Waits for every pending free, then releases every free, unsplit segment (and
   // free expandable page) of every pool.
-  void release_cached_everywhere();
+  // compact_pages_back: policy:compact's free pages go back to the device too (else
+  // they stay as spare pages, for the compact pool's own retry).
+  void release_cached_everywhere(bool compact_pages_back = true);
   // Free bytes cached on streams other than except's.
   std::size_t cached_elsewhere(const StreamPool* except);
   const char* backend_name() const noexcept { return backend_.name(); }
@@ -204,6 +200,8 @@ class DeviceEngine {
   // policy:compact: the device-wide pool, and its ladder (oom_ladder.cpp).
   std::uintptr_t allocate_compact(std::size_t requested, StreamHandle stream,
                                   const Context& context);
+  std::uintptr_t allocate_during_capture(std::size_t requested, StreamHandle stream,
+                                         const Context& context);
   CompactPool& compact();
   [[noreturn]] void raise_out_of_memory(StreamHandle stream, std::size_t requested,
                                         std::size_t alloc_size, std::size_t largest_small,
@@ -254,7 +252,6 @@ class DeviceEngine {
   PoolServices services_;
 
   mutable std::mutex config_mutex_;  // lock-all operations
-  std::mutex capture_gate_;          // a capture's begin against a switch to policy:compact
   std::mutex create_mutex_;          // pool creation
   std::mutex ladder_mutex_;          // one device-wide release at a time
   StreamTable<StreamPool> table_;

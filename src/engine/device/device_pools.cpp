@@ -77,17 +77,13 @@ int DeviceEngine::pool_use_count(PoolId id) {
 
 void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture) {
   if (capture) {
-    // policy:compact queries events and moves pages on its own paths, which a capture
-    // forbids: refused rather than failing inside the capture. Checked and counted
-    // under the gate, so that policy:compact cannot be set in between (update_config).
-    std::lock_guard<std::mutex> gate(capture_gate_);
-    if (compact_on_.load(std::memory_order_relaxed))
-      throw InvalidArgumentError("reservoir: cannot route a CUDA graph capture to private pool " +
-                                 pool_name(id) +
-                                 " under policy:compact (it does not support captures yet; "
-                                 "use the default policy for CUDA graphs)");
     // The capture is counted first: a free racing with begin must not record events.
     capture_.begin();
+    // Every pool reads the count under its lock before it queries or records an event,
+    // frees or unmaps: an operation under way on another thread finishes before the
+    // capture begins on the device (the caller begins it after this call returns).
+    for (StreamPool* p : all_pools_snapshot()) std::lock_guard<Lock> wait(p->lock());
+    if (CompactPool* c = compact_if_made()) c->wait_for_operations();
   }
   try {
     private_registry_.begin(id, std::move(filter), capture);
@@ -101,9 +97,14 @@ void DeviceEngine::end_allocate_to_pool(PoolId id) {
   if (!private_registry_.end(id) || !capture_.end()) return;
   // The last capture ended: the frees deferred meanwhile record their events now.
   std::string failure;
+  // Under policy:compact the default pools serve only requests made during captures,
+  // when their pending frees may not be checked: they are checked now, or they would
+  // wait for the next capture's requests, which may not check them either.
+  const bool check_pending = compact_on_.load(std::memory_order_relaxed);
   for (StreamPool* p : all_pools_snapshot()) {
     try {
       p->flush_capture_deferred();
+      if (check_pending) p->process_events_now();
     } catch (const DeviceError& e) {
       if (failure.empty()) failure = e.what();
     }

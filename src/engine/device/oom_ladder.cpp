@@ -35,6 +35,7 @@ struct OomFacts {
   bool have_info;
   MemoryInfo info;
   bool limited;
+  bool capturing;  // a capture under way: nothing could go back to the device
   std::size_t allowed;
   double fraction;
   std::uint64_t allocated, reserved;
@@ -72,6 +73,9 @@ std::string oom_message(Backend& backend, const OomFacts& f) {
        "RESERVOIR_ALLOC_CONF=expandable_segments:True (or max_split_size_mb:N) to reduce "
        "fragmentation";
   if (f.limited) m += "; raise the memory fraction";
+  if (f.capturing)
+    m += "; a CUDA graph capture is under way on this device: cached memory cannot go back "
+         "to the device (nor policy:compact's free pages move) until it ends";
   m += "; replay a trace of this workload with reservoir-replay --fit to see how much memory "
        "it needs.";
   return m;
@@ -115,21 +119,30 @@ std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t request
 }
 
 // policy:compact's ladder: the free-memory callbacks, then every fence waited for so
-// that every free page's memory can move to where it is needed, then out of memory.
-// (No device allocation is retried after releasing caches: the pool already takes
-// physical memory from free pages before asking the device.)
+// that every free page's memory can move to where it is needed (and every other
+// pool's cached memory given back), then the private pools made with use_on_oom, then
+// out of memory. (No device allocation is
+// retried after releasing caches: the pool already takes physical memory from free
+// pages before asking the device.) While a capture is under way the pool's shared
+// path is closed: what no stream cache serves goes to allocate_during_capture.
 std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandle stream,
                                               const Context& context) {
   CompactPool& c = compact();
-  if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+  auto attempt = [&]() -> std::uintptr_t {
+    const std::uintptr_t a = c.allocate(requested, stream, context);
+    return a == CompactPool::kClosedForCapture ? allocate_during_capture(requested, stream, context)
+                                               : a;
+  };
+  if (std::uintptr_t a = attempt()) return a;
   if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
-    if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+    if (std::uintptr_t a = attempt()) return a;
   if (!capture_.underway()) {  // nothing goes back to the device during a capture
-    DeviceCounters::bump(counters_.sync_all_streams);
-    c.release_free_pages(false);
+    release_cached_everywhere(false);
     DeviceCounters::bump(counters_.alloc_retries);
-    if (std::uintptr_t a = c.allocate(requested, stream, context)) return a;
+    if (std::uintptr_t a = attempt()) return a;
   }
+  if (private_registry_.any_use_on_oom())
+    if (std::uintptr_t a = allocate_from_use_on_oom(requested, stream, context)) return a;
   std::size_t page;
   {
     std::lock_guard<std::mutex> guard(config_mutex_);
@@ -137,6 +150,19 @@ std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandl
   }
   raise_out_of_memory(stream, requested, page, 0, c.largest_free_block(),
                       cached_elsewhere(nullptr));
+}
+
+// A capture forbids what the compact pool's shared path does (event queries, pages
+// unmapped and moved): while one is under way, a request no stream cache serves is
+// served as under the default policy, by the stream's default pool (new segments,
+// the spec's capture rules, its own ladder); its blocks stay there, freed there, and
+// go back to the device when caches are released.
+std::uintptr_t DeviceEngine::allocate_during_capture(std::size_t requested, StreamHandle stream,
+                                                     const Context& context) {
+  StreamPool& p = pool(stream);
+  if (std::uintptr_t a = p.allocate_cached(requested, stream, context, history_.active()))
+    return a;
+  return allocate_missed(p, requested, stream, context);
 }
 
 void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requested,
@@ -151,6 +177,7 @@ void DeviceEngine::raise_out_of_memory(StreamHandle stream, std::size_t requeste
   f.stream = stream;
   f.have_info = backend_.memory_info(device_, &f.info) == DeviceStatus::ok;
   f.limited = budget_.limited();
+  f.capturing = capture_.underway();
   f.allowed = budget_.limit();
   f.fraction = memory_fraction();
   DeviceStats s = stats();

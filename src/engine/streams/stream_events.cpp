@@ -31,11 +31,11 @@ std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
   return t.wanted;
 }
 
-void StreamEvents::record(Timeline& t) {
+void StreamEvents::record(Timeline& t, bool may_query) {
   if (t.wanted == 0) return;
   // Markers nobody asked about yet are retired first when they have completed, so that
   // their events are reused: a stream's markers stay few, and few events are created.
-  if (!t.pending.empty()) poll(t);
+  if (!t.pending.empty() && may_query) poll(t);
   if (t.pending.size() >= kMaxPending) {
     // Markers that do not complete (a device far behind) must not pile up: the newest
     // one is recorded again here, so it stands for its own seq and the new one (a fence
@@ -176,15 +176,15 @@ void StreamEvents::host_waited(StreamHandle stream) {
   forget_released();
 }
 
-void StreamEvents::release(StreamHandle stream) {
+void StreamEvents::release(StreamHandle stream, bool may_query) {
   if (Timeline* t = find(stream)) {
-    record(*t);
+    record(*t, may_query);
     if (!t->released) {
       t->released = true;
       ++released_;
     }
   }
-  forget_released();
+  if (may_query) forget_released();
 }
 
 void StreamEvents::forget_released() {

@@ -139,7 +139,10 @@ class StreamEvents {
   void host_waited(StreamHandle stream);
   // The program is about to destroy stream: the marker owed there is recorded now,
   // while it exists (later fences wait on recorded events only, which outlive it).
-  void release(StreamHandle stream);
+  // may_query false (a capture is under way, which forbids event queries; stream must
+  // not be the one capturing, whose recorded event would belong to the graph): nothing
+  // is queried, and released timelines are forgotten later.
+  void release(StreamHandle stream, bool may_query = true);
   // Waits on the host for all work on the device (the out-of-memory ladder): every
   // marker, owed ones too, has completed then — one wait, which also covers streams
   // destroyed since (no event can be recorded there). Throws DeviceError.
@@ -162,7 +165,8 @@ class StreamEvents {
   };
   Timeline* find(StreamHandle stream);      // nullptr: never seen
   Timeline& timeline(StreamHandle stream);  // made when first seen
-  void record(Timeline& t);                 // records the owed marker
+  // Records the owed marker; may_query false: no completed marker is retired first.
+  void record(Timeline& t, bool may_query = true);
   void poll(Timeline& t);                   // retires completed markers (queries)
   bool done(Timeline& t, std::uint64_t seq);
   EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
