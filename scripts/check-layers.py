@@ -28,6 +28,7 @@ PUBLIC = {
     "stats.hpp": "util", "hooks.hpp": "util", "history.hpp": "util", "pools.hpp": "util",
     "backend.hpp": "backend", "sim_backend.hpp": "backend", "sim_placement.hpp": "backend",
     "cuda_backend.hpp": "backend", "forwarding_backend.hpp": "backend",
+    "segment_source.hpp": "backend",
     "allocator.hpp": "front", "reservoir.h": "front", "version.hpp": "front", "ipc.hpp": "front",
 }
 SOURCE_DIRS = {"src/util": "util", "src/backend": "backend", "src/engine": "engine",

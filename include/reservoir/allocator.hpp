@@ -26,6 +26,7 @@
 #include "reservoir/hooks.hpp"
 #include "reservoir/ipc.hpp"
 #include "reservoir/pools.hpp"
+#include "reservoir/segment_source.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -104,6 +105,12 @@ class RESERVOIR_API Allocator {
   // in uncached mode (RESERVOIR_NO_CACHING=1), which keeps no pools.
   // A new pool with an id no other call made (use count 1).
   PoolId create_pool(const PoolOptions& options = {}, int device = -1);
+  // A new pool whose segments come from source, not from the device (PyTorch's
+  // MemPool(allocator=...); reservoir/segment_source.hpp). Its blocks are split and
+  // cached as any pool's; its segments are never expandable. Throws
+  // InvalidArgumentError for a null source.
+  PoolId create_pool(std::shared_ptr<SegmentSource> source, const PoolOptions& options = {},
+                     int device = -1);
   // Creates the pool named pool (use count 1), or adds a use of it (PyTorch's
   // createOrIncrefPool; options apply when it is created).
   void retain_pool(PoolId pool, const PoolOptions& options = {}, int device = -1);

@@ -164,6 +164,21 @@ RESERVOIR_C_API reservoir_status reservoir_private_pool_stats(int device, int64_
  * split. */
 RESERVOIR_C_API reservoir_status reservoir_pool_create(int device, int use_on_oom, int no_split,
                                                        reservoir_pool_id* id);
+/* A pool whose segments come from the program, not from the device (PyTorch's
+ * MemPool(allocator=...)): alloc gives size bytes on device for a request on stream,
+ * setting *ptr (non-NULL, 512-byte aligned) and returning RESERVOIR_OK, or returns
+ * RESERVOIR_ERROR_OUT_OF_MEMORY when it has none; free gives back what alloc gave,
+ * once no block of it is in use and the work submitted to stream has completed. Any
+ * other status is a device error. Both get ctx, which must stay valid until the pool
+ * has given back every segment (released, then emptied); neither may call Reservoir.
+ * The pool splits and caches blocks inside those segments as any pool does. */
+typedef reservoir_status (*reservoir_segment_alloc_fn)(void* ctx, int device, size_t size,
+                                                      uintptr_t stream, void** ptr);
+typedef reservoir_status (*reservoir_segment_free_fn)(void* ctx, int device, void* ptr,
+                                                     size_t size, uintptr_t stream);
+RESERVOIR_C_API reservoir_status reservoir_pool_create_with_source(
+    int device, int use_on_oom, int no_split, reservoir_segment_alloc_fn alloc,
+    reservoir_segment_free_fn free_fn, void* ctx, reservoir_pool_id* id);
 /* Creates the pool (use count 1) or adds a use; releasing drops one (at 0 the pool's
  * memory goes back once its blocks are freed, at the next empty_cache). */
 RESERVOIR_C_API reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id,

@@ -344,6 +344,18 @@ PoolId Allocator::create_pool(const PoolOptions& options, int device) {
   return id;
 }
 
+PoolId Allocator::create_pool(std::shared_ptr<SegmentSource> source, const PoolOptions& options,
+                              int device) {
+  if (!source)
+    throw InvalidArgumentError(
+        "reservoir: create_pool with a null segment source (use create_pool(options) for a "
+        "pool of device memory)");
+  detail::DeviceEngine& e = impl_->pool_engine(device);
+  const PoolId id{0, g_next_pool.fetch_add(1, std::memory_order_relaxed)};
+  e.retain_pool(id, options, std::move(source));
+  return id;
+}
+
 void Allocator::retain_pool(PoolId pool, const PoolOptions& options, int device) {
   impl_->pool_engine(device).retain_pool(pool, options);
 }

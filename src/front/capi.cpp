@@ -462,6 +462,35 @@ reservoir_status reservoir_pool_create(int device, int use_on_oom, int no_split,
   });
 }
 
+reservoir_status reservoir_pool_create_with_source(int device, int use_on_oom, int no_split,
+                                                   reservoir_segment_alloc_fn alloc,
+                                                   reservoir_segment_free_fn free_fn, void* ctx,
+                                                   reservoir_pool_id* id) {
+  constexpr const char* kFn = "reservoir_pool_create_with_source";
+  return guarded(kFn, [&] {
+    require(id, kFn, "id");
+    if (!alloc) require(nullptr, kFn, "alloc");  // (function pointers are not void*)
+    if (!free_fn) require(nullptr, kFn, "free_fn");
+    // The program's statuses as the engine's: out of memory lets the ladder go on.
+    auto status = [](reservoir_status s) {
+      return s == RESERVOIR_OK                      ? reservoir::DeviceStatus::ok
+             : s == RESERVOIR_ERROR_OUT_OF_MEMORY ? reservoir::DeviceStatus::out_of_memory
+                                                    : reservoir::DeviceStatus::error;
+    };
+    auto source = std::make_shared<reservoir::FunctionSegmentSource>(
+        [=](int dev, std::size_t size, reservoir::StreamHandle stream, void** ptr) {
+          return status(alloc(ctx, dev, size, static_cast<uintptr_t>(stream), ptr));
+        },
+        [=](int dev, void* ptr, std::size_t size, reservoir::StreamHandle stream) {
+          return status(free_fn(ctx, dev, ptr, size, static_cast<uintptr_t>(stream)));
+        },
+        "the program's segment source (reservoir_pool_create_with_source)");
+    const reservoir::PoolId made = Allocator::instance().create_pool(
+        std::move(source), {use_on_oom != 0, no_split != 0}, device);
+    *id = reservoir_pool_id{made.first, made.second};
+  });
+}
+
 reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id, int use_on_oom,
                                        int no_split) {
   return guarded("reservoir_pool_retain", [&] {

@@ -10,6 +10,8 @@
 // simulated device counts calls for all devices together, so events are checked by
 // the conformance tests, which model the capture on the device).
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "fuzz/walker.hpp"
 
@@ -88,7 +90,25 @@ void Walker::op_pool(std::uint8_t arg) {
       if (slot.exists) return;
       slot = PoolSlot{};
       slot.device = (arg >> 4) & 1;
-      slot.id = alloc_->create_pool({(options & 1) != 0, (options & 2) != 0}, slot.device);
+      const PoolOptions pool_options{(options & 1) != 0, (options & 2) != 0};
+      if (options & 4) {
+        // Segments from the program's source: here the simulated device's own calls
+        // (what a communication library's allocator does), so the device's books agree.
+        std::weak_ptr<SimBackend> sim = sim_;
+        auto source = std::make_shared<FunctionSegmentSource>(
+            [sim](int d, std::size_t size, StreamHandle, void** ptr) {
+              auto s = sim.lock();
+              return s ? s->allocate(d, size, ptr) : DeviceStatus::error;
+            },
+            [sim](int d, void* ptr, std::size_t size, StreamHandle) {
+              auto s = sim.lock();
+              return s ? s->deallocate(d, ptr, size) : DeviceStatus::error;
+            },
+            "the walk's segment source");
+        slot.id = alloc_->create_pool(std::move(source), pool_options, slot.device);
+      } else {
+        slot.id = alloc_->create_pool(pool_options, slot.device);
+      }
       slot.use_on_oom = (options & 1) != 0;
       slot.exists = true;
       WALK_CHECK(alloc_->pool_use_count(slot.id, slot.device) == 1, "a new pool's use count");

@@ -583,6 +583,59 @@ TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {
   expandable.validate();
 }
 
+// The C API's pool over the program's segment source: null callbacks or id are
+// refused (status codes, no pool made); the callbacks serve the pool's segments, and
+// its release gives them back through them; a callback's out-of-memory status is an
+// out-of-memory status, any other a device error.
+struct CSource {
+  int allocs = 0, frees = 0;
+  reservoir_status answer = RESERVOIR_OK;
+};
+reservoir_status c_source_alloc(void* ctx, int, size_t size, uintptr_t, void** ptr) {
+  auto* s = static_cast<CSource*>(ctx);
+  ++s->allocs;
+  if (s->answer != RESERVOIR_OK) return s->answer;
+  *ptr = std::aligned_alloc(4096, size);
+  return *ptr ? RESERVOIR_OK : RESERVOIR_ERROR_OUT_OF_MEMORY;
+}
+reservoir_status c_source_free(void* ctx, int, void* ptr, size_t, uintptr_t) {
+  ++static_cast<CSource*>(ctx)->frees;
+  std::free(ptr);
+  return RESERVOIR_OK;
+}
+
+TEST(BadInputC, PoolWithASegmentSource) {
+  CSource source;
+  reservoir_pool_id id{};
+  EXPECT_EQ(reservoir_pool_create_with_source(0, 0, 0, nullptr, c_source_free, &source, &id),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, nullptr, &source, &id),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source,
+                                              nullptr),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(
+      reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source, &id),
+      RESERVOIR_OK);
+  ASSERT_EQ(reservoir_pool_begin_thread(0, id), RESERVOIR_OK);
+  void* p = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, 3 * MiB, 0, 7), RESERVOIR_OK);
+  EXPECT_EQ(source.allocs, 1);
+  source.answer = RESERVOIR_ERROR_OUT_OF_MEMORY;
+  void* q = nullptr;
+  EXPECT_EQ(reservoir_allocate(&q, 64 * MiB, 0, 7), RESERVOIR_ERROR_OUT_OF_MEMORY);
+  source.answer = RESERVOIR_ERROR_INTERNAL;
+  EXPECT_EQ(reservoir_allocate(&q, 64 * MiB, 0, 7), RESERVOIR_ERROR_DEVICE);
+  source.answer = RESERVOIR_OK;
+  EXPECT_EQ(reservoir_pool_end(0, id), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_release(0, id), RESERVOIR_OK);  // the route's use
+  EXPECT_EQ(reservoir_pool_release(0, id), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  EXPECT_EQ(source.frees, 1);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
 TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   reservoir_pool_id id{0, 0};
   EXPECT_EQ(reservoir_pool_create(0, 0, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);

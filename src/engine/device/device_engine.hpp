@@ -145,7 +145,8 @@ class DeviceEngine {
 
   // ---- Private pools (device_pools.cpp; the vocabulary is reservoir/pools.hpp) ----
   // Creates the pool (use count 1) or adds a use.
-  void retain_pool(PoolId id, const PoolOptions& options);
+  void retain_pool(PoolId id, const PoolOptions& options,
+                   std::shared_ptr<SegmentSource> source = nullptr);
   // Drops a use; at 0 the pool's memory goes back once its blocks are freed (at the
   // next release of the device's caches).
   void release_pool(PoolId id);

@@ -30,7 +30,7 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
   StreamPool* made = take_pool_locked(spare_, private_pools_, stream);
-  made->set_private(pool.id(), pool.options().no_split);
+  made->set_private(pool.id(), pool.options().no_split, pool.source());
   pool.add(made);
   return *made;
 }
@@ -41,7 +41,7 @@ void DeviceEngine::collect_dead_pools() {
   std::lock_guard<std::mutex> guard(create_mutex_);
   for (const PoolRegistry::Pool& pool : dead)
     for (StreamPool* p : pool->streams()) {
-      p->set_private(PoolId{}, false);
+      p->set_private(PoolId{}, false, nullptr);
       spare_.push_back(p);
     }
 }
@@ -60,8 +60,9 @@ PoolRegistry::Pool DeviceEngine::live_pool(PoolId id, const char* action) {
 
 // ---------------------------------------------------------------- use counts
 
-void DeviceEngine::retain_pool(PoolId id, const PoolOptions& options) {
-  private_registry_.retain(id, options);
+void DeviceEngine::retain_pool(PoolId id, const PoolOptions& options,
+                               std::shared_ptr<SegmentSource> source) {
+  private_registry_.retain(id, options, std::move(source));
 }
 
 void DeviceEngine::release_pool(PoolId id) {

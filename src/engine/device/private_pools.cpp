@@ -11,17 +11,6 @@
 
 namespace reservoir::detail {
 
-std::string pool_name(PoolId id) {
-  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on the chain
-  // of operator+ once inlined.
-  std::string s = "(";
-  s += std::to_string(id.first);
-  s += ", ";
-  s += std::to_string(id.second);
-  s += ")";
-  return s;
-}
-
 StreamPool* PrivatePool::find(StreamHandle stream) const {
   std::lock_guard<std::mutex> guard(mutex_);
   for (StreamPool* p : streams_)
@@ -47,12 +36,14 @@ PoolRegistry::Pool PoolRegistry::find_locked(PoolId id) const {
   return nullptr;
 }
 
-PoolRegistry::Pool PoolRegistry::retain(PoolId id, const PoolOptions& options) {
+PoolRegistry::Pool PoolRegistry::retain(PoolId id, const PoolOptions& options,
+                                         std::shared_ptr<SegmentSource> source) {
   std::lock_guard<std::mutex> guard(mutex_);
-  return retain_locked(id, options);
+  return retain_locked(id, options, std::move(source));
 }
 
-PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& options) {
+PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& options,
+                                               std::shared_ptr<SegmentSource> source) {
   if (id.is_default())
     throw InvalidArgumentError(
         "reservoir: pool id (0, 0) names the default pools, not a private "
@@ -64,7 +55,7 @@ PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& opt
     ++p->use_count;
     return p;
   }
-  pools_.push_back(std::make_shared<PrivatePool>(id, options));
+  pools_.push_back(std::make_shared<PrivatePool>(id, options, std::move(source)));
   if (options.use_on_oom) use_on_oom_.store(true, std::memory_order_relaxed);
   return pools_.back();
 }

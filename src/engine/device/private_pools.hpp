@@ -29,14 +29,14 @@
 
 namespace reservoir::detail {
 
-// "(first, second)": a private pool as error messages name it.
-std::string pool_name(PoolId id);
-
 class PrivatePool {
  public:
-  PrivatePool(PoolId id, const PoolOptions& options) : id_(id), options_(options) {}
+  PrivatePool(PoolId id, const PoolOptions& options, std::shared_ptr<SegmentSource> source)
+      : id_(id), options_(options), source_(std::move(source)) {}
   PoolId id() const noexcept { return id_; }
   const PoolOptions& options() const noexcept { return options_; }
+  // Where its segments come from (null: the device).
+  const std::shared_ptr<SegmentSource>& source() const noexcept { return source_; }
   // The pool's cache for stream, or nullptr.
   StreamPool* find(StreamHandle stream) const;
   void add(StreamPool* pool);
@@ -47,6 +47,7 @@ class PrivatePool {
  private:
   const PoolId id_;
   const PoolOptions options_;
+  const std::shared_ptr<SegmentSource> source_;
   mutable std::mutex mutex_;
   std::vector<StreamPool*> streams_;
 };
@@ -62,9 +63,11 @@ class PoolRegistry {
   bool routing() const noexcept { return routing_.load(std::memory_order_relaxed); }
   bool any_use_on_oom() const noexcept { return use_on_oom_.load(std::memory_order_relaxed); }
 
-  // Creates the pool (use count 1) or adds a use (createOrIncrefPool). Throws
-  // InvalidArgumentError for a released pool that is not yet forgotten, or {0, 0}.
-  Pool retain(PoolId id, const PoolOptions& options);
+  // Creates the pool (use count 1) or adds a use (createOrIncrefPool); options and
+  // source apply when it is created. Throws InvalidArgumentError for a released pool
+  // that is not yet forgotten, or {0, 0}.
+  Pool retain(PoolId id, const PoolOptions& options,
+              std::shared_ptr<SegmentSource> source = nullptr);
   // Drops a use; at 0 the pool is released. Throws InvalidArgumentError for an
   // unknown or already released pool.
   void release(PoolId id);
@@ -98,7 +101,8 @@ class PoolRegistry {
   };
   using Routes = std::vector<Route>;
   Pool find_locked(PoolId id) const;
-  Pool retain_locked(PoolId id, const PoolOptions& options);
+  Pool retain_locked(PoolId id, const PoolOptions& options,
+                     std::shared_ptr<SegmentSource> source = nullptr);
   void publish(std::shared_ptr<const Routes> routes);
 
   mutable std::mutex mutex_;

@@ -12,6 +12,17 @@
 
 namespace reservoir::detail {
 
+std::string pool_name(PoolId id) {
+  // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on the chain
+  // of operator+ once inlined.
+  std::string s = "(";
+  s += std::to_string(id.first);
+  s += ", ";
+  s += std::to_string(id.second);
+  s += ")";
+  return s;
+}
+
 namespace {
 // std::set<Block*> nodes are 40 bytes with libstdc++; leave room for other layouts.
 constexpr std::size_t kSetNodeSize = 64;
@@ -44,8 +55,7 @@ StreamPool::~StreamPool() {
     if (seg->expandable)
       delete seg->vm;  // unmaps its pages and releases the range
     else
-      (void)services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
-                                         seg->size);
+      (void)give_back_segment(seg);
     services_.budget.unreserve(seg->mapped_bytes);
     for (Block* b = seg->head; b;) {
       Block* n = b->next;
@@ -170,24 +180,41 @@ std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const C
 Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
                                      const Context& context) {
   if (retry) DeviceCounters::bump(services_.counters.alloc_retries);
-  if (policy().expandable()) return allocate_expandable(size, pool, context);
+  if (policy().expandable() && !source_) return allocate_expandable(size, pool, context);
   const std::size_t alloc_size = SizePolicy::segment_size(size);
   if (!services_.budget.reserve(alloc_size)) return nullptr;  // over the memory fraction
   void* ptr = nullptr;
+  auto allocate = [&] {
+    return source_ ? source_->allocate(services_.device, alloc_size, stream_, &ptr)
+                   : services_.backend.allocate(services_.device, alloc_size, &ptr);
+  };
   DeviceStatus status;
   if (services_.settings.release_lock_on_device_alloc) {
     services_.budget.unlocking(alloc_size);  // the validator's reconciliation counts it
     guard.unlock();
-    status = services_.backend.allocate(services_.device, alloc_size, &ptr);
+    status = allocate();
     guard.lock();
     services_.budget.relocked(alloc_size);
     shard_ = nullptr;  // another thread's operation may have held the lock meanwhile
   } else {
-    status = services_.backend.allocate(services_.device, alloc_size, &ptr);
+    status = allocate();
+  }
+  if (status == DeviceStatus::ok && source_ &&
+      (ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % SizePolicy::kMinBlockSize != 0)) {
+    // A segment the engine cannot use goes straight back (blocks are 512-byte aligned).
+    (void)source_->deallocate(services_.device, ptr, alloc_size, stream_);
+    services_.budget.unreserve(alloc_size);
+    throw DeviceError("reservoir: the segment source of private pool " + pool_name(pool_id_) +
+                      " returned " + format_pointer(ptr) + " for " + format_size(alloc_size) +
+                      " (a segment must be a non-null, 512-byte aligned address)");
   }
   if (status != DeviceStatus::ok) {
     services_.budget.unreserve(alloc_size);
     if (status == DeviceStatus::out_of_memory) return nullptr;
+    if (source_)
+      throw DeviceError("reservoir: the segment source of private pool " + pool_name(pool_id_) +
+                        " failed to allocate " + format_size(alloc_size) + " on device " +
+                        std::to_string(services_.device) + ": " + source_->last_error());
     throw DeviceError("reservoir: allocating a segment of " + format_size(alloc_size) +
                       " on device " + std::to_string(services_.device) + " (" +
                       services_.backend.name() + ") failed: " + services_.backend.last_error());
@@ -599,11 +626,12 @@ void StreamPool::flush_capture_deferred() {
   if (!failure.empty()) throw DeviceError(failure);
 }
 
-void StreamPool::set_private(PoolId pool, bool no_split) {
+void StreamPool::set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source) {
   Guard guard(*this);
   RESERVOIR_ASSERT(segments_ == nullptr);
   pool_id_ = pool;
   no_split_ = no_split;
+  source_ = std::move(source);
   fit_block_ = nullptr;
 }
 
@@ -614,6 +642,24 @@ bool StreamPool::holds_segments() {
 
 // ---------------------------------------------------------------- release
 
+// The device call (or the source's) that gives seg's memory back; why it failed, or
+// "". A source may unmap at once: the pool's stream is waited for first (the device's
+// free waits for all work on its own).
+std::string StreamPool::give_back_segment(Segment* seg) {
+  void* base = reinterpret_cast<void*>(seg->base);
+  if (!source_)
+    return services_.backend.deallocate(services_.device, base, seg->size) == DeviceStatus::ok
+               ? std::string()
+               : services_.backend.last_error();
+  if (services_.backend.synchronize_stream(services_.device, stream_) != DeviceStatus::ok)
+    return "waiting for stream " + std::to_string(stream_) +
+           " before giving the segment back: " + services_.backend.last_error();
+  if (source_->deallocate(services_.device, base, seg->size, stream_) != DeviceStatus::ok)
+    return "the segment source of private pool " + pool_name(pool_id_) + ": " +
+           source_->last_error();
+  return {};
+}
+
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
@@ -621,12 +667,10 @@ void StreamPool::release_segment(Segment* seg) {
   // Out of the map first: once the range is back, the device may hand it to another
   // thread's new segment, which must be the only one found there.
   services_.segments.unpublish(seg);
-  if (services_.backend.deallocate(services_.device, reinterpret_cast<void*>(seg->base),
-                                   seg->size) != DeviceStatus::ok) {
+  if (std::string failure = give_back_segment(seg); !failure.empty()) {
     services_.segments.publish(seg);
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +
-                      std::to_string(services_.device) +
-                      " failed: " + services_.backend.last_error());
+                      std::to_string(services_.device) + " failed: " + failure);
   }
   unindex_free(b);
   delete_block(b);

@@ -55,6 +55,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -69,12 +70,16 @@
 #include "engine/stats/stat_ledger.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/pools.hpp"
+#include "reservoir/segment_source.hpp"
 #include "util/address_map.hpp"
 #include "util/compiler.hpp"
 #include "util/lock.hpp"
 #include "util/node_pool.hpp"
 
 namespace reservoir::detail {
+
+// "(first, second)": a private pool as error messages name it.
+std::string pool_name(PoolId id);
 
 // Per-pool inputs and outputs of one garbage-collection round.
 struct GcTally {
@@ -104,9 +109,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   // A recycled pool takes a stream. pre: the pool holds nothing.
   void assign(StreamHandle stream);
   static constexpr StreamHandle kNoStream = ~StreamHandle{0} - 0x600d;
-  // The private pool this cache serves ({0, 0}: the default pools) and its no_split
-  // option. Set while the pool holds no segment (a new or recycled cache).
-  void set_private(PoolId pool, bool no_split);
+  // The private pool this cache serves ({0, 0}: the default pools), its no_split
+  // option and its segment source (null: the device). Set while the pool holds no
+  // segment (a new or recycled cache).
+  void set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source);
   PoolId pool_id() const noexcept { return pool_id_; }
   Lock& lock() noexcept { return lock_; }
   // The size policy changed (the caller holds the lock): the fit memo no longer holds.
@@ -291,6 +297,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::size_t release_cached_locked();
   void serve(StreamHandle stream);  // pre: the pool holds nothing (recycle, assign)
   void release_segment(Segment* segment);
+  std::string give_back_segment(Segment* segment);  // "" or why it failed
 
   void finish_operation();
 
@@ -329,6 +336,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::vector<Block*> stranded_;  // pending forever after a device error
   std::vector<Block*> capture_deferred_;
   PoolId pool_id_{};
+  std::shared_ptr<SegmentSource> source_;  // a private pool's own segments, or null
 };
 
 // ---------------------------------------------------------------- hot inline helpers
