@@ -86,6 +86,12 @@ class Header:
     def __init__(self, text):
         code = re.sub(r"^\s*#[^\n]*", "", clean(text), flags=re.M)
         self.functions, self.enums, self.structs, self.opaque = {}, {}, {}, set()
+        self.callbacks = {}  # function pointer typedefs: name -> (return text, [params])
+        for m in re.finditer(r"typedef\s+([^;{}()]+?)\s*\(\s*\*\s*(\w+)\s*\)\s*\(([^()]*)\)\s*;",
+                             code):
+            params = m.group(3).strip()
+            plist = [] if params in ("", "void") else [p.strip() for p in params.split(",")]
+            self.callbacks[m.group(2)] = (" ".join(m.group(1).split()), plist)
         self.duplicates = []
         for m in self.DECL.finditer(code):
             ret, name, params = m.group(1), m.group(2), m.group(3).strip()
@@ -135,6 +141,9 @@ class Header:
             node = ("struct", base, [(f, self.c_type(t)) for f, t in self.structs[base]])
         elif base in self.opaque:
             node = ("opaque", base)
+        elif base in self.callbacks:
+            ret, params = self.callbacks[base]
+            node = ("fn", self.c_type(ret), tuple(self.c_type(q) for q in params))
         else:
             raise ValueError("unknown C type %r in %r" % (base, text))
         for _ in range(tokens.count("*")):
@@ -146,6 +155,8 @@ def ctypes_node(t):
     """A ctypes type as a node comparable with Header.c_type's."""
     if t is None:
         return ("void",)
+    if isinstance(t, type) and issubclass(t, ctypes._CFuncPtr):  # CFUNCTYPE(...)
+        return ("fn", ctypes_node(t._restype_), tuple(ctypes_node(a) for a in t._argtypes_))
     if isinstance(t, type) and issubclass(t, ctypes.Structure):
         return ("struct", t.__name__, [(f[0], ctypes_node(f[1])) for f in t._fields_])
     if isinstance(t, type) and issubclass(t, ctypes._Pointer):
@@ -176,6 +187,8 @@ def describe(node):
         return "pointer to " + describe(node[1])
     if kind in ("struct", "opaque"):
         return "struct " + node[1]
+    if kind == "fn":
+        return "function (%s) -> %s" % (", ".join(describe(a) for a in node[2]), describe(node[1]))
     return kind
 
 

@@ -88,6 +88,11 @@ _c_int_p = ctypes.POINTER(ctypes.c_int)
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 # uintptr_t: same width as size_t on every platform Reservoir builds for.
 _c_uintptr = ctypes.c_size_t
+# reservoir_segment_alloc_fn / reservoir_segment_free_fn (a pool's segment source).
+SEGMENT_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+                                    _c_uintptr, ctypes.POINTER(ctypes.c_void_p))
+SEGMENT_FREE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_size_t, _c_uintptr)
 
 class PoolId(ctypes.Structure):
     """reservoir_pool_id: a private pool's id (PyTorch's MempoolId_t)."""
@@ -160,6 +165,11 @@ _SIGNATURES = {
     "reservoir_pool_create": (
         ctypes.c_int,
         [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.POINTER(PoolId)],
+    ),
+    "reservoir_pool_create_with_source": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_int, ctypes.c_int, SEGMENT_ALLOC_FN, SEGMENT_FREE_FN,
+         ctypes.c_void_p, ctypes.POINTER(PoolId)],
     ),
     "reservoir_pool_retain": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int, ctypes.c_int]),
     "reservoir_pool_release": (ctypes.c_int, [ctypes.c_int, PoolId]),

@@ -14,6 +14,7 @@ release()), each use_mem_pool block another while it runs.
 
 import contextlib
 import ctypes
+import sys
 
 from . import _args, _lib
 
@@ -83,17 +84,75 @@ def pool_use_count(pool_id, device=None):
     return count.value
 
 
+# The callbacks of every segment source given to a MemPool: kept for the life of the
+# process, since a released pool's segments go back through them later (empty_cache).
+_SOURCES = []
+_OK, _OUT_OF_MEMORY, _DEVICE_ERROR = 0, 1, 5
+
+
+def _source_callbacks(source):
+    """The C callbacks over a Python segment source (see MemPool)."""
+    def alloc(_ctx, device, size, stream, out):
+        try:
+            address = source.allocate(device, size, stream)
+        except MemoryError:
+            return _OUT_OF_MEMORY
+        except Exception as e:  # noqa: BLE001 - any failure is the device error it reports
+            print("reservoir: segment source %r failed to allocate %d bytes: %s"
+                  % (source, size, e), file=sys.stderr)
+            return _DEVICE_ERROR
+        if not address:
+            return _OUT_OF_MEMORY
+        out[0] = address
+        return _OK
+
+    def free(_ctx, device, ptr, size, stream):
+        try:
+            source.deallocate(device, ptr, size, stream)
+        except Exception as e:  # noqa: BLE001
+            print("reservoir: segment source %r failed to free %#x: %s" % (source, ptr, e),
+                  file=sys.stderr)
+            return _DEVICE_ERROR
+        return _OK
+
+    callbacks = (_lib.SEGMENT_ALLOC_FN(alloc), _lib.SEGMENT_FREE_FN(free))
+    _SOURCES.append((source, callbacks))
+    return callbacks
+
+
 class MemPool:
     """A private pool of device memory (as torch.cuda.MemPool): its blocks never serve
     requests outside it, except, with use_on_oom, when the device is out of memory;
     with no_split its blocks are never split. pool_id: adopt that id (e.g. one from
-    torch.cuda.graph_pool_handle()) instead of a fresh one."""
+    torch.cuda.graph_pool_handle()) instead of a fresh one.
 
-    def __init__(self, use_on_oom=False, no_split=False, device=None, pool_id=None):
+    segment_source: the pool's segments come from it instead of the device (as
+    torch.cuda.MemPool(allocator=...)): an object with allocate(device, size, stream)
+    returning an address (512-byte aligned; 0 or MemoryError: none now) and
+    deallocate(device, address, size, stream), called once no block of the segment is
+    in use and the pool's stream has been waited for. It must not call Reservoir, and
+    is kept for the life of the process (docs/pools.md)."""
+
+    def __init__(self, use_on_oom=False, no_split=False, device=None, pool_id=None,
+                 segment_source=None):
         self._released = True  # until the pool exists: __del__ then releases nothing
         # The device now current, not -1: the pool stays on it if the current one changes.
         self._device = _device_at(_args.device_index(device))
-        if pool_id is None:
+        if segment_source is not None:
+            if pool_id is not None:
+                raise _args.invalid("MemPool: segment_source makes a new pool; "
+                                    "it cannot adopt pool_id %r" % (pool_id,))
+            for name in ("allocate", "deallocate"):
+                if not callable(getattr(segment_source, name, None)):
+                    raise TypeError("MemPool: segment_source needs an %s method, %r has none"
+                                    % (name, segment_source))
+            alloc, free = _source_callbacks(segment_source)
+            made = _lib.PoolId()
+            _lib.check(_lib.load().reservoir_pool_create_with_source(
+                self._device, int(bool(use_on_oom)), int(bool(no_split)), alloc, free, None,
+                ctypes.byref(made)))
+            self._id = (made.first, made.second)
+        elif pool_id is None:
             made = _lib.PoolId()
             _lib.check(_lib.load().reservoir_pool_create(
                 self._device, int(bool(use_on_oom)), int(bool(no_split)), ctypes.byref(made)))

@@ -98,6 +98,73 @@ class MemPoolTest(unittest.TestCase):
         adopted.release()
 
 
+class HostSource:
+    """A segment source over host buffers (512-byte aligned views into ctypes arrays)."""
+
+    def __init__(self):
+        self.live = {}
+        self.allocs = 0
+        self.frees = 0
+        self.refuse = None
+
+    def allocate(self, device, size, stream):
+        import ctypes
+
+        self.allocs += 1
+        if self.refuse is not None:
+            raise self.refuse
+        buffer = (ctypes.c_char * (size + 512))()
+        address = (ctypes.addressof(buffer) + 511) & ~511
+        self.live[address] = (buffer, size, stream)
+        return address
+
+    def deallocate(self, device, address, size, stream):
+        self.frees += 1
+        buffer, kept, _ = self.live.pop(address)
+        assert kept == size
+
+
+class SegmentSourceTest(unittest.TestCase):
+    def tearDown(self):
+        reservoir.empty_cache()
+        reservoir.validate()
+
+    def test_the_pools_segments_come_from_the_source_and_go_back_through_it(self):
+        source = HostSource()
+        pool = reservoir.MemPool(segment_source=source)
+        with reservoir.use_mem_pool(pool):
+            a = reservoir.raw_alloc(MiB // 2)
+            b = reservoir.raw_alloc(MiB // 2)  # the same segment, split
+        self.assertEqual(source.allocs, 1)
+        (base, (_, size, _)), = source.live.items()
+        for p in (a, b):
+            self.assertTrue(base <= p < base + size)
+        reservoir.raw_free(a)
+        reservoir.raw_free(b)
+        pool.release()
+        reservoir.empty_cache()
+        self.assertEqual(source.frees, 1)
+        self.assertEqual(source.live, {})
+
+    def test_its_failures_are_out_of_memory_or_device_errors(self):
+        source = HostSource()
+        pool = reservoir.MemPool(segment_source=source)
+        with reservoir.use_mem_pool(pool):
+            source.refuse = MemoryError()
+            with self.assertRaises(reservoir.ReservoirOutOfMemoryError):
+                reservoir.raw_alloc(4 * MiB)
+            source.refuse = RuntimeError("the test's source broke")
+            with self.assertRaises(reservoir.ReservoirDeviceError):
+                reservoir.raw_alloc(4 * MiB)
+        pool.release()
+
+    def test_a_source_without_the_two_methods_or_with_a_pool_id_is_refused(self):
+        with self.assertRaises(TypeError):
+            reservoir.MemPool(segment_source=object())
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.MemPool(segment_source=HostSource(), pool_id=(0, 1))
+
+
 class PoolArgumentTest(unittest.TestCase):
     """The pool functions check their arguments as raw_alloc does: before a value
     reaches ctypes (which turned stream 2**64 into stream 0 and a pool id part -1
