@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -196,6 +197,58 @@ TEST(History, TrackersSeeEveryEntryWithHistoryOff) {
   EXPECT_EQ(seen, (std::vector<std::string>{"segment_alloc", "alloc", "free_requested",
                                             "free_completed", "segment_free"}));
   EXPECT_TRUE(s.a.history(0).empty());
+}
+
+// Trackers run with no allocator lock held: one may call the allocator (a snapshot,
+// the statistics, even a request of its own, as a registration with a communication
+// library might), under every policy, on every path that records (a request and its
+// ladder, a free, a release of caches, a pending free completing at a host wait).
+// It would deadlock on the pool's lock if called under it.
+TEST(History, TrackersRunWithNoAllocatorLockHeld) {
+  for (const char* config : {"", "expandable_segments:True", "policy:compact"}) {
+    SCOPED_TRACE(config);
+    SimAllocator s(config);
+    std::vector<std::string> seen;
+    int nested = 0;
+    s.a.attach_trace_tracker([&](const TraceEntry& e) {
+      seen.push_back(to_string(e.action));
+      if (e.action == TraceAction::snapshot) return;  // (a snapshot records one)
+      (void)s.a.snapshot();                           // every pool's lock
+      (void)s.a.stats(0);
+      if ((e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map) &&
+          nested++ < 2) {
+        void* mine = s.a.allocate(512, 9, 0);  // a request of its own, recorded too
+        s.a.deallocate(mine);
+      }
+    });
+    void* p = s.a.allocate(3 * kMiB, 1, 0);
+    s.a.record_stream(p, 2);
+    s.a.deallocate(p);                    // pending: used on stream 2
+    s.a.notify_host_wait(2, 0);           // completes there
+    s.a.deallocate(s.a.allocate(kMiB, 1, 0));
+    s.a.empty_cache();
+    EXPECT_GE(seen.size(), 6u);
+    EXPECT_NE(std::find(seen.begin(), seen.end(), "alloc"), seen.end());
+    EXPECT_NE(std::find(seen.begin(), seen.end(), "free_requested"), seen.end());
+    EXPECT_GT(nested, 0) << "no segment was recorded";
+    s.a.validate();
+  }
+}
+
+// A tracker that throws: the operation is already done (its books consistent); the
+// exception is printed and dropped, the other trackers still run.
+TEST(History, ATrackerThatThrowsIsReportedAndIgnored) {
+  SimAllocator s;
+  int after = 0;
+  s.a.attach_trace_tracker([](const TraceEntry&) { throw std::runtime_error("tracker broke"); });
+  s.a.attach_trace_tracker([&](const TraceEntry&) { ++after; });
+  ::testing::internal::CaptureStderr();
+  void* p = s.a.allocate(kMiB, 1, 0);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("a trace tracker threw (ignored): tracker broke"), std::string::npos) << err;
+  EXPECT_GE(after, 2);  // segment_alloc, alloc
+  s.a.deallocate(p);
+  s.a.validate();
 }
 
 TEST(History, DisablingClearsEntriesAndAnnotations) {

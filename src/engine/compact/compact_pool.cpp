@@ -211,6 +211,7 @@ bool CompactPool::free(std::uintptr_t address) {
   const bool traced = services_.history.active();
   Context context;
   if (traced) context = services_.history.gather(ContextLevel::all);
+  History::Delivery delivery(traced);  // the trackers after the locks (history.hpp)
   switch (free_cached(address, traced, context)) {
     case CachedFree::kept:
       return true;

@@ -63,6 +63,7 @@ CompactPool& DeviceEngine::compact() {
 }
 
 void DeviceEngine::empty_cache() {
+  History::Delivery delivery(history_);
   // During a capture nothing may go back to the device (nor may events be waited for).
   if (capture_.underway()) return;
   release_cached_everywhere();
@@ -71,6 +72,7 @@ void DeviceEngine::empty_cache() {
 }
 
 void DeviceEngine::release_stream(StreamHandle stream) {
+  History::Delivery delivery(history_);
   // policy:compact defers work to a stream's later calls (its markers); the
   // PyTorch-exact pools record what they need at the free, but unmapping expandable
   // pages synchronizes the pool's stream: from now on they wait for the device.
@@ -125,6 +127,7 @@ StreamPool* DeviceEngine::existing_pool(StreamHandle stream) {
 }
 
 void DeviceEngine::host_waited(StreamHandle stream) {
+  History::Delivery delivery(history_);
   // The frees pending on stream wait in the pools of the streams that allocated the
   // blocks: those pools check their events, whatever the number of other streams.
   for (StreamPool* p : waiting_.of(stream)) p->process_events_now();
@@ -147,6 +150,7 @@ std::size_t DeviceEngine::stream_table_capacity() {
 }
 
 std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, StreamHandle stream) {
+  History::Delivery delivery(history_);  // trackers after the pools' locks (history.hpp)
   const Context context = history_.active() ? history_.gather(ContextLevel::state) : Context{};
   if (private_registry_.routing())
     if (PoolRegistry::Pool routed = private_registry_.route(stream))

@@ -95,6 +95,7 @@ void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool c
 }
 
 void DeviceEngine::end_allocate_to_pool(PoolId id) {
+  History::Delivery delivery(history_);
   if (!private_registry_.end(id) || !capture_.end()) return;
   // The last capture ended: the frees deferred meanwhile record their events now.
   std::string failure;
@@ -116,6 +117,7 @@ void DeviceEngine::end_allocate_to_pool(PoolId id) {
 // ---------------------------------------------------------------- checkpoints
 
 PoolCheckpoint DeviceEngine::checkpoint_pool(PoolId id) {
+  History::Delivery delivery(history_);
   const std::vector<StreamPool*> caches = live_pool(id, "checkpoint")->streams();
   if (!capture_.underway())
     for (StreamPool* p : caches) {
@@ -130,6 +132,7 @@ PoolCheckpoint DeviceEngine::checkpoint_pool(PoolId id) {
 }
 
 PoolRestore DeviceEngine::restore_pool(const PoolCheckpoint& checkpoint) {
+  History::Delivery delivery(history_);
   if (checkpoint.device != device_)
     throw InvalidArgumentError("reservoir: the checkpoint is of device " +
                                std::to_string(checkpoint.device) + ", not " +

@@ -403,6 +403,7 @@ bool StreamPool::free(std::uintptr_t address) {
 // recorder may be slow), and the request is recorded.
 bool StreamPool::free_traced(std::uintptr_t address) {
   Context context = services_.history.gather(ContextLevel::all);
+  History::Delivery delivery(true);  // the trackers after the lock (history.hpp)
   Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;

@@ -1,5 +1,8 @@
 #include "engine/stats/history.hpp"
 
+#include <cstdio>
+#include <exception>
+
 namespace reservoir {
 
 const char* to_string(TraceAction action) noexcept {
@@ -86,6 +89,42 @@ Context History::gather(ContextLevel needed) const {
   return std::make_shared<const std::string>(recorder());
 }
 
+namespace {
+// This thread's Deliveries under way and the entries waiting for the trackers.
+struct Waiting {
+  std::shared_ptr<const std::vector<TraceTracker>> trackers;
+  TraceEntry entry;
+};
+thread_local int t_delivery_depth = 0;
+thread_local std::vector<Waiting> t_waiting;
+
+// A tracker's exception cannot undo the operation that made the entry (it is done,
+// or the tracker runs from a destructor): printed and dropped.
+void deliver(const std::vector<TraceTracker>& trackers, const TraceEntry& entry) {
+  for (const auto& t : trackers) {
+    try {
+      t(entry);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "reservoir: a trace tracker threw (ignored): %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "reservoir: a trace tracker threw (ignored)\n");
+    }
+  }
+}
+}  // namespace
+
+History::Delivery::Delivery(bool held) noexcept : held_(held) {
+  if (held_) ++t_delivery_depth;
+}
+
+History::Delivery::~Delivery() {
+  if (!held_ || --t_delivery_depth != 0 || t_waiting.empty()) return;
+  // Taken first: a tracker that calls the allocator starts a queue of its own.
+  std::vector<Waiting> waiting;
+  waiting.swap(t_waiting);
+  for (const Waiting& w : waiting) deliver(*w.trackers, w.entry);
+}
+
 void History::record(const TraceEntry& entry) {
   std::shared_ptr<const std::vector<TraceTracker>> trackers;
   {
@@ -100,7 +139,12 @@ void History::record(const TraceEntry& entry) {
       }
     }
   }
-  for (const auto& t : *trackers) t(entry);
+  if (trackers->empty()) return;
+  if (t_delivery_depth > 0) {
+    t_waiting.push_back(Waiting{std::move(trackers), entry});
+    return;
+  }
+  deliver(*trackers, entry);
 }
 
 std::vector<TraceEntry> History::entries() const {

@@ -1,6 +1,10 @@
 // History: a bounded ring buffer of TraceEntry per device, plus the trace
 // trackers. Zero cost when off: the engine tests one relaxed atomic (active())
 // before building an entry.
+// Trackers run with no lock of the allocator held (a tracker may register memory with
+// a communication library, or call the allocator): an operation that may record holds
+// a Delivery from before it takes a lock; entries recorded meanwhile wait in the
+// thread's queue and go to the trackers when its outermost Delivery ends.
 // Invariant: entries_.size() <= max_entries_; when full, next_ is the oldest entry.
 #pragma once
 
@@ -26,6 +30,21 @@ class History {
   Context gather(ContextLevel needed) const;
   void record(const TraceEntry& entry);
   std::vector<TraceEntry> entries() const;
+
+  // Held around an operation that may record under a lock (taken before the lock):
+  // the trackers see its entries once the outermost Delivery of the thread ends.
+  // Touches nothing when history is off.
+  class Delivery {
+   public:
+    explicit Delivery(const History& history) noexcept : Delivery(history.active()) {}
+    explicit Delivery(bool held) noexcept;  // held: history was on (read by the caller)
+    ~Delivery();
+    Delivery(const Delivery&) = delete;
+    Delivery& operator=(const Delivery&) = delete;
+
+   private:
+    bool held_;
+  };
 
  private:
   void update_active();
