@@ -208,10 +208,17 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
 bool CompactPool::free(std::uintptr_t address) {
   // The history flag read once (as StreamPool::free): the context gathered before the
   // lock and the records under it agree.
-  const bool traced = services_.history.active();
-  Context context;
-  if (traced) context = services_.history.gather(ContextLevel::all);
-  History::Delivery delivery(traced);  // the trackers after the locks (history.hpp)
+  if (RESERVOIR_UNLIKELY(services_.history.active())) return free_traced(address);
+  return free_as(address, false, Context{});
+}
+
+bool CompactPool::free_traced(std::uintptr_t address) {
+  const Context context = services_.history.gather(ContextLevel::all);
+  History::Delivery delivery(true);  // the trackers after the locks (history.hpp)
+  return free_as(address, true, context);
+}
+
+bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& context) {
   switch (free_cached(address, traced, context)) {
     case CachedFree::kept:
       return true;

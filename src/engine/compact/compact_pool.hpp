@@ -163,6 +163,9 @@ class alignas(64) CompactPool final : public BlockOwner {
     return StreamCaches::fits(b.size) && (!b.extras || b.extras->uses.empty());
   }
   CachedFree free_cached(std::uintptr_t address, bool traced, const Context& context);
+  // free() with history on (its context gathered first), and the free itself.
+  RESERVOIR_COLD bool free_traced(std::uintptr_t address);
+  bool free_as(std::uintptr_t address, bool traced, const Context& context);
   CachedFree free_cached_at_once(std::uintptr_t address, bool traced, const Context& context);
   // b (out of the stripes) freed into c. pre: c locked, wants(c, b->size).
   void keep_cached(StreamCaches::Cache& c, Block* b, bool traced, const Context& context);
