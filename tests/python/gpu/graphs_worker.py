@@ -3,6 +3,9 @@
 
     python3 graphs_worker.py --case mlp --allocator reservoir --out result.pt
 
+Allocators: pytorch, pytorch-expandable (expandable_segments:True), reservoir,
+reservoir-compact (policy:compact). info["max_memory_reserved"] is the process's peak.
+
 Saves {"outputs": [CPU tensors...], "info": {...}} with torch.save. Deterministic:
 fixed seeds, no TF32, a fixed cuBLAS workspace.
 """
@@ -15,10 +18,13 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def setup(allocator):
-    if allocator == "reservoir":
+    if allocator == "pytorch-expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if allocator in ("reservoir", "reservoir-compact"):
         import reservoir.torch
 
-        reservoir.torch.install()
+        reservoir.torch.install(config="policy:compact" if allocator == "reservoir-compact"
+                                else None)
     import torch
 
     torch.manual_seed(0)
@@ -216,12 +222,16 @@ CASES = {"mlp": case_mlp, "gpt2": case_gpt2, "graphed_callables": case_graphed_c
 def main(argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=sorted(CASES), required=True)
-    parser.add_argument("--allocator", choices=("pytorch", "reservoir"), required=True)
+    parser.add_argument("--allocator", required=True,
+                        choices=("pytorch", "pytorch-expandable", "reservoir",
+                                 "reservoir-compact"))
     parser.add_argument("--out", required=True)
     parser.add_argument("--snapshot", default=None)
     args = parser.parse_args(argv)
     torch = setup(args.allocator)
     outputs, info = CASES[args.case](torch, args)
+    torch.cuda.synchronize()
+    info["max_memory_reserved"] = torch.cuda.max_memory_reserved()
     torch.save({"outputs": outputs, "info": info}, args.out)
     print("info:", info)
 

@@ -102,6 +102,50 @@ class GraphsAgreeWithPyTorch(unittest.TestCase):
 
 
 @needs_torch_cuda
+class GraphsUnderPolicyCompact(unittest.TestCase):
+    """Under policy:compact: outputs equal to PyTorch's allocator's, and a peak reserved
+    below PyTorch's with expandable_segments:True (each in a fresh process)."""
+
+    def compare(self, case):
+        import torch
+
+        native, _ = run_case(case, "pytorch")
+        expandable, _ = run_case(case, "pytorch-expandable")
+        compact, _ = run_case(case, "reservoir-compact")
+        self.assertEqual(len(native["outputs"]), len(compact["outputs"]))
+        for i, (a, b) in enumerate(zip(native["outputs"], compact["outputs"])):
+            self.assertEqual(a.shape, b.shape, "output %d" % i)
+            self.assertTrue(torch.equal(a, b), "%s: output %d differs under policy:compact"
+                            % (case, i))
+        ours = compact["info"]["max_memory_reserved"]
+        theirs = expandable["info"]["max_memory_reserved"]
+        print("%s: peak reserved, policy:compact %d, PyTorch expandable %d, PyTorch %d"
+              % (case, ours, theirs, native["info"]["max_memory_reserved"]))
+        self.assertLess(ours, theirs, "%s: policy:compact reserved more than PyTorch's "
+                        "expandable segments" % case)
+        return compact
+
+    def test_mlp_capture_and_replay(self):
+        self.compare("mlp")
+
+    def test_gpt2_forward_capture_and_replay(self):
+        self.compare("gpt2")
+
+    def test_make_graphed_callables(self):
+        self.compare("graphed_callables")
+
+    def test_compile_reduce_overhead_20_steps(self):
+        compact = self.compare("compile")
+        self.assertGreater(compact["info"]["pool_calls"]["checkpoint"], 0,
+                           "cudagraph trees took no checkpoint")
+
+    def test_mempool_and_use_mem_pool(self):
+        compact = run_case("mempool", "reservoir-compact")[0]
+        self.assertEqual(compact["info"]["static_sum"], 1024.0)
+        self.assertEqual(compact["info"]["private_pools_after_release"], 0)
+
+
+@needs_torch_cuda
 class GraphPoolObservability(unittest.TestCase):
     def test_snapshot_after_capture_shows_the_graph_pool_and_opens_in_memory_viz(self):
         import pickle
