@@ -168,6 +168,21 @@ TEST(SegmentSource, UnderEveryPolicyThePoolsSegmentsAreTheSources) {
   }
 }
 
+// The pool's stream released (it may be destroyed): the whole device is waited for
+// before a segment goes back through the source, not the stream.
+TEST(SegmentSource, AfterItsStreamIsReleasedTheDeviceIsWaitedFor) {
+  Rig r;
+  r.s.a.deallocate(r.alloc(3 * MiB, 5));
+  r.s.a.release_stream(5, 0);
+  r.s.a.release_pool(r.pool, 0);
+  const SimCounters before = r.s.sim->counters();
+  r.s.a.empty_cache();
+  EXPECT_EQ(r.source->frees, 1);
+  EXPECT_GT(r.s.sim->counters().device_syncs, before.device_syncs);
+  EXPECT_TRUE(r.source->live.empty());
+  r.s.a.validate();
+}
+
 TEST(SegmentSource, ANullSourceIsRefused) {
   SimAllocator s;
   EXPECT_THROW(s.a.create_pool(std::shared_ptr<SegmentSource>{}, {}, 0), InvalidArgumentError);

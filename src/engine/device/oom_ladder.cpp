@@ -121,10 +121,10 @@ std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t request
 // policy:compact's ladder: the free-memory callbacks, then every fence waited for so
 // that every free page's memory can move to where it is needed (and every other
 // pool's cached memory given back), then the private pools made with use_on_oom, then
-// out of memory. (No device allocation is
-// retried after releasing caches: the pool already takes physical memory from free
-// pages before asking the device.) While a capture is under way the pool's shared
-// path is closed: what no stream cache serves goes to allocate_during_capture.
+// out of memory. (No device allocation is retried after releasing caches: the pool
+// already takes physical memory from free pages before asking the device.) While a
+// capture is under way the pool's shared path is closed: what no stream cache serves
+// goes to allocate_during_capture.
 std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandle stream,
                                               const Context& context) {
   CompactPool& c = compact();

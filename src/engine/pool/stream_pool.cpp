@@ -202,7 +202,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
   if (status == DeviceStatus::ok && source_ &&
       (ptr == nullptr || reinterpret_cast<std::uintptr_t>(ptr) % SizePolicy::kMinBlockSize != 0)) {
     // A segment the engine cannot use goes straight back (blocks are 512-byte aligned).
-    (void)source_->deallocate(services_.device, ptr, alloc_size, stream_);
+    if (ptr) (void)source_->deallocate(services_.device, ptr, alloc_size, stream_);
     services_.budget.unreserve(alloc_size);
     throw DeviceError("reservoir: the segment source of private pool " + pool_name(pool_id_) +
                       " returned " + format_pointer(ptr) + " for " + format_size(alloc_size) +
@@ -652,7 +652,11 @@ std::string StreamPool::give_back_segment(Segment* seg) {
     return services_.backend.deallocate(services_.device, base, seg->size) == DeviceStatus::ok
                ? std::string()
                : services_.backend.last_error();
-  if (services_.backend.synchronize_stream(services_.device, stream_) != DeviceStatus::ok)
+  // (A released stream may be gone: the whole device is waited for then.)
+  const DeviceStatus waited = stream_released_
+                                  ? services_.backend.synchronize_device(services_.device)
+                                  : services_.backend.synchronize_stream(services_.device, stream_);
+  if (waited != DeviceStatus::ok)
     return "waiting for stream " + std::to_string(stream_) +
            " before giving the segment back: " + services_.backend.last_error();
   if (source_->deallocate(services_.device, base, seg->size, stream_) != DeviceStatus::ok)
