@@ -157,10 +157,7 @@ std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, Stream
       return allocate_private(*routed, requested, stream, context);
   if (compact_on_.load(std::memory_order_relaxed))
     return allocate_compact(requested, stream, context);
-  StreamPool& p = pool(stream);
-  if (std::uintptr_t address = p.allocate_cached(requested, stream, context, history_.active()))
-    return address;
-  return allocate_missed(p, requested, stream, context);
+  return allocate_default(requested, stream, context);
 }
 
 std::uintptr_t DeviceEngine::allocate_missed(StreamPool& pool, std::size_t requested,

@@ -201,8 +201,8 @@ class DeviceEngine {
   // policy:compact: the device-wide pool, and its ladder (oom_ladder.cpp).
   std::uintptr_t allocate_compact(std::size_t requested, StreamHandle stream,
                                   const Context& context);
-  std::uintptr_t allocate_during_capture(std::size_t requested, StreamHandle stream,
-                                         const Context& context);
+  std::uintptr_t allocate_default(std::size_t requested, StreamHandle stream,
+                                  const Context& context);
   CompactPool& compact();
   [[noreturn]] void raise_out_of_memory(StreamHandle stream, std::size_t requested,
                                         std::size_t alloc_size, std::size_t largest_small,

@@ -124,14 +124,13 @@ std::uintptr_t DeviceEngine::allocate_slow(StreamPool& pool, std::size_t request
 // out of memory. (No device allocation is retried after releasing caches: the pool
 // already takes physical memory from free pages before asking the device.) While a
 // capture is under way the pool's shared path is closed: what no stream cache serves
-// goes to allocate_during_capture.
+// goes to allocate_default.
 std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandle stream,
                                               const Context& context) {
   CompactPool& c = compact();
   auto attempt = [&]() -> std::uintptr_t {
     const std::uintptr_t a = c.allocate(requested, stream, context);
-    return a == CompactPool::kClosedForCapture ? allocate_during_capture(requested, stream, context)
-                                               : a;
+    return a == CompactPool::kClosedForCapture ? allocate_default(requested, stream, context) : a;
   };
   if (std::uintptr_t a = attempt()) return a;
   if (hooks_.has_callbacks.load(std::memory_order_acquire) && hooks_.run_free_memory_callbacks())
@@ -152,16 +151,15 @@ std::uintptr_t DeviceEngine::allocate_compact(std::size_t requested, StreamHandl
                       cached_elsewhere(nullptr));
 }
 
-// A capture forbids what the compact pool's shared path does (event queries, pages
-// unmapped and moved): while one is under way, a request no stream cache serves is
-// served as under the default policy, by the stream's default pool (new segments,
-// the spec's capture rules, its own ladder); its blocks stay there, freed there, and
-// go back to the device when caches are released.
-std::uintptr_t DeviceEngine::allocate_during_capture(std::size_t requested, StreamHandle stream,
-                                                     const Context& context) {
+// The stream's default pool: its cache, then its ladder. Also where policy:compact
+// sends a request no stream cache serves while a capture is under way (a capture
+// forbids what the compact pool's shared path does: event queries, pages unmapped and
+// moved); those blocks stay there, freed there, and go back to the device when caches
+// are released.
+std::uintptr_t DeviceEngine::allocate_default(std::size_t requested, StreamHandle stream,
+                                              const Context& context) {
   StreamPool& p = pool(stream);
-  if (std::uintptr_t a = p.allocate_cached(requested, stream, context, history_.active()))
-    return a;
+  if (std::uintptr_t a = p.allocate_cached(requested, stream, context, history_.active())) return a;
   return allocate_missed(p, requested, stream, context);
 }
 
