@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "reservoir/allocator.hpp"
@@ -195,11 +196,39 @@ TEST(Compact, TheWaitingStreamRunsAfterTheOther) {
   s.a.deallocate(q);
 }
 
+// A pool that already holds 4 GiB (a ballast block kept live), as a program of that
+// size does: its new extents have up to 16 pages (ExtentMap::extent_limit: at most a
+// 128th of the memory held). The pages of a test's comments count from the ballast's
+// end; counters and memory are read as changes since it.
+struct LargePool {
+  explicit LargePool(SimOptions o = sim(8192 * MiB)) : s("policy:compact", o) {
+    ballast = s.a.allocate(4096 * MiB, 1, 0);
+    base = s.sim->counters();
+    used0 = s.sim->used(0);
+    reserved0 = reserved_now();
+  }
+  ~LargePool() {
+    if (ballast) s.a.deallocate(ballast);
+    s.sim->advance_all();
+  }
+  std::int64_t reserved_now() { return s.a.stats(0).reserved_bytes.all().current; }
+  std::int64_t reserved() { return reserved_now() - reserved0; }
+  std::size_t used() { return s.sim->used(0) - used0; }
+  std::uint64_t creates() { return s.sim->counters().physical_creates - base.physical_creates; }
+  std::uint64_t maps() { return s.sim->counters().maps - base.maps; }
+  SimAllocator s;
+  void* ballast = nullptr;
+  SimCounters base;
+  std::size_t used0 = 0;
+  std::int64_t reserved0 = 0;
+};
+
 // A free page's memory moves to where a request needs it (no new device memory), once
 // the work that used it completed; until then the pool takes new memory instead.
 TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
-  SimAllocator s("policy:compact", sim());
-  const auto reserved = [&] { return s.a.stats(0).reserved_bytes.all().current; };
+  LargePool l;
+  SimAllocator& s = l.s;
+  const auto reserved = [&] { return l.reserved(); };
   void* a = s.a.allocate(8 * MiB, 1, 0);   // pages 0-3: one extent
   void* guard = s.a.allocate(512, 1, 0);   // page 4 (the arena grows by 4 pages: 4-7)
   s.sim->submit_work(1);                   // a kernel still uses a
@@ -214,8 +243,8 @@ TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
   // a's memory is one extent of 4 pages: it moves whole, in one map, to pages 12-15;
   // pages 0-3 keep it mapped as a ghost (no unmap), so that it can come back for free.
   EXPECT_EQ(s.a.stats(0).num_device_unmap, 0);
-  EXPECT_EQ(s.sim->counters().maps, 4u);
-  EXPECT_EQ(s.sim->used(0), 12 * 2 * MiB);
+  EXPECT_EQ(l.maps(), 4u);
+  EXPECT_EQ(l.used(), 12 * 2 * MiB);
   s.a.deallocate(d);
   s.a.deallocate(guard);
   s.a.validate();
@@ -225,21 +254,19 @@ TEST(Compact, FreePagesMoveOnlyOnceTheirUsersCompleted) {
 // mapped whole): a move or a grow costs a call per extent, not per page. At the
 // arena's frontier a block's run is one extent (up to 16 pages), at least 4 pages.
 TEST(Compact, ARunOfPagesIsBackedByOneExtent) {
-  SimAllocator s("policy:compact", sim());
+  LargePool l;
+  SimAllocator& s = l.s;
   void* a = s.a.allocate(16 * MiB, 1, 0);  // pages 0-7
-  SimCounters c = s.sim->counters();
-  EXPECT_EQ(c.physical_creates, 1u);
-  EXPECT_EQ(c.maps, 1u);
-  EXPECT_EQ(s.sim->used(0), 16 * MiB);
+  EXPECT_EQ(l.creates(), 1u);
+  EXPECT_EQ(l.maps(), 1u);
+  EXPECT_EQ(l.used(), 16 * MiB);
   void* b = s.a.allocate(3 * MiB, 1, 0);  // pages 8-9: the arena grows by 4 (8-11)
-  c = s.sim->counters();
-  EXPECT_EQ(c.physical_creates, 2u);
-  EXPECT_EQ(s.sim->used(0), 24 * MiB);
+  EXPECT_EQ(l.creates(), 2u);
+  EXPECT_EQ(l.used(), 24 * MiB);
   void* big = s.a.allocate(40 * MiB, 1, 0);  // pages 9-29: 12-29 new, as 16 + 4
-  c = s.sim->counters();
-  EXPECT_EQ(c.physical_creates, 4u);
-  EXPECT_EQ(c.maps, 4u);
-  EXPECT_EQ(s.sim->used(0), 64 * MiB);
+  EXPECT_EQ(l.creates(), 4u);
+  EXPECT_EQ(l.maps(), 4u);
+  EXPECT_EQ(l.used(), 64 * MiB);
   s.a.deallocate(a);
   s.a.deallocate(b);
   s.a.deallocate(big);
@@ -249,10 +276,11 @@ TEST(Compact, ARunOfPagesIsBackedByOneExtent) {
 // Free extents, mapped where the request lands, serve it before any new memory is
 // taken: only the pages nothing covers come new from the device.
 TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
-  SimOptions o = sim();
+  SimOptions o = sim(8192 * MiB);
   o.completion =
       SimCompletion::eager;  // work completes as submitted: only the placement matters here
-  SimAllocator s("policy:compact", o);
+  LargePool l(o);
+  SimAllocator& s = l.s;
   void* a = s.a.allocate(16 * MiB, 1, 0);  // pages 0-7: one extent
   void* hi = s.a.allocate(4 * MiB, 1, 0);  // pages 8-9 (8-11 mapped)
   s.a.deallocate(a);                       // extent 0-7 free
@@ -269,9 +297,10 @@ TEST(Compact, FreeExtentsServeALargerRequestBeforeNewMemory) {
 // Memory that moved comes back to where it was without a device call: its old place
 // stayed mapped (a ghost). A program whose layout alternates stops calling the device.
 TEST(Compact, MemoryMovesBackToItsGhostWithoutADeviceCall) {
-  SimOptions o = sim();
+  SimOptions o = sim(8192 * MiB);
   o.completion = SimCompletion::eager;
-  SimAllocator s("policy:compact", o);
+  LargePool l(o);
+  SimAllocator& s = l.s;
   void* a = s.a.allocate(16 * MiB, 1, 0);     // pages 0-7: extent X
   void* guard = s.a.allocate(512, 1, 0);      // page 8 (8-11 mapped)
   s.a.deallocate(a);                          // X free
@@ -287,6 +316,7 @@ TEST(Compact, MemoryMovesBackToItsGhostWithoutADeviceCall) {
   s.a.validate();
   s.a.deallocate(back);
   s.a.deallocate(guard);
+  s.a.deallocate(std::exchange(l.ballast, nullptr));
   s.sim->advance_all();
   s.a.empty_cache();  // ghosts are unmapped too: everything goes back
   EXPECT_EQ(s.sim->used(0), 0u);

@@ -21,7 +21,19 @@ constexpr int kReclaimProbes = 16;
 // make stitching cheap per byte; bounded so that one block cannot pin a great deal
 // of free memory (an extent moves only whole).
 constexpr std::size_t kMaxExtentPages = 16;
+// And at most this share of the memory held (1/kExtentShare, the request's pages
+// counted in): the free pages that partly used extents keep (an extent moves only
+// whole) then stay a small share of the pool at every scale. With sixteen-page
+// extents from the start, the bundled traces scaled down 8x (programs of 100-200 MB)
+// held 1.10-1.18x what they asked for, against 1.04-1.05 with this bound
+// (tests/replay/compact_replay_test.cpp; the figures in docs/memory.md).
+constexpr std::size_t kExtentShare = 128;
 }  // namespace
+
+std::size_t ExtentMap::extent_limit(std::size_t need) const {
+  if (services_.budget.limited()) return 1;
+  return std::clamp<std::size_t>((held_pages_ + need) / kExtentShare, 1, kMaxExtentPages);
+}
 
 ExtentMap::~ExtentMap() {
   // The pool is going away (every arena abandoned): the memory goes back, whatever
@@ -48,6 +60,7 @@ ExtentMap::Extent* ExtentMap::create_extent(std::size_t pages) {
                       " failed: " + services_.backend.last_error());
   }
   x->pages = pages;
+  held_pages_ += pages;
   services_.ledger.mine().add<kReservedBytes>(kLargePool, static_cast<std::int64_t>(bytes));
   DeviceCounters::bump(services_.counters.device_allocs);
   return x.release();
@@ -71,6 +84,7 @@ void ExtentMap::release_extent(Extent* x) {
                       " failed: " + services_.backend.last_error());
   }
   const std::size_t bytes = x->pages * page_;
+  held_pages_ -= x->pages;
   services_.budget.unreserve(bytes);
   services_.ledger.mine().add<kReservedBytes>(kLargePool, -static_cast<std::int64_t>(bytes));
   DeviceCounters::bump(services_.counters.device_frees);
@@ -218,9 +232,8 @@ void ExtentMap::list_remove(Extent* x) {
 // here), before any new memory is taken from the device. Of those, one of exactly need
 // pages; else the smallest larger one that the unmapped pages from s can hold (the
 // rest of it is cached there); else the largest smaller one (the caller asks again
-// for the rest). New memory comes in one extent of up to kMaxExtentPages pages (one
-// page under a memory fraction: memory moves page by page there, so the fraction's
-// every byte can be used), halved while the device or the fraction refuses it.
+// for the rest). New memory comes in one extent of up to extent_limit() pages, halved
+// while the device or the fraction refuses it.
 ExtentMap::Extent* ExtentMap::take_extent(Arena& a, std::size_t s, std::size_t need) {
   const std::size_t total = pages_total(a);
   auto window_holds = [&](std::size_t n) {  // pages [s, s + n) are all unmapped
@@ -269,8 +282,7 @@ ExtentMap::Extent* ExtentMap::take_extent(Arena& a, std::size_t s, std::size_t n
     detach(misfit, false);
     release_extent(misfit);
   }
-  const std::size_t most = services_.budget.limited() ? 1 : kMaxExtentPages;
-  for (std::size_t n = std::min(need, most); n >= 1; n /= 2)
+  for (std::size_t n = std::min(need, extent_limit(need)); n >= 1; n /= 2)
     if (Extent* x = create_extent(n)) return x;
   return nullptr;
 }

@@ -15,7 +15,8 @@
 //   x.listed <=> x mapped && x.live_pages == 0 <=> x is on the reclaimable list (oldest
 //   first); spare extents are unmapped and on spare_;
 //   a.segment->mapped_bytes == #{i : pages[i].extent} * page;
-//   reserved bytes counted == sum of every extent's pages * page == physical bytes held.
+//   reserved bytes counted == sum of every extent's pages * page == physical bytes held
+//   == held_pages_ * page.
 // Locking: none of its own; every member runs under the compact pool's lock.
 #pragma once
 
@@ -37,8 +38,8 @@ class ExtentMap {
   // Physical memory: one device handle of `pages` pages, mapped whole (the driver maps
   // a handle whole, never a part) at pages [first, first + pages) of arena, or spare
   // (arena == nullptr). Extents are made as large as the run of pages a request
-  // lacks (up to kMaxExtentPages; one page under a memory fraction), so a move costs
-  // one unmap, one map and one access grant per extent, not per page.
+  // lacks, up to extent_limit(), so a move costs one unmap, one map and one access
+  // grant per extent, not per page.
   struct Extent {
     PhysicalHandle handle = 0;
     std::size_t pages = 0;
@@ -109,6 +110,12 @@ class ExtentMap {
   void add_live(Arena& a, std::uintptr_t address, std::size_t size);
   void remove_live(Arena& a, const Block& b);
   std::size_t spare_bytes() const;
+  // The most pages a new extent has, for a request lacking need pages: one under a
+  // memory fraction (memory moves page by page, so the fraction's every byte can be
+  // used); else a 128th of the pages held with the request's, from 1 to 16 (large
+  // extents make moves cheap per byte; the bound keeps the free pages of partly used
+  // extents a small share of the pool, at every scale).
+  std::size_t extent_limit(std::size_t need) const;
 
   // ---- the out-of-memory ladder's release (all under synchronized fences) ----
   void unmap_ghosts(Arena& a);      // every ghost in a; throws with the rest kept
@@ -154,6 +161,7 @@ class ExtentMap {
   // Scratch of back_pages (kept to spare an allocation per request).
   std::vector<Extent*> unlisted_, placed_;
   const std::size_t page_;  // mapping granularity
+  std::size_t held_pages_ = 0;  // pages of every extent, mapped or spare
 };
 
 }  // namespace reservoir::detail

@@ -94,15 +94,14 @@ bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
           }
           unmap_ghost(y);
         }
-        // At the arena's frontier (nothing mapped from i on) the block's whole run is one
-        // extent of at least kGrowPages: growth takes few calls, and the next blocks
-        // there find their memory mapped. Elsewhere, only pages wholly inside the block
-        // share an extent.
+        // At the arena's frontier (nothing mapped from i on) the block's whole run is
+        // asked for, at least kGrowPages (within the extent limit): growth takes few
+        // calls, and the next blocks there find their memory mapped. Elsewhere, only
+        // pages wholly inside the block share an extent.
         // (Never past the arena's end: an extent must fit the pages it is mapped under.)
         std::size_t need = 1;
         if (i >= a.mapped_end)
-          need =
-              services_.budget.limited() ? e - i : std::min(std::max(e - i, kGrowPages), total - i);
+          need = std::min(std::max(e - i, std::min(kGrowPages, extent_limit(e - i))), total - i);
         else if (i >= inner_first && i < inner_end)
           need = std::min(e, inner_end) - i;
         Extent* x = take_extent(a, i, need);
@@ -282,6 +281,9 @@ std::size_t ExtentMap::validate_end(const Audit& audit) const {
   RESERVOIR_CHECK(audit.held_pages == audit.mapped_pages,
                   "a mapped extent's pages do not all name it");
   RESERVOIR_CHECK(audit.ghost_pages == 0, "a ghost's pages do not all name it");
+  RESERVOIR_CHECK(held_pages_ == audit.held_pages + spare_pages,
+                  "the pages held are miscounted (" + std::to_string(held_pages_) + " counted, " +
+                      std::to_string(audit.held_pages + spare_pages) + " in extents)");
   return (audit.held_pages + spare_pages) * page_;
 }
 
