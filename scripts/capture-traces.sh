@@ -7,7 +7,7 @@
 # (bench/python/workloads/snapshot_capture.py: a and f lines only). Prints how each was
 # captured and the trace's figures (tools/trace_stats.py).
 #
-# Usage: scripts/capture-traces.sh OUTDIR [WORKLOAD...]   (default: all three)
+# Usage: scripts/capture-traces.sh OUTDIR [WORKLOAD...]   (default: all five)
 # Env:   RESERVOIR_GPU_BUILD (build directory with src/libreservoir.so, default
 #        build/gpu; built if missing), CAPTURE_LOGS (where the workloads' output goes,
 #        default OUTDIR), CAPTURE_TIMEOUT (seconds per capture, default 150),
@@ -18,7 +18,8 @@ out=${1:?usage: scripts/capture-traces.sh OUTDIR [WORKLOAD...]}
 shift
 mkdir -p "$out"
 workloads=("$@")
-[ ${#workloads[@]} -gt 0 ] || workloads=(textgen_varbatch infer_varbatch pipeline_multistream)
+[ ${#workloads[@]} -gt 0 ] ||
+  workloads=(textgen_varbatch infer_varbatch pipeline_multistream encoder_varbatch threads_textgen)
 b=${RESERVOIR_GPU_BUILD:-build/gpu}
 logs=${CAPTURE_LOGS:-$out}
 mkdir -p "$logs"

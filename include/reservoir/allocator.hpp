@@ -180,6 +180,11 @@ class RESERVOIR_API Allocator {
   // backend, device and sim_capacity are fixed when the allocator is made: a change
   // of them is refused, as are settings that cannot apply together (Config::check).
   void update_config(std::string_view text);
+  // As PyTorch's torch.cuda.memory._set_allocator_settings (what reservoir.torch
+  // answers it with): max_split_size_mb, roundup_power2_divisions and
+  // garbage_collection_threshold go back to their defaults unless text names them;
+  // the rest is as update_config.
+  void set_allocator_settings(std::string_view text);
 
   // ---- Trace capture (docs/trace_format.md) ----
   // Starts writing every request to path (replaces a running recording); an empty
@@ -223,6 +228,8 @@ class RESERVOIR_API Allocator {
   void validate();
 
  private:
+  // update_config (torch_settings false) and set_allocator_settings (true).
+  void update_config_as(std::string_view text, bool torch_settings);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   // impl_'s caching engine, for the request path: one dependent load fewer per request.

@@ -77,6 +77,11 @@ struct RESERVOIR_API Config {
   // then leaves *this unchanged), also when the result has settings that cannot
   // apply together (check()).
   void apply(std::string_view text);
+  // As PyTorch's torch.cuda.memory._set_allocator_settings: max_split_size_mb,
+  // roundup_power2_divisions and garbage_collection_threshold go back to their
+  // defaults unless text names them; every other setting keeps its value. Throws
+  // ConfigError (and then leaves *this unchanged).
+  void apply_settings(std::string_view text);
   // Throws ConfigError naming both settings when two cannot apply together
   // (policy:compact with expandable_segments:True or backend:cudaMallocAsync).
   void check() const;

@@ -87,6 +87,10 @@ RESERVOIR_C_API reservoir_status reservoir_reset_accumulated_stats(int device);
  * backend:cudaMallocAsync) and for a change of backend, device or sim_capacity
  * (read once, when the allocator is made). */
 RESERVOIR_C_API reservoir_status reservoir_update_config(const char* text);
+/* As PyTorch's torch.cuda.memory._set_allocator_settings: max_split_size_mb,
+ * roundup_power2_divisions and garbage_collection_threshold go back to their
+ * defaults unless text names them; otherwise as reservoir_update_config. */
+RESERVOIR_C_API reservoir_status reservoir_set_allocator_settings(const char* text);
 RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
 /* Name of the device backend in use ("cuda", "sim"); creates the allocator. The
  * string is static. */

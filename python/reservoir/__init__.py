@@ -96,6 +96,7 @@ __all__ = [
     "record_trace",
     "reset_accumulated_memory_stats",
     "reset_peak_memory_stats",
+    "set_allocator_settings",
     "set_memory_fraction",
     "share",
     "start_trace_recording",
@@ -156,6 +157,16 @@ def update_config(config):
     the key and what is allowed; the configuration is then left unchanged."""
     text = _args.text(_config_text(config), "config")
     _lib.check(_lib.load().reservoir_update_config(text))
+
+
+def set_allocator_settings(config):
+    """As torch.cuda.memory._set_allocator_settings (reservoir.torch answers it with
+    this): max_split_size_mb, roundup_power2_divisions and
+    garbage_collection_threshold go back to their defaults unless config names them;
+    every other setting keeps its value. Raises ReservoirConfigError (a ValueError),
+    leaving the configuration unchanged."""
+    text = _args.text(_config_text(config), "config")
+    _lib.check(_lib.load().reservoir_set_allocator_settings(text))
 
 
 def config_string():

@@ -132,6 +132,7 @@ _SIGNATURES = {
     "reservoir_reset_peak_stats": (ctypes.c_int, [ctypes.c_int]),
     "reservoir_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
     "reservoir_update_config": (ctypes.c_int, [ctypes.c_char_p]),
+    "reservoir_set_allocator_settings": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_device_count": (ctypes.c_int, [_c_int_p]),
     "reservoir_backend_name": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]),
     "reservoir_current_device": (ctypes.c_int, [_c_int_p]),

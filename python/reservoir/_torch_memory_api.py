@@ -28,6 +28,9 @@ reaches those through a function of torch._C looked up at call time:
                                           it asks c10's own allocator, never initialized
                                           under a pluggable one)
     _accelerator_emptyCache               torch.accelerator.empty_cache
+    _cuda_cudaCachingAllocator_set_       torch.cuda.memory._set_allocator_settings
+      allocator_settings,                 (PyTorch parses them into its own allocator's
+    _accelerator_setAllocatorSettings     settings, which Reservoir never reads)
 
 so patch(torch) replaces those entry points, not the Python functions: it also
 reaches code that imported a function before install() (``from torch.cuda import
@@ -127,6 +130,34 @@ def _record_memory_history_legacy(enabled, *args, **kwargs):
     _history[0] = bool(enabled)
 
 
+# PyTorch's own entry points that patch() replaced, by name.
+_originals = {}
+
+
+def _entries(text):
+    """The "key:value" entries of a settings string (commas inside [...] kept)."""
+    entries, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        depth += c == "["
+        depth -= c == "]"
+        if c == "," and depth == 0:
+            entries.append(text[start:i].strip())
+            start = i + 1
+    entries.append(text[start:].strip())
+    return [e for e in entries if e]
+
+
+def _set_allocator_settings(env):
+    """torch.cuda.memory._set_allocator_settings: Reservoir's settings with PyTorch's
+    meaning (reservoir.set_allocator_settings); the pinned host allocator's keys,
+    which are PyTorch's own, also go to PyTorch."""
+    _reservoir.set_allocator_settings(env)
+    pinned = [e for e in _entries(env) if e.split(":", 1)[0].strip().startswith("pinned_")]
+    original = _originals.get("_cuda_cudaCachingAllocator_set_allocator_settings")
+    if pinned and original is not None:
+        original(",".join(pinned))
+
+
 def _cuda_initialized():
     import torch
 
@@ -148,6 +179,8 @@ def _replacements():
         "_accelerator_getDeviceStats": nested_stats,
         "_accelerator_resetPeakStats": _reservoir.reset_peak_memory_stats,
         "_accelerator_resetAccumulatedStats": _reservoir.reset_accumulated_memory_stats,
+        "_cuda_cudaCachingAllocator_set_allocator_settings": _set_allocator_settings,
+        "_accelerator_setAllocatorSettings": _set_allocator_settings,
     }
 
 
@@ -159,6 +192,7 @@ def patch(torch):
         current = getattr(torch._C, name, None)
         if current is None or getattr(current, _MARK, False):
             continue
+        _originals[name] = current
 
         def entry(*args, _function=function, **kwargs):
             return _function(*args, **kwargs)

@@ -442,10 +442,24 @@ const Config& Allocator::config() const {
 }
 
 void Allocator::update_config(std::string_view text) {
+  update_config_as(text, false);
+}
+
+void Allocator::set_allocator_settings(std::string_view text) {
+  update_config_as(text, true);
+}
+
+void Allocator::update_config_as(std::string_view text, bool torch_settings) {
+  using Update = detail::CachingAllocator::ConfigUpdate;
+  const Update how = torch_settings ? Update::torch_settings : Update::merge;
   Impl& im = *impl_;
   const Config before = im.core->config();
   Config next = before;
-  next.apply(text);  // throws ConfigError, changing nothing
+  // Both throw ConfigError, changing nothing.
+  if (torch_settings)
+    next.apply_settings(text);
+  else
+    next.apply(text);
   // Settings read once, when the allocator and its device are made.
   const struct {
     const char* key;
@@ -469,7 +483,7 @@ void Allocator::update_config(std::string_view text) {
   // A new trace file is opened before anything changes, so a path that cannot be
   // written (IoError) leaves the configuration as it was.
   if (next.record_trace != before.record_trace) im.set_recording(*this, next.record_trace);
-  im.config = im.core->update_config(text);
+  im.config = im.core->update_config(text, how);
   im.set_oom_snapshot(*this, im.config.oom_snapshot);
 }
 

@@ -332,6 +332,14 @@ reservoir_status reservoir_update_config(const char* text) {
   });
 }
 
+reservoir_status reservoir_set_allocator_settings(const char* text) {
+  constexpr const char* kFn = "reservoir_set_allocator_settings";
+  return guarded(kFn, [&] {
+    require(text, kFn, "text");
+    Allocator::instance().set_allocator_settings(std::string_view(text));
+  });
+}
+
 reservoir_status reservoir_device_count(int* count) {
   constexpr const char* kFn = "reservoir_device_count";
   return guarded(kFn, [&] {

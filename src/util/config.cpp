@@ -354,6 +354,16 @@ void Config::apply(std::string_view text) {
   *this = std::move(next);
 }
 
+void Config::apply_settings(std::string_view text) {
+  Config next = *this;
+  const Config defaults;
+  next.max_split_size = defaults.max_split_size;
+  next.roundup_power2_divisions = defaults.roundup_power2_divisions;
+  next.garbage_collection_threshold = defaults.garbage_collection_threshold;
+  next.apply(text);  // throws ConfigError, leaving *this unchanged
+  *this = std::move(next);
+}
+
 void Config::check() const {
   if (policy != Policy::compact) return;
   if (expandable_segments)

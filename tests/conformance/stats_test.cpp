@@ -101,6 +101,33 @@ TEST_P(Conformance, ConfigurationChangesAtRunTime) {
   free(p), free(q), free(r);
 }
 
+// set_allocator_settings (torch.cuda.memory._set_allocator_settings under
+// reservoir.torch) as PyTorch's: the rounding, split and collection settings it does not
+// name go back to their defaults; update_config keeps them.
+TEST_P(Conformance, TorchSettingsResetTheRoundingTheyDoNotName) {
+  NATIVE_ENGINE_ONLY();
+  a().set_allocator_settings("roundup_power2_divisions:4");
+  void* p = alloc(84 * MiB);  // between 64 and 128 MiB in 4 steps: 96 MiB
+  EXPECT_EQ(a().block_size(p), 96 * MiB);
+  a().set_allocator_settings("garbage_collection_threshold:0.5,max_split_size_mb:40");
+  EXPECT_EQ(a().config().max_split_size, 40 * MiB);
+  EXPECT_EQ(a().config().garbage_collection_threshold, 0.5);
+  void* q = alloc(5000);
+  EXPECT_EQ(a().block_size(q), 5120u);  // the divisions went back to 0: 512-byte rounding
+  a().set_allocator_settings("roundup_power2_divisions:2");
+  EXPECT_EQ(a().config().max_split_size, ~std::size_t{0});
+  EXPECT_EQ(a().config().garbage_collection_threshold, 0.0);
+  a().update_config("garbage_collection_threshold:0.5");  // keeps the divisions
+  void* r = alloc(5000);
+  EXPECT_EQ(a().block_size(r), 6144u);
+  EXPECT_THROW(a().set_allocator_settings("roundup_power2_divisions:3"), ConfigError);
+  EXPECT_EQ(a().config().roundup_power2_divisions[0], 2u);  // a refusal changes nothing
+  EXPECT_EQ(a().config().garbage_collection_threshold, 0.5);
+  a().set_allocator_settings("");
+  EXPECT_EQ(a().config().roundup_power2_divisions[0], 0u);
+  free(p), free(q), free(r);
+}
+
 // The table's rows carry the statistics' values (current, peak, allocated, freed),
 // not only their labels.
 TEST_P(Conformance, SummaryTableShowsTheStatistics) {

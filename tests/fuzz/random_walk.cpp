@@ -455,9 +455,17 @@ void Walker::op_config() {
   const std::string before = alloc_->config().to_string();
   const std::array<double, kDevices> fractions_before = fractions();
   const std::vector<std::int64_t> stats = snapshot();
-  if (trace_) std::fprintf(stderr, "  update_config(\"%s\")\n", row.text);
+  // One pick in sixteen takes PyTorch's run-time meaning (set_allocator_settings): the
+  // rounding, split and collection settings the row does not name go back to defaults.
+  const bool torch_settings = (pick & 0xF0) == 0xE0;
+  if (trace_)
+    std::fprintf(stderr, "  %s(\"%s\")\n",
+                 torch_settings ? "set_allocator_settings" : "update_config", row.text);
   try {
-    alloc_->update_config(row.text);
+    if (torch_settings)
+      alloc_->set_allocator_settings(row.text);
+    else
+      alloc_->update_config(row.text);
   } catch (const ConfigError& e) {
     // Documented: policy:compact and expandable_segments:True do not go together.
     const bool conflict =
@@ -470,6 +478,19 @@ void Walker::op_config() {
     return;
   }
   WALK_CHECK(row.expect != Expect::bad, std::string(row.text) + " was accepted");
+  if (torch_settings) {
+    const std::string text = row.text;
+    const Config& now = alloc_->config();
+    const Config defaults;
+    auto names = [&](const char* key) { return text.find(key) != std::string::npos; };
+    WALK_CHECK(names("max_split_size_mb") || now.max_split_size == defaults.max_split_size,
+               "set_allocator_settings kept max_split_size_mb");
+    WALK_CHECK(names("roundup_power2_divisions") ||
+                   now.roundup_power2_divisions == defaults.roundup_power2_divisions,
+               "set_allocator_settings kept roundup_power2_divisions");
+    WALK_CHECK(names("garbage_collection_threshold") || now.garbage_collection_threshold == 0.0,
+               "set_allocator_settings kept garbage_collection_threshold");
+  }
   compact_ = alloc_->config().policy == Config::Policy::compact;
   if (std::string(row.text).find("per_process_memory_fraction") != std::string::npos)
     fraction_set_ = true;

@@ -37,7 +37,7 @@ enum Op : std::uint8_t {
   kOpEager = 21,       //                      -> toggles SimBackend::set_eager
   kOpEmptyCache = 22,  // which
   kOpFraction = 23,    // device, fraction
-  kOpConfig = 24,      // row                  -> update_config (valid and invalid rows)
+  kOpConfig = 24,      // row                  -> update_config / set_allocator_settings
   kOpFault = 25,       // kind, arg            -> injected failure for the next step
   kOpResetStats = 26,  // kind
   kOpCapacity = 27,    // device, size

@@ -211,6 +211,41 @@ class TorchShapesTest(unittest.TestCase):
         self.assertEqual(fake._C._accelerator_getDeviceStats(0),
                          _torch_memory_api.nested_stats(0))
 
+    def test_torchs_allocator_settings_reach_reservoir_with_torchs_meaning(self):
+        import types
+
+        forwarded = []
+        fake = types.SimpleNamespace(_C=types.SimpleNamespace(
+            _cuda_cudaCachingAllocator_set_allocator_settings=forwarded.append,
+            _accelerator_setAllocatorSettings=forwarded.append))
+        _torch_memory_api.patch(fake)
+        set_settings = fake._C._cuda_cudaCachingAllocator_set_allocator_settings
+        before = reservoir.config_string()
+        try:
+            set_settings("roundup_power2_divisions:[64:8,>:1],pinned_use_cuda_host_register:True")
+            self.assertIn("roundup_power2_divisions", reservoir.config_string())
+            # PyTorch's pinned host allocator keeps its own keys.
+            self.assertEqual(forwarded, ["pinned_use_cuda_host_register:True"])
+            # 84 MiB: 64-128 MiB in 8 steps, the "64" entry's (PyTorch's test_allocator_settings)
+            ptr = reservoir.raw_alloc(84 * MiB)
+            try:
+                self.assertEqual(reservoir.memory_stats()["active_bytes.all.current"], 88 * MiB)
+            finally:
+                reservoir.raw_free(ptr)
+            # A setting it does not name goes back to its default, as in PyTorch.
+            fake._C._accelerator_setAllocatorSettings("garbage_collection_threshold:0.5")
+            self.assertNotIn("roundup_power2_divisions", reservoir.config_string())
+            self.assertIn("garbage_collection_threshold:0.5", reservoir.config_string())
+            self.assertEqual(len(forwarded), 1)
+            with self.assertRaises(ValueError):
+                set_settings("garbage_collection_threshold:1.2")
+            with self.assertRaises(ValueError):
+                set_settings("foo:1,bar:2")
+            self.assertIn("garbage_collection_threshold:0.5", reservoir.config_string())
+        finally:
+            reservoir.set_allocator_settings("")
+        self.assertEqual(reservoir.config_string(), before)
+
     def test_snapshot_is_the_dict_torchs_snapshot_returns(self):
         reservoir.record_history(True, 1000)
         ptr = reservoir.raw_alloc(3 * MiB)

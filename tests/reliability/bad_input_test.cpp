@@ -269,6 +269,16 @@ TEST_P(BadConfigRow, IsRefusedByUpdateConfig) {
   a.validate();
 }
 
+// set_allocator_settings refuses the same rows, and a refused one resets nothing.
+TEST_P(BadConfigRow, IsRefusedBySetAllocatorSettings) {
+  Allocator a(std::make_shared<SimBackend>(), Config::parse("roundup_power2_divisions:2"));
+  const std::string config = a.config().to_string();
+  EXPECT_THROW(a.set_allocator_settings(GetParam().text), ConfigError);
+  EXPECT_EQ(a.config().to_string(), config);
+  EXPECT_EQ(a.config().roundup_power2_divisions[0], 2u);
+  a.validate();
+}
+
 TEST_P(BadConfigRow, IsRefusedByTheCApi) {
   const std::string config = c_config();
   ASSERT_NE(config, "<error>");
@@ -289,6 +299,14 @@ INSTANTIATE_TEST_SUITE_P(Keys, BadConfigRow, ::testing::ValuesIn(kBadConfigs), r
 TEST(BadInputC, NullConfigText) {
   EXPECT_EQ(reservoir_update_config(nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(reservoir_last_error()).find("text"), std::string::npos);
+  EXPECT_EQ(reservoir_set_allocator_settings(nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("reservoir_set_allocator_settings"),
+            std::string::npos);
+  const std::string config = c_config();
+  EXPECT_EQ(reservoir_set_allocator_settings("roundup_power2_divisions:3"),
+            RESERVOIR_ERROR_CONFIG);
+  EXPECT_NE(std::string(reservoir_last_error()).find("'3'"), std::string::npos);
+  EXPECT_EQ(c_config(), config);
 }
 
 // ---- the C API (process-wide allocator on the simulated device) ----

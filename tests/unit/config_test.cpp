@@ -118,6 +118,26 @@ TEST(Config, ApplyIsAllOrNothing) {
   EXPECT_EQ(c.max_split_size, 256 * MiB);
 }
 
+// As torch.cuda.memory._set_allocator_settings: the three per-call settings reset
+// unless named, the others kept; all or nothing.
+TEST(Config, ApplySettingsResetsWhatPyTorchResets) {
+  Config c = Config::parse(
+      "max_split_size_mb:256,roundup_power2_divisions:4,garbage_collection_threshold:0.6,"
+      "expandable_segments:True,release_lock_on_cudamalloc:True");
+  c.apply_settings("max_non_split_rounding_mb:64");
+  EXPECT_EQ(c.max_split_size, Config{}.max_split_size);
+  EXPECT_EQ(c.roundup_power2_divisions, Config{}.roundup_power2_divisions);
+  EXPECT_EQ(c.garbage_collection_threshold, 0.0);
+  EXPECT_TRUE(c.expandable_segments);
+  EXPECT_TRUE(c.release_lock_on_cudamalloc);
+  EXPECT_EQ(c.max_non_split_rounding_size, 64 * MiB);
+  c.apply_settings("roundup_power2_divisions:8");
+  EXPECT_EQ(c.divisions_for(100 * MiB), 8u);
+  EXPECT_THROW(c.apply_settings("garbage_collection_threshold:0.5,bogus:1"), ConfigError);
+  EXPECT_EQ(c.divisions_for(100 * MiB), 8u);
+  EXPECT_EQ(c.garbage_collection_threshold, 0.0);
+}
+
 // Keys in order, lists with commas inside brackets kept whole, values unchecked.
 TEST(Config, KeysOfNamesEveryKeyGiven) {
   EXPECT_EQ(Config::keys_of(" device : sim ,roundup_power2_divisions:[256:1,>:8],sim_capacity:x,"),

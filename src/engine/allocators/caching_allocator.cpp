@@ -156,9 +156,13 @@ Config CachingAllocator::config() const {
   return config_;
 }
 
-Config CachingAllocator::update_config(std::string_view text) {
+Config CachingAllocator::update_config(std::string_view text, ConfigUpdate how) {
   Config next = config();
-  next.apply(text);  // throws ConfigError, leaving everything unchanged
+  // Both throw ConfigError, leaving everything unchanged.
+  if (how == ConfigUpdate::torch_settings)
+    next.apply_settings(text);
+  else
+    next.apply(text);
   // Only an update that names the key changes a memory fraction set at run time.
   const bool sets_fraction = Config::parse(text).per_process_memory_fraction_set;
   {

@@ -78,8 +78,11 @@ class CachingAllocator final : public BlockResource {
   // ---- Configuration ----
   Config config() const;
   // Applies "key:value,..." to every engine (throws ConfigError, changing nothing);
-  // returns the configuration now in force.
-  Config update_config(std::string_view text);
+  // returns the configuration now in force. merge: on top of the settings in force
+  // (Config::apply); torch_settings: as torch.cuda.memory._set_allocator_settings
+  // (Config::apply_settings).
+  enum class ConfigUpdate { merge, torch_settings };
+  Config update_config(std::string_view text, ConfigUpdate how = ConfigUpdate::merge);
 
   // ---- History (kept per engine; settings apply to engines made later too) ----
   void record_history(bool enabled, std::size_t max_entries, ContextLevel level,
