@@ -43,8 +43,9 @@ struct Op {
 // release_stream (the stream stays in use: later calls may name it). Some requests
 // repeat their slot's last size and stream right after its free (the engine's
 // parked free). With captures, a capture on stream 3 begins and ends every few
-// dozen operations (the others go on beside it).
-std::vector<Op> make_workload(bool captures = false) {
+// dozen operations (the others go on beside it). scale multiplies every size (a
+// program of gigabytes: policy:compact's extents then have up to 16 pages).
+std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
   std::mt19937_64 rng(7);
   std::vector<Op> ops;
   constexpr std::size_t kSlots = 16;
@@ -66,7 +67,7 @@ std::vector<Op> make_workload(bool captures = false) {
     } else if (r < 45) {
       static constexpr std::size_t kMax[] = {MiB, 10 * MiB, 48 * MiB};
       const std::size_t max = kMax[rng() % 3];
-      ops.push_back({Op::alloc, 1 + rng() % max, stream, slot});
+      ops.push_back({Op::alloc, (1 + rng() % max) * scale, stream, slot});
       last[slot] = ops.back();
     } else if (r < 80) {
       ops.push_back({Op::free, 0, 0, slot});
@@ -249,6 +250,7 @@ struct Plan {
   std::uint64_t then_count;
   int errors;
   bool captures = false;  // the workload with captures (make_workload)
+  std::size_t scale = 1;  // its sizes multiplied (make_workload), on a device that much larger
 };
 
 constexpr DeviceStatus kError = DeviceStatus::error;
@@ -302,6 +304,17 @@ const Plan kPlans[] = {
     {"CompactReleaseRangeThenRetry", kCompact, SimOp::release_address_range, kError,
      SimOp::release_address_range, 1, 1},
     {"CompactReserve", kCompact, SimOp::reserve_address_range, kError, SimOp::map, 0, 1},
+    // The same workload sixteen times larger: extents of several pages (at most a 128th
+    // of the memory held), moved whole, given back and remade when they do not fit.
+    {"CompactLargeCreatePhysical", kCompact, SimOp::create_physical, kError, SimOp::map, 0, 1,
+     false, 16},
+    {"CompactLargeMapThenUnmap", kCompact, SimOp::map, kError, SimOp::unmap, 1, 1, false, 16},
+    {"CompactLargeSetAccessThenUnmap", kCompact, SimOp::set_access, kError, SimOp::unmap, 2, 1,
+     false, 16},
+    {"CompactLargeUnmapThenUnmapTwice", kCompact, SimOp::unmap, kError, SimOp::unmap, 2, 1, false,
+     16},
+    {"CompactLargeReleasePhysicalThenRetry", kCompact, SimOp::release_physical, kError,
+     SimOp::release_physical, 1, 1, false, 16},
     {"CompactRecordEvent", kCompact, SimOp::record_event, kError, SimOp::map, 0, -1},
     {"CompactQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1},
     {"CompactStreamWait", kCompact, SimOp::stream_wait_event, kError, SimOp::map, 0, 1},
@@ -337,8 +350,9 @@ class CallSweep : public ::testing::TestWithParam<Plan> {};
 // (memory, segments, address ranges) and the workload runs again without an error.
 TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
   const Plan& plan = GetParam();
-  const std::vector<Op> ops = make_workload(plan.captures);
-  Rig clean(plan.config);
+  const std::vector<Op> ops = make_workload(plan.captures, plan.scale);
+  const std::size_t capacity = (std::size_t{2} << 30) * plan.scale;
+  Rig clean(plan.config, 1, capacity);
   run(clean, ops);
   const std::uint64_t calls = clean.sim->calls(plan.op);
   ASSERT_GT(calls, 0u) << "the workload never calls " << to_string(plan.op);
@@ -350,7 +364,7 @@ TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
   for (std::uint64_t n = 1; n <= calls; n += stride) {
     SCOPED_TRACE(std::string(to_string(plan.op)) + " call " + std::to_string(n) + " of " +
                  std::to_string(calls));
-    Rig rig(plan.config);
+    Rig rig(plan.config, 1, capacity);
     rig.sim->fail_operation_number(plan.op, n, plan.status);
     rig.sim->fail_after_fault(plan.then, plan.then_count, kError);
     const Outcome out = run(rig, ops, true);

@@ -20,9 +20,10 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 // An allocator on its own simulated device (2 GiB, so that only injected failures
 // refuse memory).
 struct Rig {
-  explicit Rig(const std::string& config = "", int devices = 1) {
+  explicit Rig(const std::string& config = "", int devices = 1,
+               std::size_t capacity = std::size_t{2} << 30) {
     SimOptions o;
-    o.capacity = std::size_t{2} << 30;
+    o.capacity = capacity;
     o.device_count = devices;
     sim = std::make_shared<SimBackend>(o);
     a = std::make_unique<Allocator>(sim, Config::parse(config));
