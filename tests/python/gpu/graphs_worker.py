@@ -143,7 +143,7 @@ def case_compile(torch, args):
     compiled = torch.compile(forward, mode="reduce-overhead")
     outputs = []
     calls = {"checkpoint": 0, "restore": 0}
-    if args.allocator == "reservoir":
+    if args.allocator in ("reservoir", "reservoir-compact"):
         from reservoir import _torch_pools
 
         for name, key in (("_cuda_getCheckpointState", "checkpoint"),
