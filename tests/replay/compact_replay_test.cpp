@@ -78,20 +78,32 @@ double expect_close_to_page_mode(const Trace& t, const ReplayResult& r) {
   return p.ratio;
 }
 
-class CompactOnRealTraces : public ::testing::TestWithParam<Expected> {};
+class CompactOnRealTraces : public ::testing::TestWithParam<Expected> {
+ protected:
+  // Reads the parameter's bundled trace into *t; returns why it is not replayed here
+  // ("" when it is). A missing file is a failure.
+  std::string load(Trace* t) {
+    const char* dir = std::getenv("RESERVOIR_TRACES");
+    if (dir == nullptr) return "RESERVOIR_TRACES not set";
+    const std::string path = std::string(dir) + "/" + GetParam().trace + ".trace.gz";
+    if (!std::filesystem::exists(path)) {
+      ADD_FAILURE() << path << " is missing";
+      return "missing";
+    }
+    *t = read_trace(path);
+#if defined(RESERVOIR_TEST_SLOW_BUILD)
+    // The figures are the optimized flavour's to pin; here the validator walks the
+    // replays of the traces small enough for CI time.
+    if (t->events.size() > 100000)
+      return std::to_string(t->events.size()) + " events: replayed by the optimized flavour only";
+#endif
+    return "";
+  }
+};
 
 TEST_P(CompactOnRealTraces, ReservesWithin5PercentAndFitsWithin2Percent) {
-  const char* dir = std::getenv("RESERVOIR_TRACES");
-  if (dir == nullptr) GTEST_SKIP() << "RESERVOIR_TRACES not set";
-  const std::string path = std::string(dir) + "/" + GetParam().trace + ".trace.gz";
-  ASSERT_TRUE(std::filesystem::exists(path)) << path;
-  const Trace t = read_trace(path);
-#if defined(RESERVOIR_TEST_SLOW_BUILD)
-  // The figures are the optimized flavour's to pin; here the validator walks the
-  // replays of the traces small enough for CI time.
-  if (t.events.size() > 100000)
-    GTEST_SKIP() << t.events.size() << " events: replayed by the optimized flavour only";
-#endif
+  Trace t;
+  if (const std::string why = load(&t); !why.empty()) GTEST_SKIP() << why;
   const ReplayResult r = replay_trace(t, "policy:compact");
   EXPECT_EQ(r.ooms, 0u);
   EXPECT_EQ(r.peak_requested, t.peak_live_bytes);
@@ -112,15 +124,8 @@ TEST_P(CompactOnRealTraces, ReservesWithin5PercentAndFitsWithin2Percent) {
 // its ratio within 2% of what page-by-page moves give (large extents would strand a
 // larger share of a small pool's memory).
 TEST_P(CompactOnRealTraces, ASmallerProgramOfTheSameShapeReservesAsClose) {
-  const char* dir = std::getenv("RESERVOIR_TRACES");
-  if (dir == nullptr) GTEST_SKIP() << "RESERVOIR_TRACES not set";
-  const std::string path = std::string(dir) + "/" + GetParam().trace + ".trace.gz";
-  ASSERT_TRUE(std::filesystem::exists(path)) << path;
-  const Trace full = read_trace(path);
-#if defined(RESERVOIR_TEST_SLOW_BUILD)
-  if (full.events.size() > 100000)
-    GTEST_SKIP() << full.events.size() << " events: replayed by the optimized flavour only";
-#endif
+  Trace full;
+  if (const std::string why = load(&full); !why.empty()) GTEST_SKIP() << why;
   const Trace t = scaled_down(full, 8);
   const ReplayResult r = replay_trace(t, "policy:compact");
   EXPECT_EQ(r.ooms, 0u);
