@@ -91,6 +91,19 @@ RESERVOIR_C_API reservoir_status reservoir_update_config(const char* text);
  * roundup_power2_divisions and garbage_collection_threshold go back to their
  * defaults unless text names them; otherwise as reservoir_update_config. */
 RESERVOIR_C_API reservoir_status reservoir_set_allocator_settings(const char* text);
+/* Out-of-memory observers (PyTorch's attachOutOfMemoryObserver): fn is called with
+ * ctx on every out-of-memory error of any device, just before the call that failed
+ * returns RESERVOIR_ERROR_OUT_OF_MEMORY: the device, the bytes the request needed,
+ * the bytes the device allows (its memory fraction's bound when one is set, else
+ * its total) and the bytes the device reported free. It is called without the
+ * allocator's locks, on the thread that asked: it may call Reservoir (statistics,
+ * a snapshot, empty_cache), not allocate on the device that ran out. Observers stay
+ * attached for the life of the process (ctx must stay valid), called in the order
+ * attached. A NULL fn is RESERVOIR_ERROR_INVALID_ARGUMENT. */
+typedef void (*reservoir_oom_observer_fn)(void* ctx, int device, size_t alloc_size,
+                                          size_t allowed, size_t free_bytes);
+RESERVOIR_C_API reservoir_status reservoir_attach_oom_observer(reservoir_oom_observer_fn fn,
+                                                               void* ctx);
 RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
 /* Name of the device backend in use ("cuda", "sim"); creates the allocator. The
  * string is static. */

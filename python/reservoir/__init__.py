@@ -66,6 +66,7 @@ __all__ = [
     "ReservoirIoError",
     "ReservoirLibraryNotFoundError",
     "ReservoirOutOfMemoryError",
+    "attach_oom_observer",
     "backend_name",
     "base_allocation",
     "close",
@@ -167,6 +168,31 @@ def set_allocator_settings(config):
     leaving the configuration unchanged."""
     text = _args.text(_config_text(config), "config")
     _lib.check(_lib.load().reservoir_set_allocator_settings(text))
+
+
+# The ctypes callbacks handed to the library: they must live as long as it may call
+# them (the process).
+_oom_observers = []
+
+
+def attach_oom_observer(observer):
+    """Calls observer(device, alloc_size, allowed, free) on every out-of-memory error,
+    before ReservoirOutOfMemoryError (or torch.cuda.OutOfMemoryError) is raised: the
+    device, the bytes the request needed, the bytes the device allows (the memory
+    fraction's bound when one is set, else its total) and the bytes it reported free,
+    as torch._C._cuda_attach_out_of_memory_observer calls its observers. The observer
+    runs without Reservoir's locks and may call it (memory_stats, dump_snapshot,
+    empty_cache); an exception it raises is printed and ignored (the error goes on).
+    Observers stay attached for the life of the process."""
+    if not callable(observer):
+        raise TypeError("observer must be callable, not %r" % type(observer).__name__)
+
+    def call(_ctx, device, alloc_size, allowed, free):
+        observer(device, alloc_size, allowed, free)
+
+    callback = _lib.OOM_OBSERVER_FN(call)
+    _lib.check(_lib.load().reservoir_attach_oom_observer(callback, None))
+    _oom_observers.append(callback)
 
 
 def config_string():

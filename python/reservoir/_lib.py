@@ -94,6 +94,10 @@ SEGMENT_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
 SEGMENT_FREE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                    ctypes.c_size_t, _c_uintptr)
 
+# reservoir_oom_observer_fn (an out-of-memory observer).
+OOM_OBSERVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+                                   ctypes.c_size_t, ctypes.c_size_t)
+
 class PoolId(ctypes.Structure):
     """reservoir_pool_id: a private pool's id (PyTorch's MempoolId_t)."""
 
@@ -133,6 +137,7 @@ _SIGNATURES = {
     "reservoir_reset_accumulated_stats": (ctypes.c_int, [ctypes.c_int]),
     "reservoir_update_config": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_set_allocator_settings": (ctypes.c_int, [ctypes.c_char_p]),
+    "reservoir_attach_oom_observer": (ctypes.c_int, [OOM_OBSERVER_FN, ctypes.c_void_p]),
     "reservoir_device_count": (ctypes.c_int, [_c_int_p]),
     "reservoir_backend_name": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]),
     "reservoir_current_device": (ctypes.c_int, [_c_int_p]),

@@ -31,6 +31,9 @@ reaches those through a function of torch._C looked up at call time:
     _cuda_cudaCachingAllocator_set_       torch.cuda.memory._set_allocator_settings
       allocator_settings,                 (PyTorch parses them into its own allocator's
     _accelerator_setAllocatorSettings     settings, which Reservoir never reads)
+    _cuda_attach_out_of_memory_observer   out-of-memory observers (called as PyTorch
+                                          calls them: device, bytes asked, bytes
+                                          allowed, bytes free)
 
 so patch(torch) replaces those entry points, not the Python functions: it also
 reaches code that imported a function before install() (``from torch.cuda import
@@ -181,6 +184,7 @@ def _replacements():
         "_accelerator_resetAccumulatedStats": _reservoir.reset_accumulated_memory_stats,
         "_cuda_cudaCachingAllocator_set_allocator_settings": _set_allocator_settings,
         "_accelerator_setAllocatorSettings": _set_allocator_settings,
+        "_cuda_attach_out_of_memory_observer": _reservoir.attach_oom_observer,
     }
 
 

@@ -340,6 +340,17 @@ reservoir_status reservoir_set_allocator_settings(const char* text) {
   });
 }
 
+reservoir_status reservoir_attach_oom_observer(reservoir_oom_observer_fn fn, void* ctx) {
+  constexpr const char* kFn = "reservoir_attach_oom_observer";
+  return guarded(kFn, [&] {
+    if (!fn) require(nullptr, kFn, "fn");  // (function pointers are not void*)
+    Allocator::instance().attach_oom_observer(
+        [fn, ctx](int device, std::size_t alloc_size, std::size_t allowed, std::size_t free) {
+          fn(ctx, device, alloc_size, allowed, free);
+        });
+  });
+}
+
 reservoir_status reservoir_device_count(int* count) {
   constexpr const char* kFn = "reservoir_device_count";
   return guarded(kFn, [&] {

@@ -5,6 +5,7 @@ answers reservoir.torch gives for torch.cuda's memory API, on the simulated devi
 
 import os
 import pickle
+import sys
 import tempfile
 import unittest
 
@@ -245,6 +246,57 @@ class TorchShapesTest(unittest.TestCase):
         finally:
             reservoir.set_allocator_settings("")
         self.assertEqual(reservoir.config_string(), before)
+
+    def test_torchs_out_of_memory_observers_are_called_as_torch_calls_them(self):
+        import types
+
+        fake = types.SimpleNamespace(_C=types.SimpleNamespace(
+            _cuda_attach_out_of_memory_observer=lambda observer: None))
+        _torch_memory_api.patch(fake)
+        seen, inside = [], []
+
+        def observer(device, alloc_size, allowed, free):
+            seen.append((device, alloc_size, allowed, free))
+            # A dump-on-OOM tool reads the allocator from here: no lock is held.
+            inside.append(reservoir.memory_stats()["num_ooms"])
+
+        raised = []
+
+        def raising(*args):
+            if not raised:  # once: observers stay attached for the later tests
+                raised.append(True)
+                raise RuntimeError("an observer's own error")
+
+        with self.assertRaises(TypeError):
+            reservoir.attach_oom_observer(42)
+        fake._C._cuda_attach_out_of_memory_observer(observer)
+        reservoir.attach_oom_observer(raising)  # printed and ignored: the error goes on
+        ooms = reservoir.memory_stats()["num_ooms"]
+        huge = 1 << 50
+        reported, hook = [], sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: reported.append(unraisable.exc_value)
+        try:
+            with self.assertRaises(reservoir.ReservoirOutOfMemoryError):
+                reservoir.raw_alloc(huge)
+        finally:
+            sys.unraisablehook = hook
+        self.assertEqual([str(e) for e in reported], ["an observer's own error"])
+        self.assertEqual(len(seen), 1)
+        device, alloc_size, allowed, free = seen[0]
+        self.assertEqual(device, 0)
+        self.assertGreaterEqual(alloc_size, huge)
+        self.assertGreater(allowed, 0)  # the device's total: no memory fraction set
+        self.assertLessEqual(free, allowed)
+        self.assertEqual(inside, [ooms + 1])
+        # Under a memory fraction, the bytes it allows.
+        reservoir.set_memory_fraction(0.5)
+        try:
+            with self.assertRaises(reservoir.ReservoirOutOfMemoryError):
+                reservoir.raw_alloc(allowed)
+        finally:
+            reservoir.set_memory_fraction(1.0)
+        self.assertEqual(len(seen), 2)
+        self.assertEqual(seen[1][2], allowed // 2)
 
     def test_snapshot_is_the_dict_torchs_snapshot_returns(self):
         reservoir.record_history(True, 1000)

@@ -654,6 +654,55 @@ TEST(BadInputC, PoolWithASegmentSource) {
   EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
 }
 
+// Out-of-memory observers through the C API: a NULL function is refused; an attached
+// one sees every out-of-memory error (device, bytes needed, bytes allowed, bytes
+// free) before the call returns, and may call Reservoir from inside (a dump-on-OOM
+// tool reads statistics and empties the cache there). Its context lives as long as
+// the process-wide allocator: static.
+struct COomSeen {
+  int calls = 0;
+  int device = -1;
+  std::size_t alloc_size = 0, allowed = 0, free_bytes = 0;
+  reservoir_status stats = RESERVOIR_ERROR_INTERNAL, emptied = RESERVOIR_ERROR_INTERNAL;
+};
+COomSeen c_oom_seen;
+void c_oom_observer(void* ctx, int device, size_t alloc_size, size_t allowed, size_t free_bytes) {
+  auto* seen = static_cast<COomSeen*>(ctx);
+  ++seen->calls;
+  seen->device = device;
+  seen->alloc_size = alloc_size;
+  seen->allowed = allowed;
+  seen->free_bytes = free_bytes;
+  std::size_t needed = 0;
+  seen->stats = reservoir_stats_text(device, nullptr, 0, &needed);
+  seen->emptied = reservoir_empty_cache();
+}
+
+TEST(BadInputC, OomObserver) {
+  EXPECT_EQ(reservoir_attach_oom_observer(nullptr, &c_oom_seen), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("fn must not be NULL"), std::string::npos);
+  ASSERT_EQ(reservoir_attach_oom_observer(c_oom_observer, &c_oom_seen), RESERVOIR_OK);
+  void* p = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, 4 * MiB, 0, 0), RESERVOIR_OK);
+  const int before = c_oom_seen.calls;
+  const std::size_t huge = std::size_t{1} << 50;
+  void* q = nullptr;
+  ASSERT_EQ(reservoir_allocate(&q, huge, 0, 0), RESERVOIR_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(c_oom_seen.calls, before + 1);
+  EXPECT_EQ(c_oom_seen.device, 0);
+  EXPECT_GE(c_oom_seen.alloc_size, huge);
+  EXPECT_GT(c_oom_seen.allowed, 0u);  // the device's total: no memory fraction is set
+  EXPECT_LE(c_oom_seen.free_bytes, c_oom_seen.allowed);
+  EXPECT_EQ(c_oom_seen.stats, RESERVOIR_OK);
+  EXPECT_EQ(c_oom_seen.emptied, RESERVOIR_OK);
+  // Requests after it are served as before.
+  void* r = nullptr;
+  EXPECT_EQ(reservoir_allocate(&r, 4 * MiB, 0, 0), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(r), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
 TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   reservoir_pool_id id{0, 0};
   EXPECT_EQ(reservoir_pool_create(0, 0, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);

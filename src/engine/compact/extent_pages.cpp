@@ -184,7 +184,8 @@ void ExtentMap::remove_live(Arena& a, const Block& b) {
   auto [first, end] = page_span(a, b.address, b.size);
   for (std::size_t i = first; i < end; ++i) {
     Page& p = a.pages[i];
-    fences_.drop_completed(p.fence);
+    // Marks of b's stream alone are replaced by the newer one: nothing to drop.
+    if (!p.fence.only_on(b.stream)) fences_.drop_completed(p.fence);
     p.fence.add(b.stream, own);
     p.live -= (i == first || i + 1 == end) ? overlap(a, i, b.address, b.size) : page_;
     if (p.live == 0 && --p.extent->live_pages == 0) list_push(p.extent);
