@@ -204,6 +204,10 @@ class RESERVOIR_API Allocator {
   std::vector<TraceEntry> history(int device = -1);
   // Every segment and block of every device, the history and the settings.
   Snapshot snapshot();
+  // The segments of one device (-1: the current one), in address order, with their
+  // blocks: snapshot()'s, without the history (what a communication library
+  // registers, e.g. NCCL at a communicator's creation).
+  std::vector<SegmentInfo> segments(int device = -1);
   // Writes snapshot() as a pickle in PyTorch's format (torch.cuda.memory._snapshot()),
   // which PyTorch's memory viewer opens. Throws std::runtime_error on I/O errors.
   void dump_snapshot(const std::string& path);

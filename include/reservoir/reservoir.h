@@ -246,6 +246,60 @@ RESERVOIR_C_API reservoir_status reservoir_open_shared(int socket, int device, v
 /* Lets go of one open; the mapping goes with the last. */
 RESERVOIR_C_API reservoir_status reservoir_close_shared(void* ptr);
 
+/* Segments and their changes: what a communication library registers (NCCL's
+ * ncclCommRegister, RDMA registration). A segment is a device allocation (or a run
+ * of mapped pages of an expandable segment or of policy:compact's ranges): the same
+ * segments a snapshot lists. */
+typedef struct reservoir_segment {
+  int device;
+  uintptr_t address;
+  size_t size;
+  size_t allocated;  /* bytes of allocated blocks in it */
+  size_t active;     /* allocated, and freed but still used by other streams */
+  size_t requested;  /* bytes the program asked for in its allocated blocks */
+  uintptr_t stream;  /* the stream of its last allocated block */
+  int is_large;      /* of the large pool (blocks over 1 MiB) */
+  int is_expandable; /* pages mapped on demand (expandable segments, policy:compact) */
+  reservoir_pool_id pool; /* the private pool owning it ({0, 0}: the default pools) */
+} reservoir_segment;
+/* The segments of device (-1: of every device) in address order: the first capacity
+ * of them into out, and *count gets how many there are (out NULL with capacity 0:
+ * the count query; NULL with a capacity is RESERVOIR_ERROR_INVALID_ARGUMENT). */
+RESERVOIR_C_API reservoir_status reservoir_segments(int device, reservoir_segment* out,
+                                                    size_t capacity, size_t* count);
+/* What a trace entry records (the values of PyTorch's TraceEntry actions). */
+typedef enum reservoir_trace_action {
+  RESERVOIR_TRACE_ALLOC = 0,          /* a block was handed to the program */
+  RESERVOIR_TRACE_FREE_REQUESTED = 1, /* the program freed it */
+  RESERVOIR_TRACE_FREE_COMPLETED = 2, /* its memory is reusable */
+  RESERVOIR_TRACE_SEGMENT_ALLOC = 3,  /* a device allocation */
+  RESERVOIR_TRACE_SEGMENT_FREE = 4,   /* a device free */
+  RESERVOIR_TRACE_SEGMENT_MAP = 5,    /* pages mapped (expandable, policy:compact) */
+  RESERVOIR_TRACE_SEGMENT_UNMAP = 6,  /* pages unmapped */
+  RESERVOIR_TRACE_SNAPSHOT = 7,       /* a snapshot was taken (size: active bytes) */
+  RESERVOIR_TRACE_OOM = 8             /* out of memory (address: the device's free bytes) */
+} reservoir_trace_action;
+typedef struct reservoir_trace_entry {
+  int action; /* a reservoir_trace_action */
+  int device;
+  uintptr_t address;
+  size_t size;
+  uintptr_t stream;
+  uint64_t time_us; /* the backend's clock */
+  reservoir_pool_id pool;
+} reservoir_trace_entry;
+/* Trace trackers (PyTorch's attachAllocatorTraceTracker): fn is called with ctx and
+ * every entry of every device, whether or not history is kept, on the thread whose
+ * call made it, once that call has let go of the allocator's locks and before it
+ * returns (a tracker may register memory with a communication library, or call
+ * Reservoir). The entry is valid during the call only. A SEGMENT_FREE or
+ * SEGMENT_UNMAP entry comes after the memory went back: deregister what it names
+ * then. Trackers stay attached for the life of the process (ctx must stay valid).
+ * A NULL fn is RESERVOIR_ERROR_INVALID_ARGUMENT. */
+typedef void (*reservoir_trace_tracker_fn)(void* ctx, const reservoir_trace_entry* entry);
+RESERVOIR_C_API reservoir_status reservoir_attach_trace_tracker(reservoir_trace_tracker_fn fn,
+                                                                void* ctx);
+
 /* Runs the validator over every device; RESERVOIR_ERROR_INTERNAL on a violation. Safe
  * while other threads allocate, free, record streams or empty the cache: it checks one
  * consistent moment of each device (their calls on that device wait for it meanwhile),

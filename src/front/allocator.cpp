@@ -519,6 +519,20 @@ std::vector<TraceEntry> Allocator::history(int device) {
   return impl_->engine(device).history().entries();
 }
 
+std::vector<SegmentInfo> Allocator::segments(int device) {
+  Impl& im = *impl_;
+  const int d = im.resolve(device);
+  std::vector<SegmentInfo> all;
+  if (detail::DeviceEngine* e = im.core->engine_if_made(d)) e->snapshot(&all);
+  im.base->snapshot(&all);
+  std::vector<SegmentInfo> out;
+  for (SegmentInfo& s : all)
+    if (s.device == d) out.push_back(std::move(s));
+  std::sort(out.begin(), out.end(),
+            [](const SegmentInfo& x, const SegmentInfo& y) { return x.address < y.address; });
+  return out;
+}
+
 Snapshot Allocator::snapshot() {
   Impl& im = *impl_;
   Snapshot out;

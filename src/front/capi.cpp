@@ -15,6 +15,7 @@
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
+#include "reservoir/history.hpp"
 #include "reservoir/ipc.hpp"
 #include "reservoir/reservoir.h"
 #include "reservoir/stats.hpp"
@@ -348,6 +349,56 @@ reservoir_status reservoir_attach_oom_observer(reservoir_oom_observer_fn fn, voi
         [fn, ctx](int device, std::size_t alloc_size, std::size_t allowed, std::size_t free) {
           fn(ctx, device, alloc_size, allowed, free);
         });
+  });
+}
+
+reservoir_status reservoir_segments(int device, reservoir_segment* out, size_t capacity,
+                                    size_t* count) {
+  constexpr const char* kFn = "reservoir_segments";
+  return guarded(kFn, [&] {
+    require(count, kFn, "count");
+    if (out == nullptr && capacity != 0)
+      throw reservoir::InvalidArgumentError(std::string(kFn) + ": out is NULL but capacity is " +
+                                            std::to_string(capacity));
+    const std::vector<reservoir::SegmentInfo> segments = Allocator::instance().segments(device);
+    for (std::size_t i = 0; i < segments.size() && i < capacity; ++i) {
+      const reservoir::SegmentInfo& s = segments[i];
+      out[i] = reservoir_segment{s.device,
+                                 s.address,
+                                 s.total_size,
+                                 s.allocated_size,
+                                 s.active_size,
+                                 s.requested_size,
+                                 static_cast<uintptr_t>(s.stream),
+                                 s.is_large ? 1 : 0,
+                                 s.is_expandable ? 1 : 0,
+                                 reservoir_pool_id{s.pool.first, s.pool.second}};
+    }
+    *count = segments.size();
+  });
+}
+
+// PyTorch's TraceEntry actions, in its order: the C values are those.
+static_assert(RESERVOIR_TRACE_OOM == static_cast<int>(reservoir::TraceAction::oom) &&
+                  RESERVOIR_TRACE_SEGMENT_UNMAP ==
+                      static_cast<int>(reservoir::TraceAction::segment_unmap) &&
+                  RESERVOIR_TRACE_SNAPSHOT == static_cast<int>(reservoir::TraceAction::snapshot),
+              "reservoir_trace_action follows reservoir::TraceAction");
+
+reservoir_status reservoir_attach_trace_tracker(reservoir_trace_tracker_fn fn, void* ctx) {
+  constexpr const char* kFn = "reservoir_attach_trace_tracker";
+  return guarded(kFn, [&] {
+    if (!fn) require(nullptr, kFn, "fn");  // (function pointers are not void*)
+    Allocator::instance().attach_trace_tracker([fn, ctx](const reservoir::TraceEntry& e) {
+      const reservoir_trace_entry entry{static_cast<int>(e.action),
+                                        e.device,
+                                        e.address,
+                                        e.size,
+                                        static_cast<uintptr_t>(e.stream),
+                                        e.time_us,
+                                        reservoir_pool_id{e.pool.first, e.pool.second}};
+      fn(ctx, &entry);
+    });
   });
 }
 

@@ -703,6 +703,68 @@ TEST(BadInputC, OomObserver) {
   EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
 }
 
+// Segments and trace trackers through the C API (what a communication library's
+// registration uses): bad arguments are refused; a tracker sees the segment a
+// request made and the one empty_cache gave back, with the listing's address and size.
+struct CTracked {
+  std::vector<reservoir_trace_entry> entries;
+};
+CTracked c_tracked;
+void c_tracker(void* ctx, const reservoir_trace_entry* entry) {
+  static_cast<CTracked*>(ctx)->entries.push_back(*entry);
+}
+
+TEST(BadInputC, SegmentsAndTraceTrackers) {
+  std::size_t count = 0;
+  reservoir_segment one{};
+  EXPECT_EQ(reservoir_segments(0, nullptr, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_segments(0, nullptr, 3, &count), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("out is NULL but capacity is 3"),
+            std::string::npos);
+  EXPECT_EQ(reservoir_segments(5, &one, 1, &count), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_attach_trace_tracker(nullptr, &c_tracked), RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("fn must not be NULL"), std::string::npos);
+
+  ASSERT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_attach_trace_tracker(c_tracker, &c_tracked), RESERVOIR_OK);
+  void* p = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, 30 * MiB, 0, 3), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_segments(-1, nullptr, 0, &count), RESERVOIR_OK);  // the count query
+  std::vector<reservoir_segment> listed(count + 1);
+  std::size_t again = 0;
+  ASSERT_EQ(reservoir_segments(0, listed.data(), listed.size(), &again), RESERVOIR_OK);
+  ASSERT_EQ(again, count);
+  const reservoir_segment* mine = nullptr;
+  for (std::size_t i = 0; i < count; ++i)
+    if (listed[i].address <= reinterpret_cast<uintptr_t>(p) &&
+        reinterpret_cast<uintptr_t>(p) < listed[i].address + listed[i].size)
+      mine = &listed[i];
+  ASSERT_NE(mine, nullptr);
+  EXPECT_EQ(mine->device, 0);
+  EXPECT_GE(mine->allocated, 30 * MiB);
+  EXPECT_EQ(mine->requested, 30 * MiB);
+  EXPECT_EQ(mine->stream, 3u);
+  EXPECT_EQ(mine->is_large, 1);
+  EXPECT_EQ(mine->pool.first, 0u);
+  auto seen = [&](int action) {
+    for (const reservoir_trace_entry& e : c_tracked.entries)
+      if (e.action == action && e.address == mine->address && e.size == mine->size) return true;
+    return false;
+  };
+  EXPECT_TRUE(seen(RESERVOIR_TRACE_SEGMENT_ALLOC) || seen(RESERVOIR_TRACE_SEGMENT_MAP));
+  bool alloc_seen = false;
+  for (const reservoir_trace_entry& e : c_tracked.entries)
+    alloc_seen |= e.action == RESERVOIR_TRACE_ALLOC && e.address == reinterpret_cast<uintptr_t>(p) &&
+                  e.stream == 3u;
+  EXPECT_TRUE(alloc_seen);
+  const reservoir_segment gone = *mine;
+  ASSERT_EQ(reservoir_free(p), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  mine = &gone;
+  EXPECT_TRUE(seen(RESERVOIR_TRACE_SEGMENT_FREE) || seen(RESERVOIR_TRACE_SEGMENT_UNMAP));
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
 TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   reservoir_pool_id id{0, 0};
   EXPECT_EQ(reservoir_pool_create(0, 0, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);

@@ -96,15 +96,17 @@ std::size_t CompactPool::snapshot(std::vector<SegmentInfo>* out) {
   const std::vector<Block*> cached = caches.blocks();
   std::size_t active = 0;
   for (auto& a : arenas_) {
-    // Each run of mapped pages is reported as a segment; blocks clipped to it.
+    // Each extent's mapping is reported as a segment (one device allocation, mapped
+    // whole: the range of its SEGMENT_MAP entry, which a communication library
+    // registers and its SEGMENT_UNMAP deregisters); blocks clipped to it.
     const std::uintptr_t base = a->segment->base;
     for (std::size_t i = 0; i < a->pages.size();) {
-      if (!a->pages[i].extent) {
+      const ExtentMap::Extent* x = a->pages[i].extent;
+      if (!x) {
         ++i;
         continue;
       }
-      std::size_t end = i;
-      while (end < a->pages.size() && a->pages[end].extent) ++end;
+      const std::size_t end = x->first + x->pages;
       const std::uintptr_t lo = base + i * extents_.page(), hi = base + end * extents_.page();
       SegmentInfo info;
       info.device = services_.device;
