@@ -208,6 +208,13 @@ def mismatch(c, py):
             if why is not None:
                 return "struct %s field %s: %s" % (c[1], field, why)
         return None
+    if c[0] == "fn" and py[0] == "fn" and len(c[2]) == len(py[2]):
+        # A callback: its result and arguments each as above (structs by their fields).
+        for what, cn, pn in [("result", c[1], py[1])] + [
+                ("argument %d" % (i + 1), ca, pa) for i, (ca, pa) in enumerate(zip(c[2], py[2]))]:
+            if mismatch(cn, pn) is not None:
+                return "C has %s, ctypes %s (%s)" % (describe(c), describe(py), what)
+        return None
     if c == py:
         return None
     return "C has %s, ctypes %s" % (describe(c), describe(py))
@@ -379,6 +386,8 @@ RESERVOIR_C_API reservoir_status reservoir_pool(int device, reservoir_pool_id id
                                                 void* const* ptrs, reservoir_handle** out);
 RESERVOIR_C_API void reservoir_handle_free(reservoir_handle* handle);
 RESERVOIR_C_API double reservoir_fraction(void);
+typedef void (*reservoir_watch_fn)(void* ctx, const reservoir_pool_id* id);
+RESERVOIR_C_API reservoir_status reservoir_watch(reservoir_watch_fn fn, void* ctx);
 """
 SELF_TEST_HOOKS = """
 struct CUstream_st;
@@ -405,6 +414,8 @@ _SIGNATURES = {
                                       ctypes.POINTER(ctypes.c_void_p)]),
     "reservoir_handle_free": (None, [ctypes.c_void_p]),
     "reservoir_fraction": (ctypes.c_double, []),
+    "reservoir_watch": (ctypes.c_int, [ctypes.CFUNCTYPE(None, ctypes.c_void_p,
+                                                        ctypes.POINTER(PoolId)), ctypes.c_void_p]),
 }
 """
 SELF_TEST_NATIVE = """
@@ -490,6 +501,9 @@ def self_test():
                                                                   c.POINTER(c.c_void_p),
                                                                   c.POINTER(c.c_void_p)])})
         assert len(found) == 1 and "struct reservoir_pool_id field first" in found[0], found
+        found = with_lib(signatures={"reservoir_watch": (c.c_int, [
+            c.CFUNCTYPE(None, c.c_void_p, c.POINTER(Narrow)), c.c_void_p])})
+        assert len(found) == 1 and "(argument 2)" in found[0], found
         found = with_lib(RESERVOIR_MODE_B=3)
         assert found == [LIB + ": RESERVOIR_MODE_B = 3, " + HEADER + " says 2"], found
         found = with_lib(RESERVOIR_MODE_C=3)

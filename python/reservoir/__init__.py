@@ -67,6 +67,7 @@ __all__ = [
     "ReservoirLibraryNotFoundError",
     "ReservoirOutOfMemoryError",
     "attach_oom_observer",
+    "attach_trace_tracker",
     "backend_name",
     "base_allocation",
     "close",
@@ -99,6 +100,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_allocator_settings",
     "set_memory_fraction",
+    "segments",
     "share",
     "start_trace_recording",
     "stop_trace_recording",
@@ -193,6 +195,55 @@ def attach_oom_observer(observer):
     callback = _lib.OOM_OBSERVER_FN(call)
     _lib.check(_lib.load().reservoir_attach_oom_observer(callback, None))
     _oom_observers.append(callback)
+
+
+_trace_trackers = []
+
+
+def attach_trace_tracker(tracker):
+    """Calls tracker(action, device, address, size, stream, pool) with every trace entry
+    of every device (PyTorch's trace trackers): action is one of "alloc",
+    "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+    "segment_unmap", "snapshot", "oom"; pool is a (first, second) pair ((0, 0): the
+    default pools). It runs on the thread whose call made the entry, without
+    Reservoir's locks, once that call let go of them: it may register memory with a
+    communication library or call Reservoir. Every request then pays for a Python
+    call: attach one only where needed. A segment_free / segment_unmap entry comes
+    after the memory went back. Trackers stay attached for the life of the process;
+    an exception is printed and ignored."""
+    if not callable(tracker):
+        raise TypeError("tracker must be callable, not %r" % type(tracker).__name__)
+
+    def call(_ctx, entry):
+        e = entry.contents
+        action = _lib.TRACE_ACTIONS[e.action] if 0 <= e.action < len(_lib.TRACE_ACTIONS) else e.action
+        tracker(action, e.device, e.address, e.size, e.stream, (e.pool.first, e.pool.second))
+
+    callback = _lib.TRACE_TRACKER_FN(call)
+    _lib.check(_lib.load().reservoir_attach_trace_tracker(callback, None))
+    _trace_trackers.append(callback)
+
+
+def segments(device=None):
+    """The segments of a device, in address order, as dicts: device, address, size,
+    allocated, active, requested (bytes), stream, is_large, is_expandable, pool (a
+    (first, second) pair). A segment is one device allocation, or under policy:compact
+    one extent's mapping: what a communication library registers (docs/observability.md)."""
+    lib = _lib.load()
+    index = _device_index(device)
+    count = ctypes.c_size_t(0)
+    _lib.check(lib.reservoir_segments(index, None, 0, ctypes.byref(count)))
+    while True:  # other threads may make segments between the two calls
+        capacity = count.value + 16
+        listed = (_lib.Segment * capacity)()
+        _lib.check(lib.reservoir_segments(index, listed, capacity, ctypes.byref(count)))
+        if count.value <= capacity:
+            break
+    return [{"device": s.device, "address": s.address, "size": s.size,
+             "allocated": s.allocated, "active": s.active, "requested": s.requested,
+             "stream": s.stream, "is_large": bool(s.is_large),
+             "is_expandable": bool(s.is_expandable), "pool": (s.pool.first, s.pool.second)}
+            for s in listed[:count.value]]
 
 
 def config_string():

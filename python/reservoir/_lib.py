@@ -94,15 +94,39 @@ SEGMENT_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
 SEGMENT_FREE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                    ctypes.c_size_t, _c_uintptr)
 
-# reservoir_oom_observer_fn (an out-of-memory observer).
-OOM_OBSERVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
-                                   ctypes.c_size_t, ctypes.c_size_t)
 
 class PoolId(ctypes.Structure):
     """reservoir_pool_id: a private pool's id (PyTorch's MempoolId_t)."""
 
     _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64)]
 
+
+class Segment(ctypes.Structure):
+    """reservoir_segment: one segment of a device."""
+
+    _fields_ = [("device", ctypes.c_int), ("address", _c_uintptr), ("size", ctypes.c_size_t),
+                ("allocated", ctypes.c_size_t), ("active", ctypes.c_size_t),
+                ("requested", ctypes.c_size_t), ("stream", _c_uintptr), ("is_large", ctypes.c_int),
+                ("is_expandable", ctypes.c_int), ("pool", PoolId)]
+
+
+class TraceEntry(ctypes.Structure):
+    """reservoir_trace_entry: one entry a trace tracker gets."""
+
+    _fields_ = [("action", ctypes.c_int), ("device", ctypes.c_int), ("address", _c_uintptr),
+                ("size", ctypes.c_size_t), ("stream", _c_uintptr), ("time_us", ctypes.c_uint64),
+                ("pool", PoolId)]
+
+
+# reservoir_trace_tracker_fn (a trace tracker).
+TRACE_TRACKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(TraceEntry))
+# reservoir_trace_action's names, by value (PyTorch's trace actions).
+TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                 "segment_map", "segment_unmap", "snapshot", "oom")
+
+# reservoir_oom_observer_fn (an out-of-memory observer).
+OOM_OBSERVER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+                                   ctypes.c_size_t, ctypes.c_size_t)
 
 _SIGNATURES = {
     "reservoir_last_error": (ctypes.c_char_p, []),
@@ -138,6 +162,9 @@ _SIGNATURES = {
     "reservoir_update_config": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_set_allocator_settings": (ctypes.c_int, [ctypes.c_char_p]),
     "reservoir_attach_oom_observer": (ctypes.c_int, [OOM_OBSERVER_FN, ctypes.c_void_p]),
+    "reservoir_attach_trace_tracker": (ctypes.c_int, [TRACE_TRACKER_FN, ctypes.c_void_p]),
+    "reservoir_segments": (
+        ctypes.c_int, [ctypes.c_int, ctypes.POINTER(Segment), ctypes.c_size_t, _c_size_p]),
     "reservoir_device_count": (ctypes.c_int, [_c_int_p]),
     "reservoir_backend_name": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p)]),
     "reservoir_current_device": (ctypes.c_int, [_c_int_p]),

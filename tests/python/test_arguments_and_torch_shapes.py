@@ -298,6 +298,49 @@ class TorchShapesTest(unittest.TestCase):
         self.assertEqual(len(seen), 2)
         self.assertEqual(seen[1][2], allowed // 2)
 
+    def test_a_registering_tracker_sees_every_segment_listed(self):
+        # What a communication library does: register the segments listed, then every
+        # segment made, deregister those given back (by address, the range given).
+        if "expandable_segments:True" in reservoir.config_string():
+            self.skipTest("expandable segments map and unmap runs of pages that need not pair")
+        reservoir.empty_cache()
+        registered, problems = {}, []
+
+        def tracker(action, device, address, size, stream, pool):
+            if action in ("segment_alloc", "segment_map"):
+                registered[address] = size
+            elif action in ("segment_free", "segment_unmap"):
+                if registered.pop(address, None) != size:
+                    problems.append((action, address, size))
+
+        with self.assertRaises(TypeError):
+            reservoir.attach_trace_tracker(None)
+        first = reservoir.raw_alloc(5 * MiB)
+        for segment in reservoir.segments():
+            registered[segment["address"]] = segment["size"]
+        reservoir.attach_trace_tracker(tracker)
+        ptrs = [reservoir.raw_alloc(size) for size in (30 * MiB, 700 * 1024, 3 * MiB)]
+        self.addCleanup(reservoir.empty_cache)
+        for ptr in ptrs + [first]:
+            self.addCleanup(reservoir.raw_free, ptr)
+        listed = reservoir.segments(0)
+        self.assertEqual(reservoir.segments(), listed)
+        for segment in listed:
+            self.assertEqual(registered.get(segment["address"]), segment["size"])
+            self.assertEqual(segment["device"], 0)
+            self.assertEqual(segment["pool"], (0, 0))
+            self.assertGreaterEqual(segment["size"], segment["allocated"])
+        holding = [s for s in listed if s["address"] <= ptrs[0] < s["address"] + s["size"]]
+        self.assertEqual(len(holding), 1)
+        self.assertGreaterEqual(holding[0]["requested"], 30 * MiB)  # others may share it
+        self.assertTrue(holding[0]["is_large"])
+        self.doCleanups()
+        self.assertEqual(reservoir.segments(), [])
+        self.assertEqual(problems, [])
+        self.assertEqual(registered, {})
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.segments(device=99)
+
     def test_snapshot_is_the_dict_torchs_snapshot_returns(self):
         reservoir.record_history(True, 1000)
         ptr = reservoir.raw_alloc(3 * MiB)

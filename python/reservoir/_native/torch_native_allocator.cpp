@@ -9,6 +9,14 @@
 //     inductor's cudagraph trees (torch.compile mode="reduce-overhead") use, and
 //     whose restore must give the storages live at a restore a deleter (PyTorch's
 //     binding does that from the CheckpointDelta the allocator returns).
+//   - snapshot and attachAllocatorTraceTracker, through which ProcessGroupNCCL
+//     registers the allocator's segments with NCCL
+//     (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1, zero-copy collectives): the
+//     segments a communicator's creation lists, then every segment made and given back;
+//   - attachOutOfMemoryObserver (what dump-on-OOM tools attach from C++).
+// Signatures that differ between PyTorch versions (snapshot's arguments, TraceEntry's
+// constructor) are matched at compile time; members declared without `override` for
+// them override whichever the installed PyTorch declares.
 // And its allocation path keeps a map of every live pointer under a mutex, which
 // Reservoir does not need (it knows each block's size, device and stream).
 //
@@ -26,12 +34,18 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <c10/util/ApproximateClock.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 // libreservoir.so's C API and the hooks of it called here, from the library's own
@@ -44,7 +58,12 @@ namespace {
 
 using c10::cuda::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::AllocatorState;
+using c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
 using c10::cuda::CUDACachingAllocator::CheckpointDelta;
+using c10::cuda::CUDACachingAllocator::OutOfMemoryObserver;
+using c10::cuda::CUDACachingAllocator::SegmentInfo;
+using c10::cuda::CUDACachingAllocator::SnapshotInfo;
+using c10::cuda::CUDACachingAllocator::TraceEntry;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 // The deleter of every DataPtr this allocator makes (PyTorch compares deleters:
@@ -71,6 +90,148 @@ struct ReservoirPoolState final : AllocatorState {
   ReservoirPoolState& operator=(const ReservoirPoolState&) = delete;
   reservoir_pool_checkpoint* checkpoint;
 };
+
+// ---- segments and trace entries in PyTorch's types
+
+bool default_pool(MempoolId_t id) { return id.first == 0 && id.second == 0; }
+
+// The segments of every device (of pool only, unless it is the default (0, 0), as
+// c10's snapshot(mempool_id)), without history: what C++ callers read (ProcessGroupNCCL
+// registers them); torch.cuda.memory._snapshot() is answered in Python.
+SnapshotInfo segments_of(MempoolId_t pool) {
+  SnapshotInfo info;
+  int devices = 0;
+  check(reservoir_device_count(&devices), "snapshot");
+  std::vector<reservoir_segment> listed;
+  for (int device = 0; device < devices; ++device) {
+    std::size_t count = 0;
+    check(reservoir_segments(device, nullptr, 0, &count), "snapshot");
+    listed.resize(count + 16);  // room for segments made meanwhile by other threads
+    check(reservoir_segments(device, listed.data(), listed.size(), &count), "snapshot");
+    listed.resize(std::min(count, listed.size()));
+    for (const reservoir_segment& s : listed) {
+      if (!default_pool(pool) && (s.pool.first != pool.first || s.pool.second != pool.second))
+        continue;
+      SegmentInfo out;
+      out.device = static_cast<decltype(out.device)>(s.device);
+      out.address = static_cast<decltype(out.address)>(s.address);
+      out.total_size = static_cast<decltype(out.total_size)>(s.size);
+      out.requested_size = static_cast<decltype(out.requested_size)>(s.requested);
+      out.allocated_size = static_cast<decltype(out.allocated_size)>(s.allocated);
+      out.active_size = static_cast<decltype(out.active_size)>(s.active);
+      out.stream = reinterpret_cast<decltype(out.stream)>(s.stream);
+      out.is_large = s.is_large != 0;
+      out.is_expandable = s.is_expandable != 0;
+      out.owner_private_pool_id = MempoolId_t{s.pool.first, s.pool.second};
+      info.segments.push_back(std::move(out));
+    }
+  }
+  return info;
+}
+
+// PyTorch's TraceEntry for one of Reservoir's, by whichever constructor the installed
+// PyTorch has (with or without the pool).
+template <typename E = TraceEntry>
+E trace_entry(typename E::Action action, const reservoir_trace_entry& e) {
+  const auto device = static_cast<c10::DeviceIndex>(e.device);
+  const auto stream = reinterpret_cast<cudaStream_t>(e.stream);
+  const auto time = c10::getApproximateTime();
+  const MempoolId_t pool{e.pool.first, e.pool.second};
+  if constexpr (std::is_constructible_v<E, typename E::Action, c10::DeviceIndex, std::size_t,
+                                        std::size_t, cudaStream_t, MempoolId_t, decltype(time)>)
+    return E(action, device, e.address, e.size, stream, pool, time);
+  else
+    return E(action, device, e.address, e.size, stream, time);
+}
+
+// PyTorch's trace trackers, called by one tracker attached to Reservoir (the C API's
+// trackers stay attached for the process: so do these).
+class Trackers {
+ public:
+  static Trackers& instance() {
+    static auto* trackers = new Trackers();  // never destroyed: Reservoir may call it late
+    return *trackers;
+  }
+  void attach(AllocatorTraceTracker tracker) {
+    std::lock_guard<std::mutex> guard(mutex_);
+    if (!attached_) {
+      check(reservoir_attach_trace_tracker(&Trackers::deliver, this), "attachAllocatorTraceTracker");
+      attached_ = true;
+    }
+    // Under policy:compact each extent is mapped whole and unmapped whole: its
+    // mappings are the segments a communication library registers, given to PyTorch's
+    // trackers as segments made and freed (its hook registers those only).
+    char config[1024] = {};
+    std::size_t needed = 0;
+    compact_ = reservoir_config_text(config, sizeof config, &needed) == RESERVOIR_OK &&
+               std::string(config).find("policy:compact") != std::string::npos;
+    auto next = std::make_shared<std::vector<AllocatorTraceTracker>>(*list_);
+    next->push_back(std::move(tracker));
+    list_ = std::move(next);
+  }
+
+ private:
+  static void deliver(void* ctx, const reservoir_trace_entry* e) {
+    auto* self = static_cast<Trackers*>(ctx);
+    std::shared_ptr<const std::vector<AllocatorTraceTracker>> list;
+    bool compact = false;
+    {
+      std::lock_guard<std::mutex> guard(self->mutex_);
+      list = self->list_;
+      compact = self->compact_;
+    }
+    using Action = TraceEntry::Action;
+    Action action;
+    switch (e->action) {
+      case RESERVOIR_TRACE_ALLOC: action = Action::ALLOC; break;
+      case RESERVOIR_TRACE_FREE_REQUESTED: action = Action::FREE_REQUESTED; break;
+      case RESERVOIR_TRACE_FREE_COMPLETED: action = Action::FREE_COMPLETED; break;
+      case RESERVOIR_TRACE_SEGMENT_ALLOC: action = Action::SEGMENT_ALLOC; break;
+      case RESERVOIR_TRACE_SEGMENT_FREE: action = Action::SEGMENT_FREE; break;
+      case RESERVOIR_TRACE_SEGMENT_MAP:
+        action = compact ? Action::SEGMENT_ALLOC : Action::SEGMENT_MAP;
+        break;
+      case RESERVOIR_TRACE_SEGMENT_UNMAP:
+        action = compact ? Action::SEGMENT_FREE : Action::SEGMENT_UNMAP;
+        break;
+      case RESERVOIR_TRACE_SNAPSHOT: action = Action::SNAPSHOT; break;
+      case RESERVOIR_TRACE_OOM: action = Action::OOM; break;
+      default: return;
+    }
+    const TraceEntry entry = trace_entry(action, *e);
+    for (const AllocatorTraceTracker& tracker : *list) {
+      // A tracker's error must not cross Reservoir's C boundary (a free never throws).
+      try {
+        tracker(entry);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "reservoir: a PyTorch trace tracker threw (ignored): %s\n",
+                     error.what());
+      } catch (...) {
+        std::fprintf(stderr, "reservoir: a PyTorch trace tracker threw (ignored)\n");
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  bool attached_ = false;
+  bool compact_ = false;
+  std::shared_ptr<const std::vector<AllocatorTraceTracker>> list_ =
+      std::make_shared<std::vector<AllocatorTraceTracker>>();
+};
+
+// An out-of-memory observer, kept for the process (as Reservoir keeps it).
+void observe_oom(void* ctx, int device, size_t alloc_size, size_t allowed, size_t free_bytes) {
+  try {
+    (*static_cast<OutOfMemoryObserver*>(ctx))(device, static_cast<int64_t>(alloc_size),
+                                               static_cast<int64_t>(allowed),
+                                               static_cast<int64_t>(free_bytes));
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "reservoir: an out-of-memory observer threw (ignored): %s\n",
+                 error.what());
+  } catch (...) {
+    std::fprintf(stderr, "reservoir: an out-of-memory observer threw (ignored)\n");
+  }
+}
 
 class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
  public:
@@ -148,6 +309,19 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
     check(reservoir_pool_live_allocations_are(device, pool_of(id), ptrs.data(), ptrs.size(), &same),
           "checkPoolLiveAllocations");
     return same != 0;
+  }
+
+  // ---- what a communication library registers, and out-of-memory observers
+  // (no `override`: each overrides the signature the installed PyTorch declares)
+  SnapshotInfo snapshot() { return segments_of(MempoolId_t{0, 0}); }
+  SnapshotInfo snapshot(MempoolId_t pool) { return segments_of(pool); }
+  SnapshotInfo snapshot(MempoolId_t pool, bool /*include_traces*/) { return segments_of(pool); }
+  void attachAllocatorTraceTracker(AllocatorTraceTracker tracker) {
+    Trackers::instance().attach(std::move(tracker));
+  }
+  void attachOutOfMemoryObserver(OutOfMemoryObserver observer) override {
+    auto* kept = new OutOfMemoryObserver(std::move(observer));  // for the process
+    check(reservoir_attach_oom_observer(&observe_oom, kept), "attachOutOfMemoryObserver");
   }
 
   // Not initialized until the swap is done: see reservoir_torch_native_install.
