@@ -196,6 +196,18 @@ typedef reservoir_status (*reservoir_segment_free_fn)(void* ctx, int device, voi
 RESERVOIR_C_API reservoir_status reservoir_pool_create_with_source(
     int device, int use_on_oom, int no_split, reservoir_segment_alloc_fn alloc,
     reservoir_segment_free_fn free_fn, void* ctx, reservoir_pool_id* id);
+/* A pool whose segments come from functions of the shape of PyTorch's
+ * CUDAPluggableAllocator (torch.cuda.MemPool(allocator=...) over
+ * torch.cuda.memory.CUDAPluggableAllocator(path, alloc, free), e.g. vLLM's cuMem
+ * allocator): alloc(size, device, stream) returns the segment (NULL: none to be had,
+ * an out-of-memory answer), free(ptr, size, device, stream) gives it back; stream is
+ * the cudaStream_t. Otherwise as reservoir_pool_create_with_source (neither may call
+ * Reservoir). */
+typedef void* (*reservoir_pluggable_alloc_fn)(size_t size, int device, void* stream);
+typedef void (*reservoir_pluggable_free_fn)(void* ptr, size_t size, int device, void* stream);
+RESERVOIR_C_API reservoir_status reservoir_pool_create_with_pluggable(
+    int device, int use_on_oom, int no_split, reservoir_pluggable_alloc_fn alloc,
+    reservoir_pluggable_free_fn free_fn, reservoir_pool_id* id);
 /* Creates the pool (use count 1) or adds a use; releasing drops one (at 0 the pool's
  * memory goes back once its blocks are freed, at the next empty_cache). */
 RESERVOIR_C_API reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id,

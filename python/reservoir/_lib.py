@@ -95,6 +95,13 @@ SEGMENT_FREE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, 
                                    ctypes.c_size_t, _c_uintptr)
 
 
+# reservoir_pluggable_alloc_fn / reservoir_pluggable_free_fn (PyTorch's pluggable shape).
+PLUGGABLE_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                      ctypes.c_void_p)
+PLUGGABLE_FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                     ctypes.c_void_p)
+
+
 class PoolId(ctypes.Structure):
     """reservoir_pool_id: a private pool's id (PyTorch's MempoolId_t)."""
 
@@ -203,6 +210,11 @@ _SIGNATURES = {
         ctypes.c_int,
         [ctypes.c_int, ctypes.c_int, ctypes.c_int, SEGMENT_ALLOC_FN, SEGMENT_FREE_FN,
          ctypes.c_void_p, ctypes.POINTER(PoolId)],
+    ),
+    "reservoir_pool_create_with_pluggable": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_int, ctypes.c_int, PLUGGABLE_ALLOC_FN, PLUGGABLE_FREE_FN,
+         ctypes.POINTER(PoolId)],
     ),
     "reservoir_pool_retain": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int, ctypes.c_int]),
     "reservoir_pool_release": (ctypes.c_int, [ctypes.c_int, PoolId]),

@@ -120,6 +120,12 @@ def _source_callbacks(source):
     return callbacks
 
 
+def _function(prototype, address):
+    """A C function pointer of prototype at address (a NULL one for None: refused by
+    the library with the argument's name)."""
+    return prototype(address) if address else ctypes.cast(None, prototype)
+
+
 class MemPool:
     """A private pool of device memory (as torch.cuda.MemPool): its blocks never serve
     requests outside it, except, with use_on_oom, when the device is out of memory;
@@ -131,14 +137,39 @@ class MemPool:
     returning an address (512-byte aligned; 0 or MemoryError: none now) and
     deallocate(device, address, size, stream), called once no block of the segment is
     in use and the pool's stream has been waited for. It must not call Reservoir, and
-    is kept for the life of the process (docs/pools.md)."""
+    is kept for the life of the process (docs/pools.md).
+
+    pluggable: the pool's segments come from two C functions of the shape of PyTorch's
+    CUDAPluggableAllocator, given as addresses (alloc_address, free_address):
+    alloc(size, device, stream) -> pointer (NULL: none), free(ptr, size, device,
+    stream); what torch.cuda.MemPool(allocator=...) of a
+    torch.cuda.memory.CUDAPluggableAllocator gives under reservoir.torch. No Python
+    runs on their path."""
 
     def __init__(self, use_on_oom=False, no_split=False, device=None, pool_id=None,
-                 segment_source=None):
+                 segment_source=None, pluggable=None):
         self._released = True  # until the pool exists: __del__ then releases nothing
         # The device now current, not -1: the pool stays on it if the current one changes.
         self._device = _device_at(_args.device_index(device))
-        if segment_source is not None:
+        if segment_source is not None and pluggable is not None:
+            raise _args.invalid("MemPool: give segment_source or pluggable, not both")
+        if pluggable is not None:
+            if pool_id is not None:
+                raise _args.invalid("MemPool: pluggable makes a new pool; "
+                                    "it cannot adopt pool_id %r" % (pool_id,))
+            if not isinstance(pluggable, (tuple, list)) or len(pluggable) != 2:
+                raise TypeError("MemPool: pluggable must be (alloc_address, free_address), "
+                                "got %r" % (pluggable,))
+            alloc_address = _args.address(pluggable[0], "alloc")
+            free_address = _args.address(pluggable[1], "free")
+            made = _lib.PoolId()
+            _lib.check(_lib.load().reservoir_pool_create_with_pluggable(
+                self._device, int(bool(use_on_oom)), int(bool(no_split)),
+                _function(_lib.PLUGGABLE_ALLOC_FN, alloc_address),
+                _function(_lib.PLUGGABLE_FREE_FN, free_address),
+                ctypes.byref(made)))
+            self._id = (made.first, made.second)
+        elif segment_source is not None:
             if pool_id is not None:
                 raise _args.invalid("MemPool: segment_source makes a new pool; "
                                     "it cannot adopt pool_id %r" % (pool_id,))

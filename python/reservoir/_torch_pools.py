@@ -10,6 +10,9 @@ What PyTorch calls, and how each reaches Reservoir under install():
     trees' pool manager                      ThreadToPool, _cuda_end...  filter is the thread)
     torch.cuda.MemPool()                     _MemPool -> createOrIncref- replaced: MemPool below
                                              Pool (not forwarded: fails)
+    torch.cuda.MemPool(allocator=X), X a     _MemPool with X's C++       replaced: a pool over X's
+    torch.cuda.memory.CUDAPluggableAllocator allocator (not forwarded)   alloc / free functions,
+    (or its ._allocator; vLLM's sleep mode)                              recorded when X is made
     cudagraph trees                          _cuda_getCheckpointState,   replaced here: Reservoir's
                                              _cuda_setCheckpointPool-    checkpoints
                                              State, _cuda_checkPoolLive-
@@ -36,6 +39,7 @@ fail without the native part.
 """
 
 import atexit
+import ctypes
 
 import reservoir as _reservoir
 
@@ -173,22 +177,60 @@ def make_begin_current_thread(original):
     return begin_allocate_current_thread_to_pool
 
 
+# The C functions of each torch.cuda.memory.CUDAPluggableAllocator made since install(),
+# by id() of the wrapper and of its C++ allocator (vLLM passes the latter to MemPool);
+# the objects are kept with them, so an id is never reused for another.
+_pluggables = {}
+
+
+def make_pluggable_init(original):
+    def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name, *args, **kwargs):
+        original(self, path_to_so_file, alloc_fn_name, free_fn_name, *args, **kwargs)
+        library = ctypes.CDLL(path_to_so_file)  # the same handle PyTorch's dlopen got
+        functions = tuple(ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+                          for name in (alloc_fn_name, free_fn_name))
+        for obj in (self, getattr(self, "_allocator", None)):
+            if obj is not None:
+                _pluggables[id(obj)] = (obj, functions)
+
+    return __init__
+
+
+def pluggable_functions(allocator):
+    """(alloc address, free address) of a CUDAPluggableAllocator made since install()
+    (the wrapper or its ._allocator), else None."""
+    entry = _pluggables.get(id(allocator))
+    return entry[1] if entry is not None and entry[0] is allocator else None
+
+
 def make_mem_pool(torch):
     class MemPool(_reservoir.MemPool):
         """torch.cuda.MemPool under Reservoir: a Reservoir private pool whose id comes
         from torch.cuda.graph_pool_handle(), so it works with torch.cuda.use_mem_pool,
-        torch.cuda.graph(pool=...) and torch.cuda.memory_snapshot(mempool_id)."""
+        torch.cuda.graph(pool=...) and torch.cuda.memory_snapshot(mempool_id). With
+        allocator, a torch.cuda.memory.CUDAPluggableAllocator made after
+        reservoir.torch.install() (or its ._allocator), the pool's segments come from
+        that allocator's alloc and free functions, and the pool splits and caches
+        blocks inside them (PyTorch's meaning; vLLM's sleep mode)."""
 
         def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+            device = torch.cuda.current_device()
             if allocator is not None:
-                raise RuntimeError(
-                    "Reservoir: torch.cuda.MemPool(allocator=...) would serve the pool from "
-                    "another allocator, which PyTorch does only inside its own caching "
-                    "allocator; create the MemPool without an allocator")
-            pool_id = tuple(torch.cuda.graph_pool_handle())
-            super().__init__(use_on_oom=use_on_oom, no_split=no_split,
-                             device=torch.cuda.current_device(), pool_id=pool_id)
-            self.allocator = None
+                functions = pluggable_functions(allocator)
+                if functions is None:
+                    raise RuntimeError(
+                        "Reservoir: torch.cuda.MemPool(allocator=%r): Reservoir serves a "
+                        "pool's segments from a torch.cuda.memory.CUDAPluggableAllocator "
+                        "(or its ._allocator) made after reservoir.torch.install(); make "
+                        "the allocator after install(), or create the MemPool without one"
+                        % (allocator,))
+                super().__init__(use_on_oom=use_on_oom, no_split=no_split, device=device,
+                                 pluggable=functions)
+            else:
+                pool_id = tuple(torch.cuda.graph_pool_handle())
+                super().__init__(use_on_oom=use_on_oom, no_split=no_split, device=device,
+                                 pool_id=pool_id)
+            self.allocator = allocator
 
         def snapshot(self, include_traces=True):
             return torch.cuda.memory_snapshot(self._live_id(), include_traces=include_traces)
@@ -225,6 +267,13 @@ def patch(torch, native=False):
         setattr(entry, _MARK, True)
         setattr(torch._C, name, entry)
         replaced.append(name)
+    memory = getattr(torch.cuda, "memory", None)
+    pluggable = getattr(memory, "CUDAPluggableAllocator", None)
+    if pluggable is not None and not getattr(pluggable.__init__, _MARK, False):
+        init = make_pluggable_init(pluggable.__init__)
+        setattr(init, _MARK, True)
+        pluggable.__init__ = init
+        replaced.append("torch.cuda.memory.CUDAPluggableAllocator.__init__")
     pool_class = make_mem_pool(torch)
     for module in (torch.cuda, getattr(torch.cuda, "memory", None)):
         if module is not None and hasattr(module, "MemPool") and \

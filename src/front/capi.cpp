@@ -561,6 +561,32 @@ reservoir_status reservoir_pool_create_with_source(int device, int use_on_oom, i
   });
 }
 
+reservoir_status reservoir_pool_create_with_pluggable(int device, int use_on_oom, int no_split,
+                                                      reservoir_pluggable_alloc_fn alloc,
+                                                      reservoir_pluggable_free_fn free_fn,
+                                                      reservoir_pool_id* id) {
+  constexpr const char* kFn = "reservoir_pool_create_with_pluggable";
+  return guarded(kFn, [&] {
+    require(id, kFn, "id");
+    if (!alloc) require(nullptr, kFn, "alloc");  // (function pointers are not void*)
+    if (!free_fn) require(nullptr, kFn, "free_fn");
+    // PyTorch's pluggable functions report no status: no segment is out of memory.
+    auto source = std::make_shared<reservoir::FunctionSegmentSource>(
+        [=](int dev, std::size_t size, reservoir::StreamHandle stream, void** ptr) {
+          *ptr = alloc(size, dev, reinterpret_cast<void*>(stream));
+          return *ptr ? reservoir::DeviceStatus::ok : reservoir::DeviceStatus::out_of_memory;
+        },
+        [=](int dev, void* ptr, std::size_t size, reservoir::StreamHandle stream) {
+          free_fn(ptr, size, dev, reinterpret_cast<void*>(stream));
+          return reservoir::DeviceStatus::ok;
+        },
+        "PyTorch's pluggable allocator functions (reservoir_pool_create_with_pluggable)");
+    const reservoir::PoolId made = Allocator::instance().create_pool(
+        std::move(source), {use_on_oom != 0, no_split != 0}, device);
+    *id = reservoir_pool_id{made.first, made.second};
+  });
+}
+
 reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id, int use_on_oom,
                                        int no_split) {
   return guarded("reservoir_pool_retain", [&] {

@@ -165,6 +165,131 @@ class SegmentSourceTest(unittest.TestCase):
             reservoir.MemPool(segment_source=HostSource(), pool_id=(0, 1))
 
 
+# C functions of the shape of PyTorch's CUDAPluggableAllocator over host memory, with
+# counters: what torch.cuda.memory.CUDAPluggableAllocator loads from a program's library.
+PLUGGABLE_SOURCE = r"""
+#include <stdlib.h>
+static int allocs, frees, refuse;
+void* test_alloc(size_t size, int device, void* stream) {
+  (void)device; (void)stream;
+  ++allocs;
+  return refuse ? NULL : aligned_alloc(4096, (size + 4095) & ~(size_t)4095);
+}
+void test_free(void* ptr, size_t size, int device, void* stream) {
+  (void)size; (void)device; (void)stream;
+  ++frees;
+  free(ptr);
+}
+int test_allocs(void) { return allocs; }
+int test_frees(void) { return frees; }
+void test_refuse(int on) { refuse = on; }
+"""
+
+
+def build_pluggable(folder):
+    """The library above, built with the system's C compiler; None without one."""
+    import shutil
+    import subprocess
+
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        return None
+    source = os.path.join(folder, "pluggable.c")
+    with open(source, "w") as f:
+        f.write(PLUGGABLE_SOURCE)
+    library = os.path.join(folder, "libpluggable.so")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", source, "-o", library], check=True)
+    return library
+
+
+class PluggableMemPoolTest(unittest.TestCase):
+    """torch.cuda.MemPool(allocator=X) under reservoir.torch, X a
+    torch.cuda.memory.CUDAPluggableAllocator: the pool's segments come from X's C
+    functions (on a stand-in for torch that loads them as PyTorch does)."""
+
+    def setUp(self):
+        import ctypes
+        import tempfile
+        import types
+
+        from reservoir import _torch_pools
+
+        self.folder = tempfile.TemporaryDirectory()
+        self.addCleanup(self.folder.cleanup)
+        self.library = build_pluggable(self.folder.name)
+        if self.library is None:
+            self.skipTest("no C compiler")
+        self.lib = ctypes.CDLL(self.library)
+
+        class CUDAPluggableAllocator:  # as torch.cuda.memory's
+            def __init__(self, path_to_so_file, alloc_fn_name, free_fn_name):
+                allocator = ctypes.CDLL(path_to_so_file)
+                alloc_fn = ctypes.cast(getattr(allocator, alloc_fn_name), ctypes.c_void_p).value
+                free_fn = ctypes.cast(getattr(allocator, free_fn_name), ctypes.c_void_p).value
+                assert alloc_fn is not None and free_fn is not None
+                self._allocator = types.SimpleNamespace(functions=(alloc_fn, free_fn))
+
+        memory = types.SimpleNamespace(__name__="torch.cuda.memory", MemPool=object,
+                                       CUDAPluggableAllocator=CUDAPluggableAllocator)
+        cuda = types.SimpleNamespace(__name__="torch.cuda", memory=memory, MemPool=object,
+                                     current_device=lambda: 0,
+                                     graph_pool_handle=lambda: (0, 424242))
+        self.torch = types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace())
+        self.replaced = _torch_pools.patch(self.torch, native=True)
+
+    def tearDown(self):
+        reservoir.empty_cache()
+        reservoir.validate()
+
+    def test_the_pools_segments_come_from_the_allocators_functions(self):
+        self.assertIn("torch.cuda.memory.CUDAPluggableAllocator.__init__", self.replaced)
+        made = self.torch.cuda.memory.CUDAPluggableAllocator(self.library, "test_alloc",
+                                                             "test_free")
+        # vLLM passes the C++ allocator (._allocator); the wrapper works as well.
+        for allocator in (made._allocator, made):
+            allocs, frees = self.lib.test_allocs(), self.lib.test_frees()
+            pool = self.torch.cuda.MemPool(allocator)
+            self.addCleanup(pool.release)
+            self.assertIs(pool.allocator, allocator)
+            with reservoir.use_mem_pool(pool):
+                a = reservoir.raw_alloc(3 * MiB)
+                b = reservoir.raw_alloc(2 * MiB)  # a block split off the same segment
+            self.assertEqual(self.lib.test_allocs(), allocs + 1)
+            mine = [s for s in reservoir.segments() if s["pool"] == pool.id]
+            self.assertEqual(len(mine), 1)
+            for p in (a, b):
+                self.assertTrue(mine[0]["address"] <= p < mine[0]["address"] + mine[0]["size"])
+            reservoir.raw_free(a)
+            reservoir.raw_free(b)
+            pool.release()
+            reservoir.empty_cache()
+            self.assertEqual(self.lib.test_frees(), frees + 1)
+
+    def test_an_allocator_that_has_nothing_is_out_of_memory(self):
+        made = self.torch.cuda.memory.CUDAPluggableAllocator(self.library, "test_alloc",
+                                                             "test_free")
+        pool = self.torch.cuda.MemPool(made._allocator)
+        self.lib.test_refuse(1)
+        try:
+            with reservoir.use_mem_pool(pool):
+                with self.assertRaises(reservoir.ReservoirOutOfMemoryError):
+                    reservoir.raw_alloc(MiB)
+        finally:
+            self.lib.test_refuse(0)
+            pool.release()
+
+    def test_other_allocators_and_bad_functions_are_refused(self):
+        with self.assertRaises(RuntimeError) as caught:
+            self.torch.cuda.MemPool(object())
+        self.assertIn("CUDAPluggableAllocator", str(caught.exception))
+        with self.assertRaises(TypeError):
+            reservoir.MemPool(pluggable=(1,))
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.MemPool(pluggable=(0, 0))  # NULL functions
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.MemPool(pluggable=(1, 2), segment_source=HostSource())
+
+
 class PoolArgumentTest(unittest.TestCase):
     """The pool functions check their arguments as raw_alloc does: before a value
     reaches ctypes (which turned stream 2**64 into stream 0 and a pool id part -1
