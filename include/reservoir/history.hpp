@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "reservoir/export.hpp"
 #include "reservoir/types.hpp"
 
 namespace reservoir {
@@ -26,7 +27,7 @@ enum class TraceAction : std::uint8_t {
   snapshot,        // a snapshot was taken (size = active bytes)
   oom,             // out of memory (address = device free bytes)
 };
-const char* to_string(TraceAction action) noexcept;
+RESERVOIR_API const char* to_string(TraceAction action) noexcept;
 
 // How much context (stack traces or strings from the user's recorder) to keep:
 // none; state (blocks currently allocated keep theirs); alloc (also on alloc
@@ -59,7 +60,7 @@ struct Annotation {
 };
 
 enum class BlockStateInfo : std::uint8_t { active_allocated, active_pending_free, inactive };
-const char* to_string(BlockStateInfo state) noexcept;
+RESERVOIR_API const char* to_string(BlockStateInfo state) noexcept;
 
 struct BlockInfo {
   std::uintptr_t address = 0;

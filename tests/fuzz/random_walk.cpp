@@ -128,6 +128,7 @@ Walker::Walker(Reader& in) : in_(in) {
   fraction_set_ = config.per_process_memory_fraction_set;
   alloc_ = std::make_unique<Allocator>(sim_, config);
   alloc_->attach_oom_observer([this](int, std::size_t, std::size_t, std::size_t) { ++ooms_; });
+  alloc_->attach_trace_tracker([this](const TraceEntry& e) { on_trace(e); });
   alloc_->add_free_memory_callback([this] { return on_free_memory(); });
 }
 

@@ -172,6 +172,48 @@ Walker::AllStats Walker::stats_all() {
   return out;
 }
 
+void Walker::on_trace(const TraceEntry& e) {
+  std::lock_guard<std::mutex> guard(registry_mutex_);
+  const std::pair<int, std::uintptr_t> key{e.device, e.address};
+  if (e.action == TraceAction::segment_alloc || e.action == TraceAction::segment_map) {
+    registered_[key] = e.size;
+  } else if (e.action == TraceAction::segment_free || e.action == TraceAction::segment_unmap) {
+    auto it = registered_.find(key);
+    if (it == registered_.end() || it->second != e.size) {
+      unregistered_.push_back(std::string(to_string(e.action)) + " of " + std::to_string(e.size) +
+                              " bytes at " + pointer_text(reinterpret_cast<void*>(e.address)) +
+                              " on device " + std::to_string(e.device) + ", never registered");
+    } else {
+      registered_.erase(it);
+    }
+  }
+}
+
+void Walker::check_registered() {
+  pairs_ = pairs_ && !alloc_->config().expandable_segments;
+  if (!pairs_) return;
+  // Listed before the registry is locked: listing makes a trace entry of its own.
+  std::array<std::vector<SegmentInfo>, kDevices> listed;
+  for (int d = 0; d < kDevices; ++d) listed[d] = alloc_->segments(d);
+  std::lock_guard<std::mutex> guard(registry_mutex_);
+  WALK_CHECK(unregistered_.empty(), unregistered_.front());
+  for (int d = 0; d < kDevices; ++d)
+    for (const SegmentInfo& s : listed[d]) {
+      std::uintptr_t at = s.address;
+      const std::uintptr_t hi = s.address + s.total_size;
+      while (at < hi) {
+        auto it = registered_.upper_bound({d, at});
+        WALK_CHECK(it != registered_.begin(), "a segment listed was never registered");
+        --it;
+        WALK_CHECK(it->first.first == d && it->first.second + it->second > at,
+                   "segment " + pointer_text(reinterpret_cast<void*>(s.address)) + " of " +
+                       std::to_string(s.total_size) + " bytes on device " + std::to_string(d) +
+                       " was never registered");
+        at = it->first.second + it->second;
+      }
+    }
+}
+
 void Walker::check_books() {
   alloc_->validate();
   expandable_seen_ |= alloc_->config().expandable_segments || compact_;
@@ -203,6 +245,7 @@ void Walker::check_books() {
   }
   note_synchronizations(all);
   check_capture();
+  check_registered();
   check_in_flight_mapped();
 }
 

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -180,6 +181,9 @@ class Walker {
                    bool other_thread = false);
   void pool_restore(PoolSlot& slot, int index);
   void check_capture();
+  // A registering tracker (what NCCL's allocator hook does) holds every segment listed.
+  void on_trace(const TraceEntry& e);
+  void check_registered();
   bool capture_on() const;
   bool capture_on(int device) const;  // a capture route on that device
   // Under policy:compact: whether address lies in a compact arena (not a default pool's
@@ -228,6 +232,13 @@ class Walker {
   bool next_on_thread_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
   std::array<PoolSlot, 2> pools_{};
+  // The ranges a registering tracker holds, by (device, address); the entries that gave
+  // back a range never given; false once expandable segments were on (their page runs
+  // need not pair). Trackers may run on the walk's request threads: under the mutex.
+  std::mutex registry_mutex_;
+  std::map<std::pair<int, std::uintptr_t>, std::size_t> registered_;
+  std::vector<std::string> unregistered_;
+  bool pairs_ = true;
   std::uint64_t next_pool_ = 1, route_order_ = 0;
   struct DeviceHold {
     std::size_t used = 0, segments = 0, reservations = 0;

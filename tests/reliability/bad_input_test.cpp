@@ -765,6 +765,51 @@ TEST(BadInputC, SegmentsAndTraceTrackers) {
   EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
 }
 
+// A pool over functions of PyTorch's pluggable shape (torch.cuda.MemPool(allocator=X)):
+// NULL functions or id are refused; the functions serve and take back the segments;
+// a NULL segment is out of memory.
+int pluggable_allocs = 0, pluggable_frees = 0;
+bool pluggable_refuses = false;
+void* pluggable_alloc(size_t size, int, void*) {
+  ++pluggable_allocs;
+  return pluggable_refuses ? nullptr : std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+}
+void pluggable_free(void* ptr, size_t, int, void*) {
+  ++pluggable_frees;
+  std::free(ptr);
+}
+
+TEST(BadInputC, PoolOverPluggableFunctions) {
+  reservoir_pool_id id{};
+  EXPECT_EQ(reservoir_pool_create_with_pluggable(0, 0, 0, nullptr, pluggable_free, &id),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("alloc must not be NULL"), std::string::npos);
+  EXPECT_EQ(reservoir_pool_create_with_pluggable(0, 0, 0, pluggable_alloc, nullptr, &id),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(reservoir_pool_create_with_pluggable(0, 0, 0, pluggable_alloc, pluggable_free, nullptr),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(reservoir_pool_create_with_pluggable(0, 0, 0, pluggable_alloc, pluggable_free, &id),
+            RESERVOIR_OK);
+  ASSERT_EQ(reservoir_pool_begin_thread(0, id), RESERVOIR_OK);
+  void* p = nullptr;
+  void* q = nullptr;
+  ASSERT_EQ(reservoir_allocate(&p, 3 * MiB, 0, 7), RESERVOIR_OK);
+  ASSERT_EQ(reservoir_allocate(&q, 2 * MiB, 0, 7), RESERVOIR_OK);  // split off the same segment
+  EXPECT_EQ(pluggable_allocs, 1);
+  pluggable_refuses = true;
+  void* r = nullptr;
+  EXPECT_EQ(reservoir_allocate(&r, 64 * MiB, 0, 7), RESERVOIR_ERROR_OUT_OF_MEMORY);
+  pluggable_refuses = false;
+  EXPECT_EQ(reservoir_pool_end(0, id), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(p), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_free(q), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_release(0, id), RESERVOIR_OK);  // the route's use
+  EXPECT_EQ(reservoir_pool_release(0, id), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_empty_cache(), RESERVOIR_OK);
+  EXPECT_EQ(pluggable_frees, 1);
+  EXPECT_EQ(reservoir_validate(), RESERVOIR_OK);
+}
+
 TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   reservoir_pool_id id{0, 0};
   EXPECT_EQ(reservoir_pool_create(0, 0, 0, nullptr), RESERVOIR_ERROR_INVALID_ARGUMENT);

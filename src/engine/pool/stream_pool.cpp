@@ -668,7 +668,6 @@ std::string StreamPool::give_back_segment(Segment* seg) {
 void StreamPool::release_segment(Segment* seg) {
   Block* b = seg->head;
   RESERVOIR_ASSERT(b && !b->is_split() && b->state == BlockState::free && !seg->expandable);
-  if (tracing()) trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
   // Out of the map first: once the range is back, the device may hand it to another
   // thread's new segment, which must be the only one found there.
   services_.segments.unpublish(seg);
@@ -677,6 +676,8 @@ void StreamPool::release_segment(Segment* seg) {
     throw DeviceError("reservoir: freeing a segment of " + format_size(seg->size) + " on device " +
                       std::to_string(services_.device) + " failed: " + failure);
   }
+  // Only memory that went back is reported gone (a tracker deregisters it).
+  if (tracing()) trace(TraceAction::segment_free, seg->base, seg->size, seg->context);
   unindex_free(b);
   delete_block(b);
   unlink_segment(seg);
