@@ -154,11 +154,14 @@ def _set_allocator_settings(env):
     """torch.cuda.memory._set_allocator_settings: Reservoir's settings with PyTorch's
     meaning (reservoir.set_allocator_settings); the pinned host allocator's keys,
     which are PyTorch's own, also go to PyTorch."""
-    _reservoir.set_allocator_settings(env)
     pinned = [e for e in _entries(env) if e.split(":", 1)[0].strip().startswith("pinned_")]
-    original = _originals.get("_cuda_cudaCachingAllocator_set_allocator_settings")
+    # PyTorch's own setter of the installed version (torch 2.11 has the accelerator one
+    # only); first, so that a bad pinned_* value (its ValueError) changes nothing here.
+    original = (_originals.get("_accelerator_setAllocatorSettings")
+                or _originals.get("_cuda_cudaCachingAllocator_set_allocator_settings"))
     if pinned and original is not None:
         original(",".join(pinned))
+    _reservoir.set_allocator_settings(env)
 
 
 def _cuda_initialized():

@@ -247,6 +247,29 @@ class TorchShapesTest(unittest.TestCase):
             reservoir.set_allocator_settings("")
         self.assertEqual(reservoir.config_string(), before)
 
+    def test_a_bad_pinned_setting_raises_torchs_error_and_changes_nothing(self):
+        import types
+
+        def accelerator_settings(text):  # torch 2.11 has this setter only
+            if "none" in text:
+                raise ValueError("Expected a boolean for pinned_use_cuda_host_register")
+
+        fake = types.SimpleNamespace(_C=types.SimpleNamespace(
+            _accelerator_setAllocatorSettings=accelerator_settings))
+        saved = dict(_torch_memory_api._originals)
+        _torch_memory_api._originals.clear()
+        try:
+            _torch_memory_api.patch(fake)
+            before = reservoir.config_string()
+            with self.assertRaises(ValueError):
+                fake._C._accelerator_setAllocatorSettings(
+                    "max_split_size_mb:64,pinned_use_cuda_host_register:none")
+            self.assertEqual(reservoir.config_string(), before)
+        finally:
+            _torch_memory_api._originals.clear()
+            _torch_memory_api._originals.update(saved)
+            reservoir.set_allocator_settings("")
+
     def test_torchs_out_of_memory_observers_are_called_as_torch_calls_them(self):
         import types
 
