@@ -44,8 +44,10 @@ class NcclRegistersReservoirsSegments(unittest.TestCase):
             proc = subprocess.run([sys.executable, WORKER, "--config", config, "--log-dir", logs],
                                   env=train_bench.child_environment(), capture_output=True,
                                   text=True, timeout=600)
-            nccl_log = "".join(open(p, errors="replace").read()
-                               for p in glob.glob(os.path.join(logs, "nccl.*.log")))
+            nccl_log = ""
+            for path in glob.glob(os.path.join(logs, "nccl.*.log")):
+                with open(path, errors="replace") as fh:
+                    nccl_log += fh.read()
         self.assertEqual(proc.returncode, 0, proc.stderr[-6000:])
         report = json.loads(proc.stdout.strip().splitlines()[-1])
         print("\n%s: %d segments at the collective, %d NCCL registrations, native %s" % (
