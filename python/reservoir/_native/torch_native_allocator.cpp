@@ -36,7 +36,6 @@
 
 #include <c10/util/ApproximateClock.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <exception>
@@ -106,9 +105,11 @@ SnapshotInfo segments_of(MempoolId_t pool) {
   for (int device = 0; device < devices; ++device) {
     std::size_t count = 0;
     check(reservoir_segments(device, nullptr, 0, &count), "snapshot");
-    listed.resize(count + 16);  // room for segments made meanwhile by other threads
-    check(reservoir_segments(device, listed.data(), listed.size(), &count), "snapshot");
-    listed.resize(std::min(count, listed.size()));
+    do {  // other threads may make segments between the calls: until all fit
+      listed.resize(count + 16);
+      check(reservoir_segments(device, listed.data(), listed.size(), &count), "snapshot");
+    } while (count > listed.size());
+    listed.resize(count);
     for (const reservoir_segment& s : listed) {
       if (!default_pool(pool) && (s.pool.first != pool.first || s.pool.second != pool.second))
         continue;
