@@ -72,11 +72,14 @@ class RESERVOIR_API Allocator {
   // free pages back (empty_cache, out of memory) synchronizes the stream that used
   // them, as PyTorch does: from now on it waits for the whole device instead. The
   // stream may be used again afterwards; a stream Reservoir never saw is no error.
-  // Its cache is then forgotten (its memory recycled for new streams) once empty: at
-  // once when no block of it is allocated or waiting for another stream (its cached
-  // segments go back to the device now), else once they are all free and their waits
-  // done, noticed by the next new stream, release_stream or empty_cache. So streams
-  // may come and go without bound, each at a constant cost and no lasting memory.
+  // Its cache is then forgotten once empty. When no block of it is allocated or waiting
+  // for another stream, an event is recorded on the stream now, and the cached
+  // segments serve the next new stream once it has passed (no cudaFree, which waits
+  // for the whole device, and no new cudaMalloc); while more than 8 released caches
+  // wait so, the oldest goes back to the device. Else the cache goes back to the device
+  // once its blocks are all free and their waits done, noticed by the next new stream,
+  // release_stream or empty_cache. So streams may come and go without bound, each at
+  // a constant cost and no lasting memory.
   // Throws DeviceError when the event cannot be recorded.
   void release_stream(StreamHandle stream, int device = -1);
 

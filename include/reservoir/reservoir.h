@@ -67,10 +67,13 @@ RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, in
  * the stream lazily, and recording on a destroyed stream is undefined in CUDA; this
  * records it now. With expandable segments, giving free pages back synchronizes the
  * stream that used them; after this call it waits for the device instead.
- * Afterwards the stream holds no host memory once its cache is empty: at once when
- * none of its blocks is allocated or waiting for another stream (its cached segments
- * go back to the device now), else once they are all free and their waits done,
- * noticed by the next new stream, reservoir_release_stream or reservoir_empty_cache.
+ * Afterwards the stream holds no host memory once its cache is empty. When none of
+ * its blocks is allocated or waiting for another stream, an event is recorded on it
+ * now, and its cached segments serve the next new stream once that event has passed
+ * (no cudaFree, which waits for the whole device, and no new cudaMalloc); while more
+ * than 8 released caches wait so, the oldest goes back to the device. Else the cache
+ * goes back to the device once its blocks are all free and their waits done, noticed
+ * by the next new stream, reservoir_release_stream or reservoir_empty_cache.
  * A program may make and release streams without bound at a constant cost each.
  * device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_release_stream(uintptr_t stream, int device);

@@ -165,7 +165,14 @@ TEST(StreamLifetime, APoolWithABlockIsRecycledOnceTheBlockIsFreed) {
   a.deallocate(a.allocate(MiB, 2, 0));
   EXPECT_EQ(engine.stream_table_size(), 1u);
   EXPECT_EQ(engine.stream_pool_count(), 1u);
-  a.release_stream(2, 0);  // empty at release: recycled at once, its segment given back
+  // Empty at release: a fence on stream 2 holds the pool (and its cache) until the
+  // stream's work is done; the next new stream then takes the pool with its cache.
+  a.release_stream(2, 0);
+  EXPECT_EQ(engine.stream_table_size(), 1u);
+  EXPECT_GT(sim.used(0), 0u);
+  engine.validate();
+  sim.advance(2);
+  a.empty_cache(0);  // gives the cache back and recycles the pool
   EXPECT_EQ(engine.stream_table_size(), 0u);
   EXPECT_EQ(sim.used(0), 0u);
   engine.validate();
@@ -186,7 +193,8 @@ TEST(StreamLifetime, AStreamReleasedAgainAfterDrainingIsRecycledOnce) {
   void* kept = a.allocate(MiB, 1, 0);
   a.release_stream(1, 0);  // holds a block: draining
   a.deallocate(kept);
-  a.release_stream(1, 0);  // empty now: recycled at once
+  sim.set_eager(true);     // work completes as submitted: the fence too
+  a.release_stream(1, 0);  // empty now, its fence passed at once: recycled
   engine.validate();
   EXPECT_EQ(engine.stream_table_size(), 0u);
   void* on_two = a.allocate(MiB, 2, 0);  // a new stream takes the recycled pool
@@ -217,6 +225,90 @@ TEST(StreamLifetime, ReleasingTheFirstStreamLeavesNoStaleShortcut) {
   a.deallocate(other);
   a.deallocate(first_again);
   a.engine(0).validate();
+}
+
+// A released stream's cache serves the next new stream once the stream's work on it is
+// done (its release fence passed): no memory given back to the device and taken again
+// (cudaFree waits for the whole device), the same segment reused.
+TEST(StreamLifetime, AReleasedStreamsCacheServesTheNextStreamOnceItsWorkIsDone) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  void* first = a.allocate(MiB, 1, 0);
+  a.deallocate(first);
+  a.release_stream(1, 0);
+  EXPECT_EQ(engine.stream_table_size(), 1u);  // the fence has not passed yet
+  sim.advance(1);                             // the stream's work completes
+  const SimCounters before = sim.counters();
+  void* second = a.allocate(MiB, 2, 0);  // sweeps the released pool, takes it
+  EXPECT_EQ(second, first);
+  EXPECT_EQ(sim.counters().allocs, before.allocs);
+  EXPECT_EQ(sim.counters().frees, before.frees);
+  EXPECT_EQ(engine.stream_pool_count(), 1u);
+  EXPECT_EQ(engine.stream_table_size(), 1u);
+  engine.validate();
+  a.deallocate(second);
+  // Its segment now names the new stream.
+  std::vector<SegmentInfo> segments;
+  engine.snapshot(&segments);
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].stream, 2u);
+  engine.validate();
+}
+
+// While their fences have not passed (a device far behind), released caches wait, at
+// most kDrainingKept of them: beyond, the oldest goes back to the device, so streams
+// released faster than their work completes hold a bounded cache.
+TEST(StreamLifetime, CachesWaitingForTheirStreamsAreBounded) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  for (StreamHandle s = 1; s <= 100; ++s) {
+    a.deallocate(a.allocate(MiB, s, 0));
+    a.release_stream(s, 0);
+  }
+  EXPECT_LE(engine.stream_table_size(), 10u);
+  EXPECT_LE(sim.used(0), 10 * 2 * MiB);
+  EXPECT_LE(engine.stream_pool_count(), 11u);
+  engine.validate();
+  sim.advance_all();
+  a.empty_cache(0);
+  EXPECT_EQ(sim.used(0), 0u);
+  EXPECT_EQ(engine.stream_table_size(), 0u);
+  engine.validate();
+}
+
+// A stream used again after its release did work its fence does not cover: its cache
+// goes back to the device rather than to the next stream.
+TEST(StreamLifetime, AStreamUsedAfterItsReleaseGivesItsCacheBack) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  a.deallocate(a.allocate(MiB, 1, 0));
+  a.release_stream(1, 0);
+  sim.advance(1);                       // the fence passes...
+  a.deallocate(a.allocate(MiB, 1, 0));  // ...but the stream works on
+  const SimCounters before = sim.counters();
+  a.deallocate(a.allocate(MiB, 2, 0));  // sweeps the released pool
+  EXPECT_EQ(sim.counters().frees, before.frees + 1);
+  EXPECT_EQ(sim.counters().allocs, before.allocs + 1);
+  engine.validate();
+}
+
+// No event for the fence (none to be had, or its record refused): the cache goes back
+// to the device at the release, as it would without fences.
+TEST(StreamLifetime, AReleaseWhoseFenceCannotBeRecordedGivesTheCacheBack) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  a.deallocate(a.allocate(MiB, 1, 0));
+  sim.fail_operation_number(SimOp::record_event, 1, DeviceStatus::error);
+  a.release_stream(1, 0);
+  EXPECT_EQ(engine.stream_table_size(), 0u);
+  EXPECT_EQ(sim.used(0), 0u);
+  engine.validate();
+  a.deallocate(a.allocate(MiB, 2, 0));
+  engine.validate();
 }
 
 // policy:compact forgets a released stream's markers once they complete.

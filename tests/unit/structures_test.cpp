@@ -265,7 +265,7 @@ TEST(StatLedger, PeaksOfSumsAreExactWhenSerialized) {
   ledger.attach(&s2);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocatedBytes>(1, delta);
-    StatScope{ledger, s};
+    ShardScope{s};
   };
   std::mt19937_64 rng(3);
   std::int64_t a = 0, b = 0, peak = 0;
@@ -388,7 +388,7 @@ TEST(StatLedger, TheRisingShardIsServedFirstWhenHeadroomIsShort) {
   for (ShardCounters& s : shards) ledger.attach(&s);
   auto op = [&](ShardCounters& s, std::int64_t delta) {
     s.add<kAllocation>(0, delta);
-    StatScope{ledger, s};
+    ShardScope{s};
   };
   // Each shard in turn climbs to 1,000 blocks and back: the peak is 1,000 and every
   // shard claims its high-water mark.
@@ -484,7 +484,7 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
       }
     }
     for (ShardCounters& s : shards) {
-      StatScope{ledger, s};
+      ShardScope{s};
       ASSERT_TRUE(s.guards_hold()) << "operation " << i;
     }
   }

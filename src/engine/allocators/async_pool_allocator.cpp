@@ -96,7 +96,7 @@ bool AsyncPoolAllocator::try_allocate(int device, std::size_t size, StreamHandle
   DeviceEngine& e = engines_.engine(device);
   live_.emplace(reinterpret_cast<std::uintptr_t>(*ptr), Live{size, device, stream, {}, {}});
   d.used += size;
-  StatScope s(e.ledger(), *d.shard);
+  ShardScope s(*d.shard);
   const auto bytes = static_cast<std::int64_t>(size);
   s->on_allocate(SizePolicy::pool_for(size), bytes, bytes);  // the caching engine's pool
   DeviceCounters::bump(e.counters().device_allocs);
@@ -234,7 +234,7 @@ void AsyncPoolAllocator::deallocate(void* ptr) {
       throw DeviceError("reservoir: freeing " + format_pointer(ptr) + where(l.device) +
                         " failed: " + backend_.last_error());
     const auto bytes = static_cast<std::int64_t>(l.size);
-    StatScope(e.ledger(), *d.shard)->on_free(SizePolicy::pool_for(l.size), bytes, bytes);
+    ShardScope(*d.shard)->on_free(SizePolicy::pool_for(l.size), bytes, bytes);
     d.used -= l.size;
     DeviceCounters::bump(e.counters().device_frees);
     address = it->first;

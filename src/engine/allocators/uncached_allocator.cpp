@@ -49,7 +49,7 @@ void* UncachedAllocator::allocate(std::size_t size, StreamHandle stream, int dev
   std::lock_guard<std::mutex> guard(mutex_);
   live_[reinterpret_cast<std::uintptr_t>(ptr)] = Live{size, device};
   DeviceEngine& e = engines_.engine(device);
-  StatScope s(e.ledger(), shard(device));
+  ShardScope s(shard(device));
   const int pool = SizePolicy::pool_for(size);  // the pool it would use when cached
   const auto bytes = static_cast<std::int64_t>(size);
   s->on_allocate(pool, bytes, bytes);
@@ -75,7 +75,7 @@ void UncachedAllocator::deallocate(void* ptr) {
     throw DeviceError("reservoir: freeing " + format_pointer(ptr) +
                       " (uncached mode) failed: " + backend_.last_error());
   live_.erase(reinterpret_cast<std::uintptr_t>(ptr));
-  StatScope s(engines_.engine(l.device).ledger(), shard(l.device));
+  ShardScope s(shard(l.device));
   const int pool = SizePolicy::pool_for(l.size);
   const auto bytes = static_cast<std::int64_t>(l.size);
   s->on_free(pool, bytes, bytes);

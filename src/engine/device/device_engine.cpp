@@ -81,13 +81,13 @@ void DeviceEngine::release_stream(StreamHandle stream) {
     // A private pool keeps its caches while it lives (its graphs' replays need the
     // addresses); they become spares, for any stream, once it is released and empty.
     for (const auto& p : private_pools_)
-      if (p->stream() == stream) p->release_stream();
+      if (p->stream() == stream) p->release_stream(false);
     if (StreamPool* p = table_.find(stream)) {
-      p->release_stream();
+      p->release_stream(true);  // its cache may serve the next stream
       // Released before and drained since: recycled now, it leaves the draining list
       // (the sweep would recycle it a second time, perhaps serving another stream).
       const auto listed = std::find(draining_.begin(), draining_.end(), p);
-      if (retire_locked(p)) {
+      if (retire_locked(p, false)) {
         if (listed != draining_.end()) draining_.erase(listed);
       } else if (listed == draining_.end()) {
         draining_.push_back(p);
@@ -98,9 +98,9 @@ void DeviceEngine::release_stream(StreamHandle stream) {
   if (CompactPool* c = compact_if_made()) c->release_stream(stream);
 }
 
-bool DeviceEngine::retire_locked(StreamPool* p) {
+bool DeviceEngine::retire_locked(StreamPool* p, bool give_back) {
   const StreamHandle stream = p->stream();
-  if (!p->recycle(StreamPool::kNoStream)) return false;
+  if (!p->recycle(StreamPool::kNoStream, give_back)) return false;
   table_.erase(stream);
   if (first_pool_.load(std::memory_order_relaxed) == p)
     first_pool_.store(nullptr, std::memory_order_release);
@@ -108,12 +108,15 @@ bool DeviceEngine::retire_locked(StreamPool* p) {
   return true;
 }
 
-// A few at a time: each new stream pays for at most `most` checks.
+// A few at a time: each new stream pays for at most `most` checks. Beyond
+// kDrainingKept pools, the oldest stops waiting for its release fence: its cache goes
+// back to the device (so a device that never finishes a released stream's work, or
+// streams released faster than their work completes, hold a bounded cache).
 void DeviceEngine::sweep_draining_locked(std::size_t most) {
   for (std::size_t n = std::min(most, draining_.size()); n > 0; --n) {
     StreamPool* p = draining_.front();
     draining_.pop_front();
-    if (!retire_locked(p)) draining_.push_back(p);
+    if (!retire_locked(p, draining_.size() >= kDrainingKept)) draining_.push_back(p);
   }
 }
 
@@ -401,8 +404,8 @@ void DeviceEngine::validate() {
     RESERVOIR_CHECK(listed.insert(p).second, "a pool is in two stream table slots");
   });
   for (StreamPool* p : recycled_) {
-    RESERVOIR_CHECK(p->stream() == StreamPool::kNoStream && !p->holds_segments(),
-                    "a recycled stream pool serves a stream or holds segments");
+    RESERVOIR_CHECK(p->stream() == StreamPool::kNoStream && !p->holds_blocks(),
+                    "a recycled stream pool serves a stream or holds blocks");
     RESERVOIR_CHECK(listed.insert(p).second,
                     "a recycled stream pool is in the stream table or recycled twice");
   }

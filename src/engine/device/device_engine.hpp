@@ -10,9 +10,10 @@
 //     segment bytes + budget_.unlocked() (device_state.hpp);
 //   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
 //   every pool in pools_ is either in table_ under its stream (p->stream() == key)
-//     or in recycled_ (holds nothing, serves kNoStream, in no table slot), never both;
-//   draining_ lists, each once, pools of released streams that still held blocks (each
-//     in table_, none in recycled_);
+//     or in recycled_ (holds no block and no release fence, serves kNoStream, in no
+//     table slot; its cached segments, if any, are the next stream's), never both;
+//   draining_ lists, each once, pools of released streams that still held blocks or
+//     wait for their release fence (each in table_, none in recycled_);
 //   first_pool_ == nullptr or first_pool_ == table_.find(first_stream_) and serves
 //     first_stream_ (it goes null for good when that pool is recycled);
 //   every StreamPool of private_pools_ serves one registered private pool, or is
@@ -80,7 +81,7 @@ class DeviceEngine {
   // ---- Requests ----
   // A block of at least requested bytes (> 0) on stream: from the cache, else by the
   // out-of-memory ladder (oom_ladder.cpp). Throws OutOfMemoryError or DeviceError.
-  std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
+  RESERVOIR_INLINE std::uintptr_t allocate(std::size_t requested, StreamHandle stream) {
     // With history on, the user's context recorder runs first (it may be slow or take
     // its own locks), out of the hot path.
     if (RESERVOIR_UNLIKELY(history_.active() || detours_.load(std::memory_order_relaxed))) {
@@ -221,8 +222,9 @@ class DeviceEngine {
   StreamPool* take_pool_locked(std::vector<StreamPool*>& empty,
                                std::vector<std::unique_ptr<StreamPool>>& owned,
                                StreamHandle stream);
-  // Under create_mutex_: recycles p (a released stream's pool) if it holds nothing.
-  bool retire_locked(StreamPool* p);
+  // Under create_mutex_: recycles p (a released stream's pool) if it holds no block,
+  // with its cache once its release fence passed (give_back: without it).
+  bool retire_locked(StreamPool* p, bool give_back);
   // Under create_mutex_: tries up to `most` draining pools, oldest first.
   void sweep_draining_locked(std::size_t most);
   std::vector<StreamPool*> pools_snapshot();
@@ -259,6 +261,7 @@ class DeviceEngine {
   std::vector<std::unique_ptr<StreamPool>> pools_;  // the default pools, one per stream
   std::vector<StreamPool*> recycled_;               // under create_mutex_: empty, for new streams
   std::deque<StreamPool*> draining_;                // under create_mutex_: released, not yet empty
+  static constexpr std::size_t kDrainingKept = 8;   // sweep_draining_locked()
   // The first pool ever made and its stream, set once (stream first, then the pool,
   // released); the pool goes null for good when recycled.
   StreamHandle first_stream_ = 0;

@@ -42,6 +42,7 @@ StreamPool::StreamPool(PoolServices& services, StreamHandle stream)
 
 StreamPool::~StreamPool() {
   services_.segments.owner_gone(this);
+  if (fenced_) services_.events.release(release_fence_);
   // The engine is going away: return every segment, whatever its blocks hold.
   for (auto& q : pending_queues_)
     for (Pending& p : q.entries) services_.events.release(p.event);
@@ -552,9 +553,33 @@ void StreamPool::process_events(bool wait) {
   drop_empty_queues();
 }
 
-void StreamPool::release_stream() {
+void StreamPool::release_stream(bool fence) {
   Guard guard(*this);
   stream_released_ = true;
+  // Only a pool the program is done with (a cache and nothing else): one that still
+  // holds blocks gives its cache back when they are (the fence would name a stream
+  // the program has destroyed by then, and the device would keep it).
+  if (!fence || !segments_ || services_.capture.underway() || allocated_.size() != 0 ||
+      pending_blocks_ != 0 || !stranded_.empty() || !capture_deferred_.empty())
+    return;
+  EventHandle e = release_fence_;
+  if (!fenced_) {
+    try {
+      e = services_.events.acquire();
+    } catch (const DeviceError&) {
+      return;  // no fence: the cache goes back at recycling
+    }
+  }
+  if (services_.backend.record_event(services_.device, e, stream()) == DeviceStatus::ok) {
+    release_fence_ = e;
+    fenced_ = true;
+    // Every request sets it (allocate_cached comes first): nonzero at recycling says the
+    // stream allocated after its release, work the fence does not cover.
+    last_size_ = 0;
+    return;
+  }
+  services_.events.release(e);
+  fenced_ = false;
 }
 
 // Empty use queues go, and with them the pool's place among the pools waiting on

@@ -101,13 +101,21 @@ class alignas(64) StreamPool final : public BlockOwner {
   // engine's creation mutex (a recycled pool serves a new stream), so a reader holding
   // the lock sees the stream of every block it finds.
   StreamHandle stream() const noexcept { return stream_.load(std::memory_order_relaxed); }
-  // Recycling (the engine, under its creation mutex): when the pool holds nothing (no
-  // allocated, pending or parked block; cached segments are released first), it
-  // forgets its stream, takes `next` (kNoStream: none yet) and answers true; else
-  // changes nothing and answers false. Never during a capture (nothing may go back).
-  bool recycle(StreamHandle next);
-  // A recycled pool takes a stream. pre: the pool holds nothing.
+  // Recycling (the engine, under its creation mutex): when the pool holds no block (no
+  // allocated, pending or parked one), it forgets its stream, takes `next` (kNoStream:
+  // none yet) and answers true; else changes nothing and answers false. Its cached
+  // segments stay, for the next stream, when the release fence (release_stream) says
+  // that the work of the old stream is done; they go back to the device when there is
+  // no fence, or give_back is set (a fence still pending then no longer holds the pool
+  // back). While the fence is pending and give_back is not set: false. Never during a
+  // capture (nothing may go back).
+  bool recycle(StreamHandle next, bool give_back);
+  // A recycled pool takes a stream. pre: the pool holds no block.
   void assign(StreamHandle stream);
+  // Whether the pool holds a block the program has not given back for good (allocated,
+  // pending, stranded or deferred past a capture), or a release fence: what a
+  // recycled pool never holds (the validator).
+  bool holds_blocks();
   static constexpr StreamHandle kNoStream = ~StreamHandle{0} - 0x600d;
   // The private pool this cache serves ({0, 0}: the default pools), its no_split
   // option and its segment source (null: the device). Set while the pool holds no
@@ -160,7 +168,13 @@ class alignas(64) StreamPool final : public BlockOwner {
   // from now on, unmapping expandable pages waits for the whole device instead of
   // naming the stream (a destroyed stream cannot be synchronized; its handle may even
   // come back as another stream's). Never undone: a device-wide wait is always safe.
-  void release_stream();
+  // fence: when the pool holds cached segments and no block, an event is recorded on
+  // the stream now (the release fence; a second release records it again), so that
+  // recycling hands the cache to the next stream once the old stream's work is done,
+  // instead of giving it back to the device (cudaFree waits for the whole device) for
+  // the next stream to allocate again. No event to be had or recorded: no fence (the
+  // cache goes back at recycling, as without one).
+  void release_stream(bool fence);
   // Records the events of frees deferred while a capture was under way (call once
   // none is). Throws DeviceError after trying every block.
   void flush_capture_deferred();
@@ -204,14 +218,15 @@ class alignas(64) StreamPool final : public BlockOwner {
     StatScope stats;
   };
   // The two hot paths, which never unlock early and always count: the shard is found
-  // once, with the lock.
+  // once, with the lock (the one the pool's last operation counted on, when it is
+  // this thread's). Inlined: out of line, its set-up cost a tenth of a cache-hit pair.
   struct ScopedGuard {
-    explicit ScopedGuard(StreamPool& pool)
-        : lock(pool.lock_), stats(pool.services_.ledger, pool.services_.ledger.mine()) {
+    RESERVOIR_INLINE explicit ScopedGuard(StreamPool& pool)
+        : lock(pool.lock_), stats(pool.services_.ledger.mine(pool.shard_)) {
       pool.shard_ = &*stats;
     }
     std::lock_guard<Lock> lock;
-    StatScope stats;
+    ShardScope stats;
   };
   // The calling thread's shard, inside an operation (its guard's scope settles it).
   RESERVOIR_INLINE ShardCounters& stats() {
@@ -319,8 +334,14 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
+  // The release fence (release_stream): fenced_ only while the pool serves a released
+  // stream and holds segments or blocks; the event is the pool's until recycling.
+  bool fenced_ = false;
+  EventHandle release_fence_ = 0;
   // The statistics shard of the operation holding the lock (its thread's), or nullptr
   // until it first counts; set by the guards, never read without the lock.
+  // Between operations, a hint for the next (StatLedger::mine(hint) checks that it is
+  // the calling thread's; shards live as long as the ledger).
   ShardCounters* shard_ = nullptr;
   // On the line after the fit memo's, with the free indexes' version counter: a steady
   // pair touches the pool's first three lines only (one thread taking turns between

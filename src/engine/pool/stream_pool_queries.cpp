@@ -162,18 +162,41 @@ void StreamPool::add_peer(int device) {
 
 // ---------------------------------------------------------------- recycling
 
-bool StreamPool::recycle(StreamHandle next) {
+bool StreamPool::recycle(StreamHandle next, bool give_back) {
   Guard guard(*this);
   // No memory may go back during a capture, nor may events be queried.
   if (services_.capture.underway()) return false;
   if (pending_blocks_ != 0) process_events(false);
-  const bool busy = allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
-                    !capture_deferred_.empty();
-  if (!busy) release_cached_locked();
+  if (allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
+      !capture_deferred_.empty()) {
+    finish_operation();
+    return false;
+  }
+  bool keep = false;  // the cache serves the next stream
+  if (fenced_) {
+    // Used after its release (last_size_, release_stream): the fence is stale.
+    const DeviceStatus done = !segments_ || last_size_ != 0
+                                  ? DeviceStatus::error
+                                  : services_.backend.query_event(services_.device, release_fence_);
+    if (done == DeviceStatus::not_ready && !give_back) {
+      finish_operation();
+      return false;
+    }
+    keep = done == DeviceStatus::ok;  // a failed query: the device takes it back
+    services_.events.release(release_fence_);
+    fenced_ = false;
+  }
+  if (!keep) release_cached_locked();
   finish_operation();
-  if (busy || segments_) return false;  // segments_: memory the device refused to take back
+  if (!keep && segments_) return false;  // memory the device refused to take back
   serve(next);
   return true;
+}
+
+bool StreamPool::holds_blocks() {
+  Guard guard(*this);
+  return allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
+         !capture_deferred_.empty() || fenced_;
 }
 
 void StreamPool::assign(StreamHandle stream) {
@@ -183,7 +206,8 @@ void StreamPool::assign(StreamHandle stream) {
 
 // What the pool knew of its stream goes: a new stream starts afresh.
 void StreamPool::serve(StreamHandle stream) {
-  RESERVOIR_CHECK(!segments_ && pending_blocks_ == 0, "a stream pool changes stream while in use");
+  RESERVOIR_CHECK(allocated_.size() == 0 && pending_blocks_ == 0 && !fenced_,
+                  "a stream pool changes stream while in use");
   drop_empty_queues();  // every queue is empty (no pending block)
   stream_released_ = false;
   last_size_ = 0;

@@ -378,6 +378,7 @@ ShardCounters* StatLedger::take_shard_locked() {
     spare_.reserve(made_.size() + 1);  // so that retire_locked() never allocates
     made_.push_back(std::make_unique<ShardCounters>());
     shard = made_.back().get();
+    shard->ledger = this;
   }
   live_.push_back(shard);
   rebalance_locked();
@@ -409,6 +410,7 @@ void StatLedger::attach(ShardCounters* shard) {
   fixed_.reserve(fixed_.size() + 1);
   fixed_.push_back(shard);
   live_.push_back(shard);
+  shard->ledger = this;
   rebalance_locked();
 }
 

@@ -120,6 +120,8 @@ struct SplitChange {
   std::int64_t bytes = 0;
 };
 
+class StatLedger;
+
 struct alignas(64) ShardCounters {
   // Written by the owner only (its thread, or the lock of a fixed shard).
   // added == current - base + removed - removed_base (the bases: current and removed at
@@ -152,6 +154,8 @@ struct alignas(64) ShardCounters {
   // fixed shard, or a shard made while its thread exits). Written by the ledger under
   // its mutex when the shard is given and taken back; a thread finds its shard by it.
   std::atomic<std::uintptr_t> owner{0};
+  // The ledger whose budget the shard is in (set when it joins: made or attached).
+  StatLedger* ledger = nullptr;
   // Cold, ledger-owned (under its mutex): accumulation bases, own high-water marks as
   // last observed by the ledger (the budget a shard claims), and the ledger epoch of
   // its last rebalance (a shard idle for a while gives up its claims).
@@ -387,6 +391,15 @@ class StatLedger {
     if (ShardCounters* s = by_thread_pointer()) return *s;
     return mine_slow();
   }
+  // The calling thread's shard when hint is it (one compare: for a caller that keeps,
+  // under its own lock, the shard its last operation used), else mine().
+  RESERVOIR_INLINE ShardCounters& mine(ShardCounters* hint) {
+    const std::uintptr_t tp = thread_pointer();
+    if (RESERVOIR_LIKELY(hint && kThreadPointer &&
+                         hint->owner.load(std::memory_order_relaxed) == tp))
+      return *hint;
+    return mine();
+  }
   // Whether the calling thread's shard is found the fast way (the thread-pointer table,
   // no thread_local): for tests.
   bool mine_found_fast() const noexcept { return by_thread_pointer() != nullptr; }
@@ -438,6 +451,12 @@ class StatLedger {
   // keep the fast way. A slot's shard is this thread's only if its owner is this
   // thread's pointer: the ledger clears the owner when a thread exits, before its
   // pointer can be another thread's.
+  // Whether thread_pointer() tells threads apart (it is never 0 where it does).
+#if defined(__x86_64__)
+  static constexpr bool kThreadPointer = true;
+#else
+  static constexpr bool kThreadPointer = false;
+#endif
   static std::uintptr_t thread_pointer() noexcept {
 #if defined(__x86_64__)
     std::uintptr_t tp;
@@ -490,29 +509,38 @@ class StatLedger {
   static constexpr std::uint64_t kClaimLifetime = 64;
 };
 
-// The statistics of one operation: settles the calling thread's shard (or a fixed one)
-// when the scope ends, however it ends (a request that fails part way has raised
-// counters too). Code that counts holds one (the pools' lock guards do) and reaches the
-// shard through it or, in helpers, through StatLedger::mine(); a scope that counted
-// nothing makes no shard.
+// The statistics of one operation: settles the calling thread's shard when the scope
+// ends, however it ends (a request that fails part way has raised counters too). Code
+// that counts holds one (the pools' lock guards do) and reaches the shard through it
+// or, in helpers, through StatLedger::mine(); a scope that counted nothing makes no shard.
 class StatScope {
  public:
   explicit StatScope(StatLedger& ledger) noexcept : ledger_(ledger) {}
-  StatScope(StatLedger& ledger, ShardCounters& fixed) noexcept : ledger_(ledger), fixed_(&fixed) {}
-  ~StatScope() {
-    if (!fixed_)
-      ledger_.settle_mine();
-    else if (RESERVOIR_UNLIKELY(fixed_->over))
-      ledger_.rebalance(fixed_);
-  }
+  ~StatScope() { ledger_.settle_mine(); }
   StatScope(const StatScope&) = delete;
   StatScope& operator=(const StatScope&) = delete;
-  ShardCounters* operator->() const { return fixed_ ? fixed_ : &ledger_.mine(); }
-  ShardCounters& operator*() const { return *operator->(); }
+  ShardCounters* operator->() const { return &ledger_.mine(); }
+  ShardCounters& operator*() const { return ledger_.mine(); }
 
  private:
   StatLedger& ledger_;
-  ShardCounters* fixed_ = nullptr;
+};
+
+// The same for a shard known when the scope begins (a fixed shard, or the thread's
+// found by the caller): settling it is one compare, so the hot paths hold this one.
+class ShardScope {
+ public:
+  RESERVOIR_INLINE explicit ShardScope(ShardCounters& shard) noexcept : shard_(shard) {}
+  RESERVOIR_INLINE ~ShardScope() {
+    if (RESERVOIR_UNLIKELY(shard_.over)) shard_.ledger->rebalance(&shard_);
+  }
+  ShardScope(const ShardScope&) = delete;
+  ShardScope& operator=(const ShardScope&) = delete;
+  ShardCounters* operator->() const { return &shard_; }
+  ShardCounters& operator*() const { return shard_; }
+
+ private:
+  ShardCounters& shard_;
 };
 
 }  // namespace reservoir::detail
