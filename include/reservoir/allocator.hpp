@@ -120,7 +120,11 @@ class RESERVOIR_API Allocator {
   // Drops a use. At 0 the pool is released: its blocks are freed as usual, and its
   // cached memory goes back to the device at the next empty_cache (or out-of-memory
   // release) once the pool holds no allocated block; then the pool is forgotten.
-  void release_pool(PoolId pool, int device = -1);
+  // empty_cache: when that was the last use, the cached memory goes back now, after
+  // the pool's frees that wait for other streams are waited for (torch.cuda.MemPool's
+  // destructor); blocks still allocated give theirs back once freed, at the next
+  // empty_cache. Not during a capture (nothing may go back then): as without it.
+  void release_pool(PoolId pool, int device = -1, bool empty_cache = false);
   int pool_use_count(PoolId pool, int device = -1);
   // Routes every request whose stream filter accepts to the pool (retaining it)
   // until end_allocate_to_pool; a CUDA graph capture is taken to be under way

@@ -216,6 +216,12 @@ RESERVOIR_C_API reservoir_status reservoir_pool_create_with_pluggable(
 RESERVOIR_C_API reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id,
                                                        int use_on_oom, int no_split);
 RESERVOIR_C_API reservoir_status reservoir_pool_release(int device, reservoir_pool_id id);
+/* As reservoir_pool_release; when that was the last use, the pool's cached memory goes
+ * back to the device now (its frees waiting for other streams waited for first), as
+ * torch.cuda.MemPool's destructor does; not during a capture (then as
+ * reservoir_pool_release). */
+RESERVOIR_C_API reservoir_status reservoir_pool_release_and_empty(int device,
+                                                                  reservoir_pool_id id);
 RESERVOIR_C_API reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id,
                                                           int* count);
 /* Routes requests on stream (a capture: frees deferred, nothing returned to the

@@ -218,6 +218,7 @@ _SIGNATURES = {
     ),
     "reservoir_pool_retain": (ctypes.c_int, [ctypes.c_int, PoolId, ctypes.c_int, ctypes.c_int]),
     "reservoir_pool_release": (ctypes.c_int, [ctypes.c_int, PoolId]),
+    "reservoir_pool_release_and_empty": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "reservoir_pool_use_count": (ctypes.c_int, [ctypes.c_int, PoolId, _c_int_p]),
     "reservoir_pool_begin_capture": (ctypes.c_int, [ctypes.c_int, PoolId, _c_uintptr]),
     "reservoir_pool_begin_thread": (ctypes.c_int, [ctypes.c_int, PoolId]),

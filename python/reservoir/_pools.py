@@ -70,11 +70,13 @@ def retain_pool(pool_id, device=None, use_on_oom=False, no_split=False):
         int(bool(no_split))))
 
 
-def release_pool(pool_id, device=None):
+def release_pool(pool_id, device=None, empty_cache=False):
     """Drops a use of the pool; at 0 its memory goes back once its blocks are freed
-    (at the next empty_cache)."""
-    _lib.check(_lib.load().reservoir_pool_release(_device_of(pool_id, device),
-                                                  _id(_pair(pool_id))))
+    (at the next empty_cache). empty_cache: when that was the last use, its cached
+    memory goes back now (torch.cuda.MemPool's destructor; not during a capture)."""
+    lib = _lib.load()
+    release = lib.reservoir_pool_release_and_empty if empty_cache else lib.reservoir_pool_release
+    _lib.check(release(_device_of(pool_id, device), _id(_pair(pool_id))))
 
 
 def pool_use_count(pool_id, device=None):
@@ -214,11 +216,12 @@ class MemPool:
         """Uses of the pool: this object, and every use_mem_pool block running."""
         return pool_use_count(self._live_id(), self._device)
 
-    def release(self):
-        """Drops this object's use now (idempotent)."""
+    def release(self, empty_cache=False):
+        """Drops this object's use now (idempotent). empty_cache: when that was the
+        last use, the pool's cached memory goes back to the device now."""
         if not self._released:
             self._released = True
-            release_pool(self._id, self._device)
+            release_pool(self._id, self._device, empty_cache=empty_cache)
 
     def __del__(self):
         try:

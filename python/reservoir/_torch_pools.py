@@ -235,6 +235,11 @@ def make_mem_pool(torch):
         def snapshot(self, include_traces=True):
             return torch.cuda.memory_snapshot(self._live_id(), include_traces=include_traces)
 
+        def release(self, empty_cache=True):
+            """As PyTorch's destructor: the use dropped and, at the last one, the
+            pool's cached memory given back now (emptyCache with the pool active)."""
+            super().release(empty_cache=empty_cache)
+
     return MemPool
 
 

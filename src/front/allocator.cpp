@@ -360,8 +360,8 @@ void Allocator::retain_pool(PoolId pool, const PoolOptions& options, int device)
   impl_->pool_engine(device).retain_pool(pool, options);
 }
 
-void Allocator::release_pool(PoolId pool, int device) {
-  impl_->pool_engine(device).release_pool(pool);
+void Allocator::release_pool(PoolId pool, int device, bool empty_cache) {
+  impl_->pool_engine(device).release_pool(pool, empty_cache);
 }
 
 int Allocator::pool_use_count(PoolId pool, int device) {

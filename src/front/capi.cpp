@@ -543,9 +543,9 @@ reservoir_status reservoir_pool_create_with_source(int device, int use_on_oom, i
     if (!free_fn) require(nullptr, kFn, "free_fn");
     // The program's statuses as the engine's: out of memory lets the ladder go on.
     auto status = [](reservoir_status s) {
-      return s == RESERVOIR_OK                      ? reservoir::DeviceStatus::ok
+      return s == RESERVOIR_OK                    ? reservoir::DeviceStatus::ok
              : s == RESERVOIR_ERROR_OUT_OF_MEMORY ? reservoir::DeviceStatus::out_of_memory
-                                                    : reservoir::DeviceStatus::error;
+                                                  : reservoir::DeviceStatus::error;
     };
     auto source = std::make_shared<reservoir::FunctionSegmentSource>(
         [=](int dev, std::size_t size, reservoir::StreamHandle stream, void** ptr) {
@@ -597,6 +597,11 @@ reservoir_status reservoir_pool_retain(int device, reservoir_pool_id id, int use
 reservoir_status reservoir_pool_release(int device, reservoir_pool_id id) {
   return guarded("reservoir_pool_release",
                  [&] { Allocator::instance().release_pool(pool_of(id), device); });
+}
+
+reservoir_status reservoir_pool_release_and_empty(int device, reservoir_pool_id id) {
+  return guarded("reservoir_pool_release_and_empty",
+                 [&] { Allocator::instance().release_pool(pool_of(id), device, true); });
 }
 
 reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id, int* count) {

@@ -176,6 +176,50 @@ TEST_P(Pools, AReleasedPoolGivesItsMemoryBackAfterItsLastBlockIsFreed) {
   EXPECT_THROW(a().pool_use_count(pool, 0), InvalidArgumentError);  // forgotten
 }
 
+// release_pool(empty_cache = true), torch.cuda.MemPool's destructor: at the last use
+// the pool's cache goes back at once, the default pools' cache stays; with another use
+// left (a route), nothing goes back; during a capture, nothing goes back either.
+TEST_P(Pools, ReleasingWithEmptyCacheGivesThePoolsCacheBackAtOnce) {
+  PoolId pool = a().create_pool({}, 0);
+  {
+    ThreadRoute route(a(), pool);
+    free(alloc(8 * MiB));
+  }
+  free(alloc(8 * MiB));  // a default block, cached
+  const std::int64_t default_bytes = reserved() - stats().private_pool_reserved_bytes;
+  ASSERT_GT(stats().private_pool_reserved_bytes, 0);
+  a().release_pool(pool, 0, /*empty_cache=*/true);
+  EXPECT_EQ(stats().private_pool_reserved_bytes, 0);
+  EXPECT_EQ(stats().private_pools, 0);
+  EXPECT_EQ(reserved(), default_bytes) << "the default pools' cache went too";
+  EXPECT_THROW(a().pool_use_count(pool, 0), InvalidArgumentError);  // forgotten
+  a().empty_cache();
+
+  PoolId kept = a().create_pool({}, 0);
+  {
+    ThreadRoute route(a(), kept);  // a second use while the first is released
+    free(alloc(8 * MiB));
+    a().release_pool(kept, 0, true);
+    EXPECT_GT(stats().private_pool_reserved_bytes, 0) << "a pool still in use lost its cache";
+  }
+  a().empty_cache();
+  EXPECT_EQ(reserved(), 0);
+
+  PoolId captured = a().create_pool({}, 0);
+  {
+    ThreadRoute route(a(), captured);
+    free(alloc(8 * MiB));
+  }
+  PoolId graph = a().create_pool({}, 0);
+  a().begin_capture_to_pool(graph, 9, 0);
+  a().release_pool(captured, 0, true);
+  EXPECT_GT(stats().private_pool_reserved_bytes, 0) << "memory went back during a capture";
+  a().end_allocate_to_pool(graph, 0);
+  a().release_pool(graph, 0);
+  a().empty_cache();
+  EXPECT_EQ(reserved(), 0);
+}
+
 TEST_P(Pools, APoolInUseKeepsItsCacheThroughEmptyCache) {
   PoolId pool = a().create_pool({}, 0);
   {

@@ -138,7 +138,9 @@ void Walker::op_pool(std::uint8_t arg) {
       return;
     case 4:
       if (!slot.exists || slot.route != 0) return;
-      alloc_->release_pool(slot.id, slot.device);
+      // Half the pools go as torch.cuda.MemPool's destructor lets them (their cache
+      // back at once), chosen by id: no input byte, so the corpus keeps its meaning.
+      alloc_->release_pool(slot.id, slot.device, (slot.id.second & 1) != 0);
       for (Live& l : live_)
         if (l.pool == index) l.pool = -2;
       slot = PoolSlot{};

@@ -265,6 +265,28 @@ class PluggableMemPoolTest(unittest.TestCase):
             reservoir.empty_cache()
             self.assertEqual(self.lib.test_frees(), frees + 1)
 
+    def test_releasing_the_last_use_gives_the_pools_memory_back_at_once(self):
+        # As PyTorch's MemPool destructor (emptyCache with the pool active): no
+        # empty_cache needed, and a pool still routed to keeps its memory.
+        made = self.torch.cuda.memory.CUDAPluggableAllocator(self.library, "test_alloc",
+                                                             "test_free")
+        pool = self.torch.cuda.MemPool(made)
+        with reservoir.use_mem_pool(pool):
+            reservoir.raw_free(reservoir.raw_alloc(3 * MiB))
+        frees = self.lib.test_frees()
+        pool.release()
+        self.assertEqual(self.lib.test_frees(), frees + 1)
+        self.assertEqual([s for s in reservoir.segments() if s["pool"] == pool.id], [])
+        # A plain reservoir.MemPool keeps reservoir's rule: back at the next empty_cache.
+        plain = reservoir.MemPool(pluggable=reservoir._torch_pools.pluggable_functions(made))
+        with reservoir.use_mem_pool(plain):
+            reservoir.raw_free(reservoir.raw_alloc(3 * MiB))
+        frees = self.lib.test_frees()
+        plain.release()
+        self.assertEqual(self.lib.test_frees(), frees)
+        reservoir.empty_cache()
+        self.assertEqual(self.lib.test_frees(), frees + 1)
+
     def test_an_allocator_that_has_nothing_is_out_of_memory(self):
         made = self.torch.cuda.memory.CUDAPluggableAllocator(self.library, "test_alloc",
                                                              "test_free")

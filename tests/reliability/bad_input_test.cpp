@@ -303,8 +303,7 @@ TEST(BadInputC, NullConfigText) {
   EXPECT_NE(std::string(reservoir_last_error()).find("reservoir_set_allocator_settings"),
             std::string::npos);
   const std::string config = c_config();
-  EXPECT_EQ(reservoir_set_allocator_settings("roundup_power2_divisions:3"),
-            RESERVOIR_ERROR_CONFIG);
+  EXPECT_EQ(reservoir_set_allocator_settings("roundup_power2_divisions:3"), RESERVOIR_ERROR_CONFIG);
   EXPECT_NE(std::string(reservoir_last_error()).find("'3'"), std::string::npos);
   EXPECT_EQ(c_config(), config);
 }
@@ -629,12 +628,11 @@ TEST(BadInputC, PoolWithASegmentSource) {
             RESERVOIR_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, nullptr, &source, &id),
             RESERVOIR_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source,
-                                              nullptr),
-            RESERVOIR_ERROR_INVALID_ARGUMENT);
-  ASSERT_EQ(
-      reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source, &id),
-      RESERVOIR_OK);
+  EXPECT_EQ(
+      reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source, nullptr),
+      RESERVOIR_ERROR_INVALID_ARGUMENT);
+  ASSERT_EQ(reservoir_pool_create_with_source(0, 0, 0, c_source_alloc, c_source_free, &source, &id),
+            RESERVOIR_OK);
   ASSERT_EQ(reservoir_pool_begin_thread(0, id), RESERVOIR_OK);
   void* p = nullptr;
   ASSERT_EQ(reservoir_allocate(&p, 3 * MiB, 0, 7), RESERVOIR_OK);
@@ -754,8 +752,8 @@ TEST(BadInputC, SegmentsAndTraceTrackers) {
   EXPECT_TRUE(seen(RESERVOIR_TRACE_SEGMENT_ALLOC) || seen(RESERVOIR_TRACE_SEGMENT_MAP));
   bool alloc_seen = false;
   for (const reservoir_trace_entry& e : c_tracked.entries)
-    alloc_seen |= e.action == RESERVOIR_TRACE_ALLOC && e.address == reinterpret_cast<uintptr_t>(p) &&
-                  e.stream == 3u;
+    alloc_seen |= e.action == RESERVOIR_TRACE_ALLOC &&
+                  e.address == reinterpret_cast<uintptr_t>(p) && e.stream == 3u;
   EXPECT_TRUE(alloc_seen);
   const reservoir_segment gone = *mine;
   ASSERT_EQ(reservoir_free(p), RESERVOIR_OK);
@@ -816,6 +814,13 @@ TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   EXPECT_EQ(reservoir_pool_release(0, reservoir_pool_id{0, 99999}),
             RESERVOIR_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(reservoir_last_error()).find("no such pool"), std::string::npos);
+  EXPECT_EQ(reservoir_pool_release_and_empty(0, reservoir_pool_id{0, 99999}),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("no such pool"), std::string::npos);
+  reservoir_pool_id once{0, 0};
+  ASSERT_EQ(reservoir_pool_create(0, 0, 0, &once), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_release_and_empty(0, once), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_release_and_empty(0, once), RESERVOIR_ERROR_INVALID_ARGUMENT);
   ASSERT_EQ(reservoir_pool_create(0, 0, 0, &id), RESERVOIR_OK);
   int count = 0;
   EXPECT_EQ(reservoir_pool_use_count(0, id, &count), RESERVOIR_OK);

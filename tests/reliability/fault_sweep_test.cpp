@@ -166,7 +166,8 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
   }
   if (capturing) end_capture();
   for (std::size_t slot = 0; slot < slots.size(); ++slot) free_slot(slot);
-  if (any_capture) rig.a->release_pool(pool, 0);
+  // Its cache back at once (torch.cuda.MemPool's destructor): those device calls swept too.
+  if (any_capture) guarded([&] { rig.a->release_pool(pool, 0, /*empty_cache=*/true); });
   rig.sim->advance_all();
   guarded([&] { rig.a->empty_cache(); });
   rig.a->validate();

@@ -13,7 +13,8 @@
 //     registers the allocator's segments with NCCL
 //     (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1, zero-copy collectives): the
 //     segments a communicator's creation lists, then every segment made and given back;
-//   - attachOutOfMemoryObserver (what dump-on-OOM tools attach from C++).
+//   - attachOutOfMemoryObserver (what dump-on-OOM tools attach from C++);
+//   - enable / isEnabled (torch.cuda.caching_allocator_enable): a no-op there.
 // Signatures that differ between PyTorch versions (snapshot's arguments, TraceEntry's
 // constructor) are matched at compile time; members declared without `override` for
 // them override whichever the installed PyTorch declares.
@@ -35,7 +36,9 @@
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
 #include <c10/util/ApproximateClock.h>
+#include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <exception>
@@ -70,6 +73,53 @@ using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 void delete_block(void* ptr) {
   reservoir_torch_free(ptr, 0, 0, nullptr);
 }
+
+// torch.cuda.caching_allocator_enable(False), PyTorch's meaning: every request goes
+// straight to cudaMalloc (never counted in the statistics) and back with cudaFree.
+// What raw_alloc handed out so is remembered, so that raw_delete, which may come
+// after caching is on again, gives it back the same way.
+struct Uncached {
+  std::atomic<bool> enabled{true};
+  std::atomic<std::size_t> live{0};  // raw pointers below: raw_delete looks only then
+  std::mutex mutex;
+  std::unordered_set<void*> raw;
+
+  static Uncached& instance() {
+    static Uncached* kept = new Uncached();  // outlives every tensor freed at exit
+    return *kept;
+  }
+  static void* allocate(std::size_t size) {
+    void* ptr = nullptr;
+    if (size != 0) C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+    return ptr;
+  }
+  void* raw_allocate(std::size_t size) {
+    void* ptr = allocate(size);
+    if (ptr == nullptr) return ptr;
+    std::lock_guard<std::mutex> guard(mutex);
+    raw.insert(ptr);
+    live.store(raw.size());
+    return ptr;
+  }
+  // Whether ptr came from raw_allocate (then it is given back here).
+  bool raw_free(void* ptr) {
+    if (live.load() == 0) return false;
+    {
+      std::lock_guard<std::mutex> guard(mutex);
+      if (raw.erase(ptr) == 0) return false;
+      live.store(raw.size());
+    }
+    free(ptr);
+    return true;
+  }
+  // A deleter: reports a failure instead of throwing.
+  static void free(void* ptr) {
+    const cudaError_t status = cudaFree(ptr);
+    if (status != cudaSuccess)
+      std::fprintf(stderr, "reservoir: cudaFree(%p) of an uncached allocation failed: %s\n", ptr,
+                   cudaGetErrorString(status));
+  }
+};
 
 reservoir_pool_id pool_of(MempoolId_t id) {
   return reservoir_pool_id{id.first, id.second};
@@ -243,6 +293,10 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
   c10::DataPtr allocate(size_t size) override {
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
+    if (!Uncached::instance().enabled.load(std::memory_order_relaxed)) {
+      void* ptr = Uncached::allocate(size);
+      return c10::DataPtr(ptr, ptr, &Uncached::free, c10::Device(c10::DeviceType::CUDA, device));
+    }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
     void* ptr = reservoir_torch_malloc(size, device, stream);
     return c10::DataPtr(ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device));
@@ -251,14 +305,21 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
   void* raw_alloc(size_t size) override {
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return reservoir_torch_malloc(size, device, c10::cuda::getCurrentCUDAStream(device));
+    return raw_alloc_with_stream(size, c10::cuda::getCurrentCUDAStream(device));
   }
   void* raw_alloc_with_stream(size_t size, cudaStream_t stream) override {
+    Uncached& uncached = Uncached::instance();
+    if (!uncached.enabled.load(std::memory_order_relaxed)) return uncached.raw_allocate(size);
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
     return reservoir_torch_malloc(size, device, stream);
   }
-  void raw_delete(void* ptr) override { delete_block(ptr); }
+  void raw_delete(void* ptr) override {
+    if (!Uncached::instance().raw_free(ptr)) delete_block(ptr);
+  }
+  // torch.cuda.caching_allocator_enable (no `override`: versions before it lack them)
+  void enable(bool value) { Uncached::instance().enabled.store(value); }
+  bool isEnabled() const { return Uncached::instance().enabled.load(); }
 
   // ---- cuDNN's benchmark mode
   void cacheInfo(c10::DeviceIndex device, size_t* largest) override {

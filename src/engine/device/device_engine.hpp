@@ -150,7 +150,9 @@ class DeviceEngine {
                    std::shared_ptr<SegmentSource> source = nullptr);
   // Drops a use; at 0 the pool's memory goes back once its blocks are freed (at the
   // next release of the device's caches).
-  void release_pool(PoolId id);
+  // empty_cache: at the last use, the pool's cached memory goes back now (else at the
+  // next empty_cache or out-of-memory release).
+  void release_pool(PoolId id, bool empty_cache = false);
   int pool_use_count(PoolId id);
   // Routes requests that filter accepts to the pool (retaining it) until
   // end_allocate_to_pool. capture: a graph capture may be under way meanwhile.

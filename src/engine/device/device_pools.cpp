@@ -65,9 +65,19 @@ void DeviceEngine::retain_pool(PoolId id, const PoolOptions& options,
   private_registry_.retain(id, options, std::move(source));
 }
 
-void DeviceEngine::release_pool(PoolId id) {
+void DeviceEngine::release_pool(PoolId id, bool empty_cache) {
+  PoolRegistry::Pool pool = empty_cache ? private_registry_.find(id) : nullptr;
   private_registry_.release(id);
-  collect_dead_pools();  // a pool that never held memory is forgotten at once
+  // The last use gone (a route may still hold one): the pool's cached segments go back
+  // now, its frees waiting for other streams waited for first (PyTorch's MemPool
+  // destructor: emptyCache with the pool active). Nothing goes back during a capture.
+  if (pool && private_registry_.use_count(id) == 0 && !capture_.underway()) {
+    History::Delivery delivery(history_);
+    std::lock_guard<std::mutex> guard(ladder_mutex_);
+    for (StreamPool* p : pool->streams()) p->synchronize_pending();
+    for (StreamPool* p : pool->streams()) p->release_cached();
+  }
+  collect_dead_pools();  // a pool that holds no memory is forgotten at once
 }
 
 int DeviceEngine::pool_use_count(PoolId id) {

@@ -218,6 +218,43 @@ class CudnnBenchmarkTest(unittest.TestCase):
 
 
 @needs_torch_cuda
+class CachingAllocatorEnableTest(unittest.TestCase):
+    def test_disabled_requests_go_straight_to_the_device_uncounted(self):
+        # PyTorch's meaning of torch.cuda.caching_allocator_enable(False): cudaMalloc
+        # and cudaFree, nothing in the statistics; a raw pointer from then is freed the
+        # same way even after caching is on again.
+        proc = run(
+            """
+            import reservoir, reservoir.torch as rt
+            rt.install()
+            import torch
+            assert rt.native_status()["active"], rt.native_status()
+            dev = torch.cuda.current_device()
+            stream = torch.cuda.current_stream().cuda_stream
+            def requested():
+                return torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+            torch.cuda.caching_allocator_enable(False)
+            before, reserved = requested(), reservoir.memory_stats(dev)["reserved_bytes.all.current"]
+            raw = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, stream)
+            t = torch.ones(1 << 18, device="cuda")
+            assert requested() == before, (requested(), before)
+            assert reservoir.memory_stats(dev)["reserved_bytes.all.current"] == reserved
+            assert float(t.sum()) == float(1 << 18)
+            del t
+            torch.cuda.caching_allocator_enable(True)
+            torch._C._cuda_cudaCachingAllocator_raw_delete(raw)  # cudaFree, not Reservoir
+            raw = torch._C._cuda_cudaCachingAllocator_raw_alloc(1 << 20, stream)
+            assert requested() == before + (1 << 20), (requested(), before)
+            torch._C._cuda_cudaCachingAllocator_raw_delete(raw)
+            reservoir.validate()
+            print("caching enable ok")
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("caching enable ok", proc.stdout)
+
+
+@needs_torch_cuda
 class CaptureTest(unittest.TestCase):
     SCRIPT = textwrap.dedent(
         """
