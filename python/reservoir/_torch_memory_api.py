@@ -82,8 +82,13 @@ def snapshot(include_traces=True):
             result = pickle.load(f)
     finally:
         os.unlink(path)
-    if not include_traces and isinstance(result, dict) and "device_traces" in result:
-        result["device_traces"] = [[] for _ in result["device_traces"]]
+    if isinstance(result, dict) and "device_traces" in result:
+        skip = _skip_actions[0]
+        if not include_traces:
+            result["device_traces"] = [[] for _ in result["device_traces"]]
+        elif skip:
+            result["device_traces"] = [[e for e in trace if e.get("action") not in skip]
+                                       for trace in result["device_traces"]]
     return result
 
 
@@ -104,6 +109,9 @@ def _memory_snapshot(arg=None):
 
 
 _history = [False]
+# The actions _record_memory_history(skip_actions=...) named: left out of the traces
+# the snapshot returns (they still take their place in the ring of max_entries).
+_skip_actions = [frozenset()]
 
 
 def history_enabled():
@@ -116,9 +124,12 @@ def _history_entries(max_entries):
 
 
 def _record_memory_history(enabled, *args, **kwargs):
-    # (enabled: "all" | "state" | None, context, stacks, max_entries, ...): only
-    # on/off and the size of the ring are Reservoir's.
+    # (enabled: "all" | "state" | None, context, stacks, max_entries, clear_history,
+    # compile_context, global_record_annotations, skip_actions): on/off, the size of
+    # the ring and the actions to leave out are Reservoir's.
     max_entries = kwargs.get("max_entries", args[2] if len(args) >= 3 else 100000)
+    skip = kwargs.get("skip_actions", args[6] if len(args) >= 7 else None)
+    _skip_actions[0] = frozenset(str(a) for a in (skip or ()))
     if enabled is None:
         _reservoir.record_history(False)
     else:

@@ -387,5 +387,31 @@ class TorchShapesTest(unittest.TestCase):
                 self.assertEqual(pickle.load(f)["segments"], snap["segments"])
 
 
+    def test_skipped_actions_are_left_out_of_the_traces(self):
+        # torch.cuda.memory._record_memory_history(..., skip_actions=[...]) reaches
+        # torch._C._cuda_record_memory_history with the list as its eighth argument.
+        record = _torch_memory_api._record_memory_history
+        for skip in (["alloc"], ["free_requested", "free_completed"], [], None):
+            with self.subTest(skip=skip):
+                record("all", "all", "python", 1000, False, False, False, skip)
+                try:
+                    reservoir.raw_free(reservoir.raw_alloc(3 * MiB))
+                    actions = {t["action"] for t in _torch_memory_api.snapshot()["device_traces"][0]}
+                finally:
+                    record(None)
+                for action in skip or ():
+                    self.assertNotIn(action, actions)
+                self.assertTrue(actions - set(skip or ()), actions)
+                if not skip:
+                    self.assertIn("alloc", actions)
+        record("all", max_entries=1000, skip_actions=["alloc"])  # by keyword too
+        try:
+            reservoir.raw_free(reservoir.raw_alloc(3 * MiB))
+            traces = _torch_memory_api.snapshot()["device_traces"][0]
+        finally:
+            record(None)
+        self.assertNotIn("alloc", {t["action"] for t in traces})
+
+
 if __name__ == "__main__":
     unittest.main()
