@@ -166,13 +166,19 @@ std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, Stream
 std::uintptr_t DeviceEngine::allocate_missed(StreamPool& pool, std::size_t requested,
                                              StreamHandle stream, const Context& context) {
   StreamPool* p = &pool;
-  // Recycled meanwhile: the table again, under its mutex (exact there).
-  while (p->stream() != stream) {
-    p = &create_pool(stream);
-    if (std::uintptr_t address = p->allocate_cached(requested, stream, context, history_.active()))
-      return address;
+  for (;;) {
+    // Recycled meanwhile: the table again, under its mutex (exact there).
+    while (p->stream() != stream) {
+      p = &create_pool(stream);
+      if (std::uintptr_t address =
+              p->allocate_cached(requested, stream, context, history_.active()))
+        return address;
+    }
+    // The ladder's steps lock the pool one by one: pinned, it is not recycled (to
+    // serve another stream) between them, as another thread's sweep otherwise may.
+    StreamPool::Pin pin(*p);
+    if (pin.serves(stream)) return allocate_slow(*p, requested, context);
   }
-  return allocate_slow(*p, requested, context);
 }
 
 StreamPool& DeviceEngine::create_pool(StreamHandle stream) {

@@ -112,6 +112,26 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool recycle(StreamHandle next, bool give_back);
   // A recycled pool takes a stream. pre: the pool holds no block.
   void assign(StreamHandle stream);
+  // Keeps the pool from being recycled while it lives (an allocation's out-of-memory
+  // ladder, which locks the pool step by step). serves(): whether the pool serves
+  // stream, read under its lock after the pin is counted, so a recycling either came
+  // before (the answer is false) or sees the pin and waits for the next sweep.
+  class Pin {
+   public:
+    explicit Pin(StreamPool& pool) noexcept : pool_(pool) {
+      pool_.pins_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Pin() { pool_.pins_.fetch_sub(1, std::memory_order_relaxed); }
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+    bool serves(StreamHandle stream) {
+      std::lock_guard<Lock> guard(pool_.lock_);
+      return pool_.stream() == stream;
+    }
+
+   private:
+    StreamPool& pool_;
+  };
   // Whether the pool holds a block the program has not given back for good (allocated,
   // pending, stranded or deferred past a capture), or a release fence: what a
   // recycled pool never holds (the validator).
@@ -338,6 +358,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   // stream and holds segments or blocks; the event is the pool's until recycling.
   bool fenced_ = false;
   EventHandle release_fence_ = 0;
+  std::atomic<int> pins_{0};  // Pin: recycle() refuses while nonzero
   // The statistics shard of the operation holding the lock (its thread's), or nullptr
   // until it first counts; set by the guards, never read without the lock.
   // Between operations, a hint for the next (StatLedger::mine(hint) checks that it is

@@ -167,8 +167,8 @@ bool StreamPool::recycle(StreamHandle next, bool give_back) {
   // No memory may go back during a capture, nor may events be queried.
   if (services_.capture.underway()) return false;
   if (pending_blocks_ != 0) process_events(false);
-  if (allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
-      !capture_deferred_.empty()) {
+  if (pins_.load(std::memory_order_relaxed) != 0 || allocated_.size() != 0 ||
+      pending_blocks_ != 0 || !stranded_.empty() || !capture_deferred_.empty()) {
     finish_operation();
     return false;
   }
