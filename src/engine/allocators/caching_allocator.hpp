@@ -37,7 +37,7 @@ class CachingAllocator final : public BlockResource {
   ~CachingAllocator() override;
 
   // ---- Requests (MemoryResource); the hot two are inline ----
-  void* allocate(std::size_t size, StreamHandle stream, int device) override {
+  RESERVOIR_INLINE void* allocate(std::size_t size, StreamHandle stream, int device) override {
     return reinterpret_cast<void*>(engine(device).allocate(size, stream));
   }
   void deallocate(void* ptr) override {

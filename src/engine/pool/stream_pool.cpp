@@ -132,13 +132,13 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, StreamHandle s
       Block* parked = parked_;
       // The steady pair: the same block for the same size, the index unchanged since.
       if (parked == fit_block_ && size == parked->size && free_[pool].version() == fit_version_)
-        return take_parked(parked, requested);
+        return take_parked(parked, requested, *guard.stats);
       if (parked_fit(pool, size)) {
         if (!parked->in_expandable) {
           fit_block_ = parked;
           fit_version_ = free_[pool].version();
         }
-        return take_parked(parked, requested);
+        return take_parked(parked, requested, *guard.stats);
       }
     }
     settle();
@@ -147,7 +147,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, StreamHandle s
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
   Block* b = find_free(pool, size);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context, traced);
+  std::uintptr_t address = hand_out(b, size, requested, context, traced, *guard.stats);
   finish_operation();
   return address;
 }
@@ -158,7 +158,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
   const std::size_t size = policy().round(requested);
   Block* b = new_segment_block(guard, size, SizePolicy::pool_for(size), retry, context);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context, tracing());
+  std::uintptr_t address = hand_out(b, size, requested, context, tracing(), stats());
   finish_operation();
   return address;
 }
@@ -171,7 +171,7 @@ std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const C
   Block* b = find_free(pool, size);
   if (!b) b = new_segment_block(guard, size, pool, true, context);
   if (!b) return 0;
-  std::uintptr_t address = hand_out(b, size, requested, context, tracing());
+  std::uintptr_t address = hand_out(b, size, requested, context, tracing(), stats());
   finish_operation();
   return address;
 }
@@ -196,7 +196,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
     status = allocate();
     guard.lock();
     services_.budget.relocked(alloc_size);
-    shard_ = nullptr;  // another thread's operation may have held the lock meanwhile
+    shard_ = &unowned_shard;  // another thread's operation may have held the lock meanwhile
   } else {
     status = allocate();
   }
@@ -243,7 +243,7 @@ Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex p
 // policy says so; returns the address handed to the program.
 RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
                                                      std::size_t requested, const Context& context,
-                                                     bool traced) {
+                                                     bool traced, ShardCounters& shard) {
   const PoolIndex pool = b->pool();
   const bool counts_split = !b->in_expandable;  // PyTorch counts none in expandable
   const bool already_split = b->is_split();
@@ -261,7 +261,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
     out = b;
     out->state = BlockState::allocated;
   }
-  issue(out, requested, split);
+  issue(out, requested, split, shard);
   if (RESERVOIR_UNLIKELY(traced)) {
     trace(TraceAction::alloc, out->address, requested,
           services_.history.level() >= ContextLevel::alloc ? context : nullptr);
@@ -272,14 +272,15 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
 
 // out (allocated, out of every index) goes to the program: into the allocated map,
 // with one statistics delta (split: what handing it out did to the inactive splits).
-RESERVOIR_INLINE void StreamPool::issue(Block* out, std::size_t requested, SplitChange split) {
+RESERVOIR_INLINE void StreamPool::issue(Block* out, std::size_t requested, SplitChange split,
+                                        ShardCounters& shard) {
   const PoolIndex pool = out->pool();
   out->requested = requested;
   allocated_.insert(out->address, out);
-  stats().on_allocate(pool, static_cast<std::int64_t>(out->size),
-                      static_cast<std::int64_t>(requested), split);
+  shard.on_allocate(pool, static_cast<std::int64_t>(out->size),
+                    static_cast<std::int64_t>(requested), split);
   out->oversize = out->size >= policy().max_split_size();
-  if (out->oversize) stats().add<kOversizeAllocations>(pool, 1);
+  if (out->oversize) shard.add<kOversizeAllocations>(pool, 1);
 }
 
 // ---------------------------------------------------------------- parked free
@@ -292,9 +293,9 @@ RESERVOIR_INLINE bool StreamPool::parks(const Block* b) const noexcept {
 
 // b (out of the allocated map, parks(b)) is freed: counted as free_block() would count
 // it, merged with a free next, but left where it is.
-RESERVOIR_INLINE void StreamPool::park(Block* b) {
+RESERVOIR_INLINE void StreamPool::park(Block* b, ShardCounters& shard) {
   const PoolIndex pool = b->pool();
-  if (b->oversize) stats().add<kOversizeAllocations>(pool, -1);
+  if (b->oversize) shard.add<kOversizeAllocations>(pool, -1);
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   b->requested = 0;
@@ -302,7 +303,7 @@ RESERVOIR_INLINE void StreamPool::park(Block* b) {
   b->gc_stamp = services_.gc.now();
   parked_ = b;
   parked_split_ = parked_merge(b);
-  stats().on_free(pool, bytes, requested, parked_split_);
+  shard.on_free(pool, bytes, requested, parked_split_);
 }
 
 // What merging the parked b (with a free next) does to the inactive split blocks, as
@@ -348,7 +349,8 @@ RESERVOIR_INLINE Block* StreamPool::parked_fit(PoolIndex pool, std::size_t size)
 
 // parked_fit() said yes: b goes back to the program, and what the free and the
 // allocation would have done to the blocks cancels out, but for their statistics.
-RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t requested) {
+RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t requested,
+                                                        ShardCounters& shard) {
   parked_ = nullptr;
   const PoolIndex pool = b->pool();
   if (pool == kLargePool && services_.gc.enabled()) services_.gc.tick();  // as find_free()
@@ -357,7 +359,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::take_parked(Block* b, std::size_t re
     next->gc_stamp = services_.gc.now();  // the remainder's, as reposition_free()
   // hand_out() splitting the merged block undoes what the merge did.
   b->state = BlockState::allocated;
-  issue(b, requested, SplitChange{-parked_split_.blocks, -parked_split_.bytes});
+  issue(b, requested, SplitChange{-parked_split_.blocks, -parked_split_.bytes}, shard);
   finish_operation();
   return b->address;
 }
@@ -393,9 +395,9 @@ bool StreamPool::free(std::uintptr_t address) {
   if (!b) return false;
   if (parked_) settle();  // first: b's neighbour may be the parked block
   if (b->size == last_size_ && parks(b))
-    park(b);
+    park(b, *guard.stats);
   else
-    release_block(b, false);
+    release_block(b, false, *guard.stats);
   finish_operation();
   return true;
 }
@@ -409,22 +411,22 @@ bool StreamPool::free_traced(std::uintptr_t address) {
   Block* b = allocated_.erase(address);
   if (!b) return false;
   trace(TraceAction::free_requested, b->address, b->requested, context ? context : b->context());
-  release_block(b, true);
+  release_block(b, true, stats());
   finish_operation();
   return true;
 }
 
 // The program gave b back (it is out of the allocated map): free it now, or once the
 // other streams that used it are done.
-RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced) {
+RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced, ShardCounters& shard) {
   const PoolIndex pool = b->pool();
-  if (b->oversize) stats().add<kOversizeAllocations>(pool, -1);
+  if (b->oversize) shard.add<kOversizeAllocations>(pool, -1);
   const auto bytes = static_cast<std::int64_t>(b->size);
   const auto requested = static_cast<std::int64_t>(b->requested);
   if (RESERVOIR_LIKELY(!b->extras || b->extras->uses.empty())) {
-    stats().on_free(pool, bytes, requested, free_block(b, traced));
+    shard.on_free(pool, bytes, requested, free_block(b, traced));
   } else {
-    stats().on_defer(pool, bytes);
+    shard.on_defer(pool, bytes);
     if (RESERVOIR_UNLIKELY(services_.capture.underway()))
       defer_past_capture(b);
     else
@@ -433,7 +435,7 @@ RESERVOIR_INLINE void StreamPool::release_block(Block* b, bool traced) {
 }
 
 void StreamPool::release_block_outlined(Block* b) {
-  release_block(b, tracing());
+  release_block(b, tracing(), stats());
 }
 
 // The block's memory is free for reuse on this stream: merge with free neighbours

@@ -228,11 +228,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   // so that the calling thread's shard is settled, however the operation ends, before
   // the lock goes.
   // The shard is found when first counted (a query makes none); after relocking, the
-  // holder forgets it again (shard_ = nullptr).
+  // holder forgets it again (shard_ = &unowned_shard).
   struct Guard : std::unique_lock<Lock> {
     explicit Guard(StreamPool& pool)
         : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {
-      pool.shard_ = nullptr;
+      pool.shard_ = &unowned_shard;
       if (pool.parked_) pool.settle();
     }
     StatScope stats;
@@ -242,7 +242,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   // this thread's). Inlined: out of line, its set-up cost a tenth of a cache-hit pair.
   struct ScopedGuard {
     RESERVOIR_INLINE explicit ScopedGuard(StreamPool& pool)
-        : lock(pool.lock_), stats(pool.services_.ledger.mine(pool.shard_)) {
+        : lock(pool.lock_), stats(pool.services_.ledger.mine(*pool.shard_)) {
       pool.shard_ = &*stats;
     }
     std::lock_guard<Lock> lock;
@@ -250,7 +250,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   };
   // The calling thread's shard, inside an operation (its guard's scope settles it).
   RESERVOIR_INLINE ShardCounters& stats() {
-    if (RESERVOIR_UNLIKELY(!shard_)) shard_ = &services_.ledger.mine();
+    if (RESERVOIR_UNLIKELY(shard_ == &unowned_shard)) shard_ = &services_.ledger.mine();
     return *shard_;
   }
   struct Pending {
@@ -288,10 +288,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   Block* find_free(PoolIndex pool, std::size_t size);
   static std::size_t room_after(const Block* b);
   // traced: history is on (the flag is loaded once per operation).
+  // shard: the operation's (the hot paths pass their guard's, found once).
   std::uintptr_t hand_out(Block* b, std::size_t size, std::size_t requested, const Context& context,
-                          bool traced);
+                          bool traced, ShardCounters& shard);
   // out (allocated) goes to the program: the allocated map and the statistics.
-  void issue(Block* out, std::size_t requested, SplitChange split);
+  void issue(Block* out, std::size_t requested, SplitChange split, ShardCounters& shard);
   Block* new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
                            const Context& context);
   // ---- expandable segments (stream_pool_expandable.cpp) ----
@@ -306,12 +307,12 @@ class alignas(64) StreamPool final : public BlockOwner {
   void count_held(Segment* segment, std::size_t held_before, std::size_t unused);
   // ---- parked free (see the class comment) ----
   bool parks(const Block* b) const noexcept;
-  void park(Block* b);
+  void park(Block* b, ShardCounters& shard);
   static SplitChange parked_merge(const Block* b);
   // The parked block when best fit for size bytes of pool would hand it out as it is
   // (its merge and that split cancel out), else nullptr.
   Block* parked_fit(PoolIndex pool, std::size_t size);
-  std::uintptr_t take_parked(Block* b, std::size_t requested);
+  std::uintptr_t take_parked(Block* b, std::size_t requested, ShardCounters& shard);
   RESERVOIR_COLD void settle();  // merges the parked block as its free would have
   // For the validator: parked_split_ is the parked block's merge; the fit memo, while
   // it stands, gives what parked_fit() gives.
@@ -319,7 +320,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool fit_memo_current();
   // ---- free ----
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
-  void release_block(Block* block, bool traced);
+  void release_block(Block* block, bool traced, ShardCounters& shard);
   void release_block_outlined(Block* block);  // for the pool's other files
   [[nodiscard]] SplitChange free_block(Block* block, bool traced);
   void defer_free(Block* block);
@@ -359,11 +360,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool fenced_ = false;
   EventHandle release_fence_ = 0;
   std::atomic<int> pins_{0};  // Pin: recycle() refuses while nonzero
-  // The statistics shard of the operation holding the lock (its thread's), or nullptr
+  // The statistics shard of the operation holding the lock (its thread's), or unowned_shard
   // until it first counts; set by the guards, never read without the lock.
   // Between operations, a hint for the next (StatLedger::mine(hint) checks that it is
   // the calling thread's; shards live as long as the ledger).
-  ShardCounters* shard_ = nullptr;
+  ShardCounters* shard_ = &unowned_shard;
   // On the line after the fit memo's, with the free indexes' version counter: a steady
   // pair touches the pool's first three lines only (one thread taking turns between
   // hundreds of streams finds few of them in its L1).

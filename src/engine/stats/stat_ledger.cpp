@@ -215,6 +215,7 @@ bool ShardCounters::guards_hold() const noexcept {
 // ---------------------------------------------------------------- thread shards
 
 constinit thread_local StatHint tls_stat_hint;
+ShardCounters unowned_shard;
 
 namespace {
 std::atomic<std::uint64_t> g_next_ledger{1};
@@ -380,8 +381,11 @@ ShardCounters* StatLedger::take_shard_locked() {
     shard = made_.back().get();
     shard->ledger = this;
   }
+  // It joins with zero limits and values (the invariant's sum is unchanged), so its
+  // first rise rebalances what it passed; no rebalance of every quantity now, which
+  // would rewrite every live shard's limits while their threads count (threads that
+  // start together would each do it, one after another, under the mutex).
   live_.push_back(shard);
-  rebalance_locked();
   return shard;
 }
 

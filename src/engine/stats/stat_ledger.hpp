@@ -378,6 +378,10 @@ struct StatHint {
 };
 extern constinit thread_local StatHint tls_stat_hint;
 
+// A shard that no thread owns (owner 0, never a thread pointer) and no ledger counts:
+// the "none yet" value of a shard hint, so that mine(hint) needs no null test.
+extern ShardCounters unowned_shard;
+
 class StatLedger {
  public:
   StatLedger();
@@ -392,12 +396,12 @@ class StatLedger {
     return mine_slow();
   }
   // The calling thread's shard when hint is it (one compare: for a caller that keeps,
-  // under its own lock, the shard its last operation used), else mine().
-  RESERVOIR_INLINE ShardCounters& mine(ShardCounters* hint) {
-    const std::uintptr_t tp = thread_pointer();
-    if (RESERVOIR_LIKELY(hint && kThreadPointer &&
-                         hint->owner.load(std::memory_order_relaxed) == tp))
-      return *hint;
+  // under its own lock, the shard its last operation used, or unowned_shard), else
+  // mine().
+  RESERVOIR_INLINE ShardCounters& mine(const ShardCounters& hint) {
+    if (RESERVOIR_LIKELY(kThreadPointer &&
+                         hint.owner.load(std::memory_order_relaxed) == thread_pointer()))
+      return const_cast<ShardCounters&>(hint);
     return mine();
   }
   // Whether the calling thread's shard is found the fast way (the thread-pointer table,

@@ -41,8 +41,12 @@ class StreamTable {
     const Table* t = current_.load(std::memory_order_acquire);
     const std::size_t mask = t->capacity - 1;
     std::size_t i = hash(stream) & mask;
-    for (std::size_t n = 0; n < t->capacity; ++n, i = (i + 1) & mask) {
-      Pool* p = t->slots[i].pool.load(std::memory_order_acquire);
+    // The home slot first, without the walk's bound (most finds end there).
+    Pool* p = t->slots[i].pool.load(std::memory_order_acquire);
+    if (!p || t->slots[i].key.load(std::memory_order_relaxed) == stream) return p;
+    for (std::size_t n = 1; n < t->capacity; ++n) {
+      i = (i + 1) & mask;
+      p = t->slots[i].pool.load(std::memory_order_acquire);
       if (!p) return nullptr;
       if (t->slots[i].key.load(std::memory_order_relaxed) == stream) return p;
     }
