@@ -295,13 +295,19 @@ void DeviceEngine::release_cached_everywhere(bool compact_pages_back) {
     auto pools = pools_snapshot();
     for (const PoolRegistry::Pool& released : private_registry_.released())
       for (StreamPool* p : released->streams()) pools.push_back(p);
-    for (StreamPool* p : pools) p->synchronize_pending();
-    for (StreamPool* p : pools) p->release_cached();
+    release_caches_locked(pools);
   }
   // The pools share the device: a private pool's request under policy:compact (and a
   // default pool's after a policy switch) may need the compact pool's free pages.
   if (CompactPool* c = compact_if_made()) c->release_free_pages(compact_pages_back);
   collect_dead_pools();
+}
+
+void DeviceEngine::release_caches_locked(const std::vector<StreamPool*>& pools) {
+  // Every pending free waited for first: a segment goes back only once all its blocks
+  // are free.
+  for (StreamPool* p : pools) p->synchronize_pending();
+  for (StreamPool* p : pools) p->release_cached();
 }
 
 std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {

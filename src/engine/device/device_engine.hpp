@@ -197,6 +197,9 @@ class DeviceEngine {
   StreamPool& private_stream_pool(PrivatePool& pool, StreamHandle stream);
   // The registered, unreleased pool (throws InvalidArgumentError).
   PoolRegistry::Pool live_pool(PoolId id, const char* action);
+  // Waits for the pools' pending frees, then gives their free segments back. pre: the
+  // caller holds ladder_mutex_.
+  void release_caches_locked(const std::vector<StreamPool*>& pools);
   // Forgets released pools with nothing left, keeping their caches for reuse.
   void collect_dead_pools();
   // Every StreamPool: the default ones, then the private ones.

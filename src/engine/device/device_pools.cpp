@@ -74,8 +74,7 @@ void DeviceEngine::release_pool(PoolId id, bool empty_cache) {
   if (pool && private_registry_.use_count(id) == 0 && !capture_.underway()) {
     History::Delivery delivery(history_);
     std::lock_guard<std::mutex> guard(ladder_mutex_);
-    for (StreamPool* p : pool->streams()) p->synchronize_pending();
-    for (StreamPool* p : pool->streams()) p->release_cached();
+    release_caches_locked(pool->streams());
   }
   collect_dead_pools();  // a pool that holds no memory is forgotten at once
 }

@@ -561,9 +561,7 @@ void StreamPool::release_stream(bool fence) {
   // Only a pool the program is done with (a cache and nothing else): one that still
   // holds blocks gives its cache back when they are (the fence would name a stream
   // the program has destroyed by then, and the device would keep it).
-  if (!fence || !segments_ || services_.capture.underway() || allocated_.size() != 0 ||
-      pending_blocks_ != 0 || !stranded_.empty() || !capture_deferred_.empty())
-    return;
+  if (!fence || !segments_ || services_.capture.underway() || owes_blocks()) return;
   EventHandle e = release_fence_;
   if (!fenced_) {
     try {

@@ -330,6 +330,13 @@ class alignas(64) StreamPool final : public BlockOwner {
                        std::vector<void*>* allocated);
   void process_events(bool wait);
   void drop_empty_queues();  // and their entries in services_.waiting
+  // Under the lock: a block the program has not given back for good (allocated,
+  // pending, stranded or deferred past a capture); such a pool is neither fenced at
+  // its release nor recycled.
+  bool owes_blocks() const noexcept {
+    return allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
+           !capture_deferred_.empty();
+  }
   std::size_t release_cached_locked();
   void serve(StreamHandle stream);  // pre: the pool holds nothing (recycle, assign)
   void release_segment(Segment* segment);

@@ -167,8 +167,7 @@ bool StreamPool::recycle(StreamHandle next, bool give_back) {
   // No memory may go back during a capture, nor may events be queried.
   if (services_.capture.underway()) return false;
   if (pending_blocks_ != 0) process_events(false);
-  if (pins_.load(std::memory_order_relaxed) != 0 || allocated_.size() != 0 ||
-      pending_blocks_ != 0 || !stranded_.empty() || !capture_deferred_.empty()) {
+  if (pins_.load(std::memory_order_relaxed) != 0 || owes_blocks()) {
     finish_operation();
     return false;
   }
@@ -195,8 +194,7 @@ bool StreamPool::recycle(StreamHandle next, bool give_back) {
 
 bool StreamPool::holds_blocks() {
   Guard guard(*this);
-  return allocated_.size() != 0 || pending_blocks_ != 0 || !stranded_.empty() ||
-         !capture_deferred_.empty() || fenced_;
+  return owes_blocks() || fenced_;
 }
 
 void StreamPool::assign(StreamHandle stream) {
