@@ -227,6 +227,41 @@ TEST(StreamLifetime, ReleasingTheFirstStreamLeavesNoStaleShortcut) {
   a.engine(0).validate();
 }
 
+// The out-of-memory ladder pins the pool it works for (it locks the pool step by step):
+// a sweep meanwhile (another thread's new stream) must not recycle it, or a block the
+// ladder then hands out would land in a pool that serves another stream. Pinned, the
+// released pool waits; unpinned, the next sweep recycles it.
+TEST(StreamLifetime, APinnedPoolIsNotRecycledUntilUnpinned) {
+  SimBackend sim;
+  CachingAllocator a(sim, Config::parse(""), 1);
+  DeviceEngine& engine = a.engine(0);
+  sim.set_eager(true);  // fences pass as recorded: only the pin holds the pool back
+  a.deallocate(a.allocate(MiB, 1, 0));
+  StreamPool& pool = engine.pool(1);
+  {
+    StreamPool::Pin pin(pool);
+    a.release_stream(1, 0);
+    EXPECT_EQ(engine.stream_table_size(), 1u);  // still draining: pinned
+    void* other = a.allocate(MiB, 2, 0);        // its sweep passes the pinned pool by
+    EXPECT_EQ(engine.stream_pool_count(), 2u);
+    EXPECT_TRUE(pin.serves(1));
+    EXPECT_FALSE(pin.serves(2));
+    engine.validate();
+    a.deallocate(other);
+  }
+  void* third = a.allocate(MiB, 3, 0);  // the sweep recycles it now, and stream 3 takes it
+  EXPECT_EQ(engine.stream_pool_count(), 2u);
+  EXPECT_EQ(&engine.pool(3), &pool);
+  {
+    StreamPool::Pin pin(pool);
+    EXPECT_FALSE(pin.serves(1));  // what the ladder checks after pinning: gone, it asks again
+    EXPECT_TRUE(pin.serves(3));
+  }
+  engine.validate();
+  a.deallocate(third);
+  engine.validate();
+}
+
 // A released stream's cache serves the next new stream once the stream's work on it is
 // done (its release fence passed): no memory given back to the device and taken again
 // (cudaFree waits for the whole device), the same segment reused.
