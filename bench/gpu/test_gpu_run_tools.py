@@ -106,7 +106,7 @@ class ToolsTest(unittest.TestCase):
         gpu = os.path.join(REPO, "scripts", "gpu")
         env = dict(os.environ, GPU_DRY_RUN="1")
         parts = {"check.sh": "tests memcheck examples",
-                 "bench.sh": "default expandable driver-calls replay-calls",
+                 "bench.sh": "default expandable driver-calls replay-calls threads-ab",
                  "truth.sh": "placement capture truth replays async",
                  "torch.sh": "native memory-api graphs viewer cudnn train sources",
                  "ipc.sh": "pair memcheck cupy", "multi-gpu.sh": "ddp allreduce peer"}
