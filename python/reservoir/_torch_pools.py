@@ -204,6 +204,11 @@ def pluggable_functions(allocator):
 
 
 def make_mem_pool(torch):
+    # The installed PyTorch's API, no more: MemPool.allocator is newer than some
+    # versions (torch 2.11 has none), and code written for those must meet the same
+    # AttributeError under Reservoir as without it.
+    has_allocator = hasattr(getattr(torch.cuda, "MemPool", object), "allocator")
+
     class MemPool(_reservoir.MemPool):
         """torch.cuda.MemPool under Reservoir: a Reservoir private pool whose id comes
         from torch.cuda.graph_pool_handle(), so it works with torch.cuda.use_mem_pool,
@@ -230,7 +235,8 @@ def make_mem_pool(torch):
                 pool_id = tuple(torch.cuda.graph_pool_handle())
                 super().__init__(use_on_oom=use_on_oom, no_split=no_split, device=device,
                                  pool_id=pool_id)
-            self.allocator = allocator
+            if has_allocator:
+                self.allocator = allocator
 
         def snapshot(self, include_traces=True):
             return torch.cuda.memory_snapshot(self._live_id(), include_traces=include_traces)

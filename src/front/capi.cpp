@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "front/c_segment.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
 #include "reservoir/history.hpp"
@@ -361,19 +362,8 @@ reservoir_status reservoir_segments(int device, reservoir_segment* out, size_t c
       throw reservoir::InvalidArgumentError(std::string(kFn) + ": out is NULL but capacity is " +
                                             std::to_string(capacity));
     const std::vector<reservoir::SegmentInfo> segments = Allocator::instance().segments(device);
-    for (std::size_t i = 0; i < segments.size() && i < capacity; ++i) {
-      const reservoir::SegmentInfo& s = segments[i];
-      out[i] = reservoir_segment{s.device,
-                                 s.address,
-                                 s.total_size,
-                                 s.allocated_size,
-                                 s.active_size,
-                                 s.requested_size,
-                                 static_cast<uintptr_t>(s.stream),
-                                 s.is_large ? 1 : 0,
-                                 s.is_expandable ? 1 : 0,
-                                 reservoir_pool_id{s.pool.first, s.pool.second}};
-    }
+    for (std::size_t i = 0; i < segments.size() && i < capacity; ++i)
+      out[i] = reservoir::detail::to_c(segments[i]);
     *count = segments.size();
   });
 }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <mutex>
@@ -24,10 +25,12 @@
 #include <utility>
 #include <vector>
 
+#include "front/c_segment.hpp"
 #include "integrations/torch_hooks.hpp"
 #include "integrations/torch_oom.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
+#include "reservoir/history.hpp"
 #include "reservoir/reservoir.h"
 
 struct CUstream_st;
@@ -204,6 +207,48 @@ RESERVOIR_C_API void reservoir_torch_cache_info(int device, size_t* largest) {
       *largest = info.free;
   }
   *largest = std::max(*largest, allocator.largest_cached_block(device));
+}
+
+// The native part's snapshot (CUDAAllocator::snapshot): each segment with its blocks,
+// from one Allocator::segments() call, so blocks always tile their segment.
+static_assert(static_cast<int>(reservoir::BlockStateInfo::active_allocated) == 0 &&
+                  static_cast<int>(reservoir::BlockStateInfo::active_pending_free) == 1 &&
+                  static_cast<int>(reservoir::BlockStateInfo::inactive) == 2,
+              "reservoir_torch_block::state follows reservoir::BlockStateInfo");
+RESERVOIR_C_API void reservoir_torch_segments(int device, reservoir_torch_segment_fn fn,
+                                              void* ctx) {
+  if (fn == nullptr) throw reservoir::InvalidArgumentError("reservoir_torch_segments: fn is NULL");
+  std::vector<reservoir_torch_block> blocks;
+  for (const reservoir::SegmentInfo& s : Allocator::instance().segments(device)) {
+    const reservoir_segment segment = reservoir::detail::to_c(s);
+    blocks.clear();
+    for (const reservoir::BlockInfo& b : s.blocks)
+      blocks.push_back(
+          reservoir_torch_block{b.address, b.size, b.requested_size, static_cast<int>(b.state)});
+    fn(ctx, &segment, blocks.data(), blocks.size());
+  }
+}
+
+RESERVOIR_C_API size_t reservoir_torch_block_size(void* ptr) noexcept {
+  if (ptr == nullptr) return 0;
+  try {
+    return Allocator::instance().block_size(ptr);
+  } catch (...) {  // not a live block of this allocator
+    return 0;
+  }
+}
+
+RESERVOIR_C_API void reservoir_torch_memory_in_use(int device, size_t* allocated,
+                                                   size_t* reserved) noexcept {
+  std::int64_t a = 0, r = 0;
+  try {
+    const reservoir::DeviceStats stats = Allocator::instance().stats(device);
+    a = stats.allocated_bytes.all().current;
+    r = stats.reserved_bytes.all().current;
+  } catch (...) {  // an unknown device: nothing in use there
+  }
+  if (allocated != nullptr) *allocated = static_cast<size_t>(a);
+  if (reserved != nullptr) *reserved = static_cast<size_t>(r);
 }
 
 // set_record_stream_fn: void(void*, cudaStream_t). Like PyTorch's own allocator, a

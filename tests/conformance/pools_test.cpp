@@ -4,6 +4,7 @@
 // no_split, and the statistics and snapshots of each.
 #include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "conformance/fixture.hpp"
 
@@ -135,6 +136,39 @@ TEST_P(Pools, ThreadRoutingLeavesOtherThreadsInTheDefaultPools) {
   free(theirs);
   free(after);
   a().release_pool(pool, 0);
+}
+
+// Nested use_mem_pool blocks: the route begun last takes the requests until it ends,
+// then the enclosing one takes them again (PyTorch's test_nested_mempool).
+TEST_P(Pools, NestedRoutingServesTheInnermostPool) {
+  PoolId outer = a().create_pool({}, 0);
+  PoolId middle = a().create_pool({}, 0);
+  PoolId inner = a().create_pool({}, 0);
+  std::vector<void*> live;
+  const std::size_t size = 20 * MiB;  // a segment of its own each
+  {
+    ThreadRoute r1(a(), outer);
+    live.push_back(alloc(size));
+    {
+      ThreadRoute r2(a(), middle);
+      live.push_back(alloc(size));
+      {
+        ThreadRoute r3(a(), inner);
+        live.push_back(alloc(size));
+      }
+      live.push_back(alloc(size));
+    }
+    live.push_back(alloc(size));
+  }
+  if (!expandable()) {  // (an expandable segment grows: one per pool)
+    EXPECT_EQ(segments_of(outer).size(), 2u);
+    EXPECT_EQ(segments_of(middle).size(), 2u);
+    EXPECT_EQ(segments_of(inner).size(), 1u);
+  }
+  EXPECT_TRUE(a().pool_live_allocations_are(inner, {live[2]}, 0));
+  EXPECT_TRUE(a().pool_live_allocations_are(middle, {live[1], live[3]}, 0));
+  EXPECT_TRUE(a().pool_live_allocations_are(outer, {live[0], live[4]}, 0));
+  for (void* p : live) free(p);
 }
 
 TEST_P(Pools, UseCountsFollowRetainBeginAndRelease) {

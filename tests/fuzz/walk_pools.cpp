@@ -45,7 +45,7 @@ int Walker::serving_slot(int device, StreamHandle stream, std::uintptr_t address
     lends |= s.use_on_oom;
     if (s.route == 0 || (s.route == 1 && other_thread) || (s.route == 2 && s.stream != stream))
       continue;
-    if (best < 0 || s.order < pools_[static_cast<std::size_t>(best)].order) best = i;
+    if (best < 0 || s.order > pools_[static_cast<std::size_t>(best)].order) best = i;
   }
   if (best >= 0 || !lends) return best;
   // Not routed, but a use_on_oom pool may have lent one of its blocks.

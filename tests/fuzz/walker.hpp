@@ -107,7 +107,7 @@ struct PoolSlot {
   int device = 0;
   int route = 0;  // 0 none, 1 this thread, 2 capture on stream
   StreamHandle stream = 0;
-  std::uint64_t order = 0;  // begin order: the first route that accepts wins
+  std::uint64_t order = 0;  // begin order: the last route begun that accepts wins
   bool use_on_oom = false;  // may lend its free blocks to other requests
   std::optional<PoolCheckpoint> checkpoint;
 };

@@ -229,9 +229,12 @@ class PluggableMemPoolTest(unittest.TestCase):
                 assert alloc_fn is not None and free_fn is not None
                 self._allocator = types.SimpleNamespace(functions=(alloc_fn, free_fn))
 
-        memory = types.SimpleNamespace(__name__="torch.cuda.memory", MemPool=object,
+        class MemPool:  # a PyTorch whose MemPool has the allocator property
+            allocator = None
+
+        memory = types.SimpleNamespace(__name__="torch.cuda.memory", MemPool=MemPool,
                                        CUDAPluggableAllocator=CUDAPluggableAllocator)
-        cuda = types.SimpleNamespace(__name__="torch.cuda", memory=memory, MemPool=object,
+        cuda = types.SimpleNamespace(__name__="torch.cuda", memory=memory, MemPool=MemPool,
                                      current_device=lambda: 0,
                                      graph_pool_handle=lambda: (0, 424242))
         self.torch = types.SimpleNamespace(cuda=cuda, _C=types.SimpleNamespace())
@@ -264,6 +267,21 @@ class PluggableMemPoolTest(unittest.TestCase):
             pool.release()
             reservoir.empty_cache()
             self.assertEqual(self.lib.test_frees(), frees + 1)
+
+    def test_mem_pool_has_allocator_only_where_pytorchs_has_it(self):
+        import types
+
+        from reservoir import _torch_pools
+
+        # torch 2.11's MemPool has no allocator attribute: neither has Reservoir's there.
+        older = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            MemPool=object, current_device=lambda: 0, graph_pool_handle=lambda: (0, 424243)))
+        pool = _torch_pools.make_mem_pool(older)()
+        self.addCleanup(pool.release)
+        self.assertFalse(hasattr(pool, "allocator"))
+        pool = self.torch.cuda.MemPool()
+        self.addCleanup(pool.release)
+        self.assertIsNone(pool.allocator)
 
     def test_releasing_the_last_use_gives_the_pools_memory_back_at_once(self):
         # As PyTorch's MemPool destructor (emptyCache with the pool active): no

@@ -37,7 +37,7 @@ PoolRegistry::Pool PoolRegistry::find_locked(PoolId id) const {
 }
 
 PoolRegistry::Pool PoolRegistry::retain(PoolId id, const PoolOptions& options,
-                                         std::shared_ptr<SegmentSource> source) {
+                                        std::shared_ptr<SegmentSource> source) {
   std::lock_guard<std::mutex> guard(mutex_);
   return retain_locked(id, options, std::move(source));
 }
@@ -173,8 +173,9 @@ PoolRegistry::Pool PoolRegistry::route(StreamHandle stream) const {
     std::lock_guard<std::mutex> guard(mutex_);
     routes = routes_;
   }
-  for (const Route& r : *routes)
-    if (r.filter(stream)) return r.pool;
+  // Newest first: a route begun inside another (nested use_mem_pool) takes its requests.
+  for (auto r = routes->rbegin(); r != routes->rend(); ++r)
+    if (r->filter(stream)) return r->pool;
   return nullptr;
 }
 

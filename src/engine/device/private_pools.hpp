@@ -6,7 +6,7 @@
 // still belong to one stream, as in c10), owned by the DeviceEngine; the PoolRegistry
 // keeps the pools by id, their use counts, and the routes: while begin..end routing
 // to a pool is on, requests whose stream its filter accepts go to the pool (the
-// first route that accepts wins, in begin order).
+// route begun last that accepts wins, so nested routing takes the innermost pool).
 //
 // Invariants (under the registry mutex):
 //   use_count >= 0; a pool with use_count == 0 is released ("freeable"): its cached
@@ -84,7 +84,7 @@ class PoolRegistry {
   // and returns whether it was a capture route; throws when there was none.
   void begin(PoolId id, StreamFilter filter, bool capture);
   bool end(PoolId id);
-  // The pool of the first route whose filter accepts stream, or nullptr. Filters run
+  // The pool of the route begun last whose filter accepts stream, or nullptr. Filters run
   // outside the registry mutex.
   Pool route(StreamHandle stream) const;
 
