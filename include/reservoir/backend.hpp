@@ -51,6 +51,13 @@ enum Capability : std::uint32_t {
   kProcessMemory = 1u << 6,      // process_memory (NVML on CUDA)
 };
 
+// A position in a CUDA graph capture (Backend::capture_point): the capture's id and
+// the backend's names of the graph nodes that work captured next would depend on.
+struct CapturePoint {
+  std::uint64_t capture = 0;
+  std::vector<std::uintptr_t> nodes;
+};
+
 struct MemoryInfo {
   std::size_t free = 0;
   std::size_t total = 0;
@@ -140,6 +147,17 @@ class RESERVOIR_API Backend {
   // nothing (its events already say so; the default answers ok); the simulated device
   // completes the stream's work there, as its completion model says.
   virtual DeviceStatus host_waited(int device, StreamHandle stream);
+
+  // ---- Order inside a CUDA graph capture ---------------------------------------
+  // Where stream's captured work stands: the graph nodes that work captured on it next
+  // would depend on. error when stream is not capturing (nothing can be proved then);
+  // unsupported when the backend cannot say (the default).
+  virtual DeviceStatus capture_point(int device, StreamHandle stream, CapturePoint* out);
+  // *follows: whether work captured on stream from now on depends on every node of
+  // points[0..count) (each is one of stream's current dependencies or an ancestor of
+  // one); false for a point of another capture. error when stream is not capturing.
+  virtual DeviceStatus capture_follows(int device, StreamHandle stream, const CapturePoint* points,
+                                       std::size_t count, bool* follows);
 
   // ---- Virtual memory (Capability kVirtualMemory) ------------------------------
   // post(ok): *bytes is the mapping granularity (a power of two; 2 MiB on CUDA).

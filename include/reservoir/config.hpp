@@ -50,6 +50,11 @@ struct RESERVOIR_API Config {
   // Fraction of device memory when > 0 and expandable_segments_reserve is 0.
   double expandable_segments_reserve_fraction = 0.0;
   bool release_lock_on_cudamalloc = false;
+  // A block freed during a CUDA graph capture while other captured streams use it
+  // (record_stream) is reused in the same capture once the capture orders the block's
+  // stream after those uses (graph_capture_record_stream_reuse), not only after the
+  // capture ends.
+  bool graph_capture_record_stream_reuse = false;
   // Applied to every device at creation (1.0 = no limit unless set later).
   double per_process_memory_fraction = 1.0;
   bool per_process_memory_fraction_set = false;

@@ -70,6 +70,9 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus create_stream(int device, StreamHandle* stream) override;
   DeviceStatus destroy_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
+  DeviceStatus capture_point(int device, StreamHandle stream, CapturePoint* out) override;
+  DeviceStatus capture_follows(int device, StreamHandle stream, const CapturePoint* points,
+                               std::size_t count, bool* follows) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;

@@ -51,6 +51,8 @@ enum class BackendCall : std::uint8_t {
   destroy_stream,
   synchronize_device,
   host_waited,
+  capture_point,
+  capture_follows,
   granularity,
   reserve_address_range,
   release_address_range,
@@ -125,6 +127,9 @@ class RESERVOIR_API ForwardingBackend : public Backend {
   DeviceStatus destroy_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
   DeviceStatus host_waited(int device, StreamHandle stream) override;
+  DeviceStatus capture_point(int device, StreamHandle stream, CapturePoint* out) override;
+  DeviceStatus capture_follows(int device, StreamHandle stream, const CapturePoint* points,
+                               std::size_t count, bool* follows) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;

@@ -143,6 +143,8 @@ enum class SimOp {
   import_shareable,
   process_memory,
   synchronize_device,
+  capture_point,
+  capture_follows,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -171,6 +173,13 @@ class RESERVOIR_API SimBackend final : public Backend {
   DeviceStatus synchronize_stream(int device, StreamHandle stream) override;
   DeviceStatus synchronize_device(int device) override;
   DeviceStatus host_waited(int device, StreamHandle stream) override;
+  // While a capture is under way every stream counts as capturing in it, and a stream's
+  // point is its position (work submitted so far): work captured on a stream follows a
+  // point once the stream waited, directly or through other streams' waits, for an
+  // event recorded at or after it (or that work completed).
+  DeviceStatus capture_point(int device, StreamHandle stream, CapturePoint* out) override;
+  DeviceStatus capture_follows(int device, StreamHandle stream, const CapturePoint* points,
+                               std::size_t count, bool* follows) override;
   DeviceStatus granularity(int device, std::size_t* bytes) override;
   DeviceStatus reserve_address_range(int device, std::size_t size, std::size_t alignment,
                                      void** ptr) override;

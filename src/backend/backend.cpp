@@ -61,6 +61,14 @@ DeviceStatus Backend::host_waited(int, StreamHandle) {
   return DeviceStatus::ok;
 }
 
+DeviceStatus Backend::capture_point(int, StreamHandle, CapturePoint*) {
+  return unsupported("capture_point");
+}
+
+DeviceStatus Backend::capture_follows(int, StreamHandle, const CapturePoint*, std::size_t, bool*) {
+  return unsupported("capture_follows");
+}
+
 DeviceStatus Backend::stream_wait_event(int, StreamHandle, EventHandle) {
   return unsupported("stream_wait_event");
 }

@@ -31,6 +31,8 @@ constexpr const char* kCallNames[] = {"device_count",
                                       "destroy_stream",
                                       "synchronize_device",
                                       "host_waited",
+                                      "capture_point",
+                                      "capture_follows",
                                       "granularity",
                                       "reserve_address_range",
                                       "release_address_range",
@@ -132,6 +134,16 @@ DeviceStatus ForwardingBackend::synchronize_device(int device) {
 }
 DeviceStatus ForwardingBackend::host_waited(int device, StreamHandle stream) {
   return pass(BackendCall::host_waited, [&] { return inner_.host_waited(device, stream); });
+}
+DeviceStatus ForwardingBackend::capture_point(int device, StreamHandle stream, CapturePoint* out) {
+  return pass(BackendCall::capture_point,
+              [&] { return inner_.capture_point(device, stream, out); });
+}
+DeviceStatus ForwardingBackend::capture_follows(int device, StreamHandle stream,
+                                                const CapturePoint* points, std::size_t count,
+                                                bool* follows) {
+  return pass(BackendCall::capture_follows,
+              [&] { return inner_.capture_follows(device, stream, points, count, follows); });
 }
 DeviceStatus ForwardingBackend::granularity(int device, std::size_t* bytes) {
   return pass(BackendCall::granularity, [&] { return inner_.granularity(device, bytes); });

@@ -254,6 +254,8 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
     }
   } else if (key == "release_lock_on_cudamalloc") {
     if (!parse_bool(value, &c.release_lock_on_cudamalloc)) bad(key, value, "True or False");
+  } else if (key == "graph_capture_record_stream_reuse") {
+    if (!parse_bool(value, &c.graph_capture_record_stream_reuse)) bad(key, value, "True or False");
   } else if (key == "per_process_memory_fraction") {
     double f = 0;
     if (!parse_double(value, &f) || f < 0.0 || f > 1.0)
@@ -290,7 +292,8 @@ void apply_entry(Config& c, const std::string& key, const std::string& value) {
         "reservoir config: unknown key '" + key +
         "'; known keys: backend, policy, max_split_size_mb, max_non_split_rounding_mb, "
         "roundup_power2_divisions, garbage_collection_threshold, expandable_segments, "
-        "expandable_segments_reserve, release_lock_on_cudamalloc, per_process_memory_fraction, "
+        "expandable_segments_reserve, release_lock_on_cudamalloc, "
+        "graph_capture_record_stream_reuse, per_process_memory_fraction, "
         "device, sim_capacity, sim_completion, sim_pace, record_trace, oom_snapshot (see "
         "docs/config.md)");
   }
@@ -412,6 +415,7 @@ std::string Config::to_string() const {
   else if (expandable_segments_reserve_fraction != 0)
     add("expandable_segments_reserve", decimal_text(expandable_segments_reserve_fraction));
   if (release_lock_on_cudamalloc) add("release_lock_on_cudamalloc", "True");
+  if (graph_capture_record_stream_reuse) add("graph_capture_record_stream_reuse", "True");
   // Named even at 1.0: only a setting that names the key replaces a fraction set at
   // run time (per_process_memory_fraction_set).
   if (per_process_memory_fraction_set ||

@@ -99,6 +99,16 @@ class Probe final : public Backend {
   DeviceStatus host_waited(int device, StreamHandle stream) override {
     return hit("host_waited", device, stream);
   }
+  DeviceStatus capture_point(int device, StreamHandle stream, CapturePoint* out) override {
+    out->capture = 77;
+    out->nodes = {0x71, 0x72};
+    return hit("capture_point", device, stream);
+  }
+  DeviceStatus capture_follows(int device, StreamHandle stream, const CapturePoint* points,
+                               std::size_t count, bool* follows) override {
+    *follows = true;
+    return hit("capture_follows", device, stream, points[0].capture, count);
+  }
   DeviceStatus granularity(int device, std::size_t* bytes) override {
     *bytes = 4096;
     return hit("granularity", device);
@@ -286,6 +296,19 @@ const std::vector<Call>& calls() {
       {"destroy_stream", [](Backend& b) { return answer(b.destroy_stream(kDevice, 0x54)); }},
       {"synchronize_device", [](Backend& b) { return answer(b.synchronize_device(kDevice)); }},
       {"host_waited", [](Backend& b) { return answer(b.host_waited(kDevice, 0x55)); }},
+      {"capture_point",
+       [](Backend& b) {
+         CapturePoint point;
+         return answer(b.capture_point(kDevice, 0x56, &point),
+                       point.capture + point.nodes.size() * 1000 +
+                           (point.nodes.size() > 1 ? point.nodes[1] : 0));
+       }},
+      {"capture_follows",
+       [](Backend& b) {
+         const CapturePoint points[2] = {CapturePoint{9, {1}}, CapturePoint{9, {2}}};
+         bool follows = false;
+         return answer(b.capture_follows(kDevice, 0x57, points, 2, &follows), follows);
+       }},
       {"granularity",
        [](Backend& b) {
          std::size_t g = 0;

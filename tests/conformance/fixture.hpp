@@ -22,10 +22,10 @@
 // Skips a test of PyTorch's caching policy (per-stream caches, its segments, its
 // ladder) in the compact mode: policy:compact shares one cache across streams over
 // pages mapped where blocks live, with tests of its own (Compact*, CompactStreamCache*).
-#define PYTORCH_POLICY_ONLY()                                                         \
-  if (compact())                                                                      \
+#define PYTORCH_POLICY_ONLY()                                                           \
+  if (compact())                                                                        \
     GTEST_SKIP() << "PyTorch's caching policy; policy:compact has its own tests (unit " \
-                    "tests Compact*, CompactStreamCache*)";                              \
+                    "tests Compact*, CompactStreamCache*)";                             \
   NATIVE_ENGINE_ONLY()
 
 // Skips a test of Reservoir's own caching engine (its cache, rounding and ladder) in
@@ -116,5 +116,7 @@ class Conformance : public ::testing::TestWithParam<std::string> {
 };
 
 std::vector<std::string> harness_names();
+// A test name for a harness name ("sim+expandable" -> "sim_expandable").
+std::string harness_test_name(const ::testing::TestParamInfo<std::string>& param);
 
 }  // namespace reservoir::testing

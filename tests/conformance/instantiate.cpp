@@ -8,18 +8,20 @@ std::vector<std::string> harness_names() {
   for (auto& entry : harness_registry()) {
     names.push_back(entry.first);
     names.push_back(entry.first + "+expandable");
-    names.push_back(entry.first + "+async");  // backend:cudaMallocAsync: its subset
+    names.push_back(entry.first + "+async");    // backend:cudaMallocAsync: its subset
     names.push_back(entry.first + "+compact");  // policy:compact: what holds for any policy
   }
   return names;
 }
 
+std::string harness_test_name(const ::testing::TestParamInfo<std::string>& param) {
+  std::string name = param.param;
+  for (char& c : name)
+    if (c == '+') c = '_';
+  return name;
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::ValuesIn(harness_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           for (char& c : name)
-                             if (c == '+') c = '_';
-                           return name;
-                         });
+                         harness_test_name);
 
 }  // namespace reservoir::testing

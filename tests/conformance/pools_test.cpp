@@ -542,13 +542,7 @@ TEST_P(Pools, TheAsyncBackendRefusesPools) {
   async.deallocate(p);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Pools, ::testing::ValuesIn(harness_names()),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           for (char& c : name)
-                             if (c == '+') c = '_';
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, Pools, ::testing::ValuesIn(harness_names()), harness_test_name);
 
 }  // namespace
 }  // namespace reservoir::testing

@@ -66,7 +66,8 @@ struct Registry {
 TEST_P(Conformance, ARegisteringTrackerHoldsEverySegmentListed) {
   // As PyTorch, whose ProcessGroupNCCL turns its allocator hook off under expandable
   // segments: their growth and shrinking are runs of pages that need not pair.
-  if (expandable()) GTEST_SKIP() << "expandable segments map and unmap runs of pages that need not pair";
+  if (expandable())
+    GTEST_SKIP() << "expandable segments map and unmap runs of pages that need not pair";
   NATIVE_ENGINE_ONLY();
   Allocator& al = a();
   std::vector<void*> live;

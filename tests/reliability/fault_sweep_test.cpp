@@ -258,6 +258,7 @@ constexpr DeviceStatus kError = DeviceStatus::error;
 constexpr const char* kExpandable = "expandable_segments:True";
 constexpr const char* kCompact = "policy:compact";
 constexpr const char* kAsync = "backend:cudaMallocAsync";
+constexpr const char* kCaptureReuse = "graph_capture_record_stream_reuse:True";
 const Plan kPlans[] = {
     // Growing an expandable segment: each step, and the undo failing as well.
     {"CreatePhysical", kExpandable, SimOp::create_physical, kError, SimOp::map, 0, 1},
@@ -333,6 +334,13 @@ const Plan kPlans[] = {
     {"CompactCapturesQueryEvent", kCompact, SimOp::query_event, kError, SimOp::map, 0, -1, true},
     {"CompactCapturesDeallocate", kCompact, SimOp::deallocate, kError, SimOp::deallocate, 1, 1,
      true},
+    // graph_capture_record_stream_reuse: where the capture stands (at a free during
+    // it) and what a stream's work follows (at its next requests) failing: the block
+    // waits for the capture's end instead, no error reaches the program.
+    {"CaptureReusePoint", kCaptureReuse, SimOp::capture_point, kError, SimOp::capture_follows, 1, 0,
+     true},
+    {"CaptureReuseFollows", kCaptureReuse, SimOp::capture_follows, kError, SimOp::capture_follows,
+     2, 0, true},
     // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
     {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
     {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,

@@ -38,6 +38,7 @@ TEST(Config, ParsesEveryKey) {
   Config c = Config::parse(
       " max_split_size_mb:256, max_non_split_rounding_mb:40,garbage_collection_threshold:0.6,"
       "expandable_segments:True,release_lock_on_cudamalloc:True,"
+      "graph_capture_record_stream_reuse:True,"
       "per_process_memory_fraction:0.5,roundup_power2_divisions:[256:1,512:2,>:8],"
       "backend:native,device:sim,sim_capacity:8GiB,expandable_segments_reserve:64GiB,"
       "pinned_use_cuda_host_register:True");
@@ -46,6 +47,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_DOUBLE_EQ(c.garbage_collection_threshold, 0.6);
   EXPECT_TRUE(c.expandable_segments);
   EXPECT_TRUE(c.release_lock_on_cudamalloc);
+  EXPECT_TRUE(c.graph_capture_record_stream_reuse);
   EXPECT_TRUE(c.per_process_memory_fraction_set);
   EXPECT_DOUBLE_EQ(c.per_process_memory_fraction, 0.5);
   // PyTorch's meaning: an entry names the interval that starts at its size.
@@ -93,6 +95,7 @@ TEST(Config, BadValuesNameTheKey) {
       {"garbage_collection_threshold:0", "garbage_collection_threshold"},
       {"expandable_segments:yes", "expandable_segments"},
       {"release_lock_on_cudamalloc:2", "release_lock_on_cudamalloc"},
+      {"graph_capture_record_stream_reuse:maybe", "graph_capture_record_stream_reuse"},
       {"per_process_memory_fraction:1.5", "per_process_memory_fraction"},
       {"roundup_power2_divisions:3", "roundup_power2_divisions"},
       {"roundup_power2_divisions:[100:2]", "roundup_power2_divisions"},
@@ -183,6 +186,10 @@ TEST(Config, TextIsEachNonDefaultSettingOnceInTheDocumentedOrder) {
                           "expandable_segments_reserve:1000,release_lock_on_cudamalloc:True")
                 .to_string(),
             "policy:compact,expandable_segments_reserve:1000,release_lock_on_cudamalloc:True");
+  EXPECT_EQ(Config::parse("graph_capture_record_stream_reuse:True,release_lock_on_cudamalloc:True")
+                .to_string(),
+            "release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True");
+  EXPECT_EQ(Config::parse("graph_capture_record_stream_reuse:False").to_string(), "");
 }
 
 // Parsing the text gives back the same configuration, for every key and for any

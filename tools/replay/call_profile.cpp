@@ -97,11 +97,13 @@ CallKind kind_of(BackendCall call) noexcept {
     case BackendCall::reset_pool_peaks:
     case BackendCall::set_pool_access:
       return CallKind::pool;
-    case BackendCall::device_count:  // device queries, streams, IPC, processes, peers
+    case BackendCall::device_count:  // device queries, streams, captures, IPC, processes, peers
     case BackendCall::current_device:
     case BackendCall::memory_info:
     case BackendCall::create_stream:
     case BackendCall::host_waited:
+    case BackendCall::capture_point:  // the order inside a graph capture
+    case BackendCall::capture_follows:
     case BackendCall::destroy_stream:
     case BackendCall::granularity:
     case BackendCall::export_ipc:

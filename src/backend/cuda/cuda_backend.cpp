@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/capture_order.hpp"
 #include "backend/cuda/driver_api.hpp"
 #include "backend/cuda/nvml.hpp"
 #include "reservoir/errors.hpp"
@@ -149,6 +150,7 @@ struct CudaBackend::State {
   // cuMemCreate refused fabric handles on the device (no IMEX channel): not asked again.
   std::unique_ptr<std::atomic<bool>[]> fabric_refused;
   std::uint32_t caps = 0;
+  detail::cuda::CaptureOrder capture_order;
   // Primary contexts, retained on first use. Read without the lock on every call.
   std::unique_ptr<std::atomic<CUcontext>[]> contexts;
   std::mutex retain_mutex;
@@ -486,6 +488,42 @@ DeviceStatus CudaBackend::destroy_stream(int device, StreamHandle stream) {
 DeviceStatus CudaBackend::synchronize_device(int device) {
   return state_->drive(device, "cuCtxSynchronize", false,
                        [&] { return state_->api->CtxSynchronize(); });
+}
+
+// ---- Order inside a graph capture -----------------------------------------------
+
+DeviceStatus CudaBackend::capture_point(int device, StreamHandle stream, CapturePoint* out) {
+  State& s = *state_;
+  if (s.api->StreamGetCaptureInfo == nullptr) return Backend::capture_point(device, stream, out);
+  bool capturing = false;
+  const DeviceStatus st = s.drive(
+      device, "cuStreamGetCaptureInfo", false,
+      [&] { return s.capture_order.point(*s.api, to_stream(stream), &capturing, out); },
+      [&] { return "cuStreamGetCaptureInfo(stream " + hex(to_stream(stream)) + ")"; });
+  if (st == DeviceStatus::ok && !capturing)
+    return fail(DeviceStatus::error,
+                "capture_point: stream " + hex(to_stream(stream)) + " is not capturing");
+  return st;
+}
+
+DeviceStatus CudaBackend::capture_follows(int device, StreamHandle stream,
+                                          const CapturePoint* points, std::size_t count,
+                                          bool* follows) {
+  State& s = *state_;
+  if (s.api->StreamGetCaptureInfo == nullptr || s.api->GraphNodeGetDependencies == nullptr)
+    return Backend::capture_follows(device, stream, points, count, follows);
+  bool capturing = false;
+  const DeviceStatus st = s.drive(
+      device, "cuGraphNodeGetDependencies", false,
+      [&] {
+        return s.capture_order.follows(*s.api, to_stream(stream), points, count, &capturing,
+                                       follows);
+      },
+      [&] { return "capture_follows(stream " + hex(to_stream(stream)) + ")"; });
+  if (st == DeviceStatus::ok && !capturing)
+    return fail(DeviceStatus::error,
+                "capture_follows: stream " + hex(to_stream(stream)) + " is not capturing");
+  return st;
 }
 
 // ---- Virtual memory -------------------------------------------------------------

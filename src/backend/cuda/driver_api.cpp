@@ -79,6 +79,15 @@ void load(Loaded& out) {
   }
   RESERVOIR_CUDA_DRIVER_API(RESERVOIR_CUDA_RESOLVE)
 #undef RESERVOIR_CUDA_RESOLVE
+  if (api.abi_version == kAbiVersion) {  // optional: their absence leaves them null
+    if (!resolve("cuStreamGetCaptureInfo", kAbiVersion,
+                 reinterpret_cast<void**>(&api.StreamGetCaptureInfo)) ||
+        !resolve("cuGraphNodeGetDependencies", kAbiVersion,
+                 reinterpret_cast<void**>(&api.GraphNodeGetDependencies))) {
+      api.StreamGetCaptureInfo = nullptr;
+      api.GraphNodeGetDependencies = nullptr;
+    }
+  }
 
   CUresult r = api.Init(0);
   if (r == CUDA_ERROR_NO_DEVICE) {

@@ -78,6 +78,13 @@ struct DriverApi {
   RESERVOIR_CUDA_DRIVER_API(RESERVOIR_CUDA_DRIVER_FIELD)
 #undef RESERVOIR_CUDA_DRIVER_FIELD
 
+  // Optional, resolved at the CUDA 12.0 ABI only (null on an older driver): the order
+  // of work inside a graph capture. Declared with their 12.0 signatures, which the
+  // headers of a newer toolkit no longer name (they declare the 12.3 ones).
+  CUresult (*StreamGetCaptureInfo)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                   const CUgraphNode**, size_t*) = nullptr;
+  CUresult (*GraphNodeGetDependencies)(CUgraphNode, CUgraphNode*, size_t*) = nullptr;
+
   int driver_version = 0;   // e.g. 13000
   int abi_version = 0;      // the version the entry points were resolved at
   bool has_device = false;  // cuInit succeeded (false: CUDA_ERROR_NO_DEVICE)

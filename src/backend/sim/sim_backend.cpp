@@ -49,7 +49,7 @@ constexpr std::array<const char*, kOpCount> kOpNames = {
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
     "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
-    "import_shareable", "process_memory", "synchronize_device"};
+    "import_shareable", "process_memory", "synchronize_device", "capture_point", "capture_follows"};
 // clang-format on
 
 const SimOptions& validated(const SimOptions& o) {
@@ -669,6 +669,7 @@ void SimBackend::advance_all() {
 
 void SimBackend::begin_capture(StreamHandle stream) {
   std::lock_guard lock(state_->mutex);
+  if (state_->capturing.empty()) ++state_->capture_id;
   state_->capturing.insert(stream);
 }
 

@@ -36,7 +36,7 @@ namespace sim {
 inline constexpr std::uintptr_t kBase = 0x7f0000000000;
 inline constexpr std::size_t kSmallAlignment = 512;
 inline constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::synchronize_device) + 1;
+inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::capture_follows) + 1;
 
 inline std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -230,6 +230,7 @@ struct SimBackend::State {
   EventHandle next_event = 1;
   bool eager = false;
   std::set<StreamHandle> capturing;
+  std::uint64_t capture_id = 0;  // counts captures begun while none was (capture_point)
   std::uint64_t capture_violations = 0;
 
   std::unordered_map<PoolHandle, Pool> pools;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "engine/books/size_policy.hpp"
+#include "reservoir/backend.hpp"
 #include "reservoir/history.hpp"
 #include "reservoir/types.hpp"
 #include "util/insertion_set.hpp"
@@ -64,6 +65,10 @@ struct BlockExtras {
   // graph, so once no capture is, a deferred free needs no event on them (spec's
   // block_to_cudagraph_stream_uses).
   InsertionSet<StreamHandle> capture_uses;
+  // Freed during a capture with graph_capture_record_stream_reuse: where the capture
+  // stood on the block's stream and on each stream that used it (all in the graph);
+  // empty otherwise. The block is free again once its stream's work follows them all.
+  std::vector<CapturePoint> capture_points;
   Context context;
 };
 

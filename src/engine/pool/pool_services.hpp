@@ -8,13 +8,13 @@
 
 #include <cstddef>
 
-#include "engine/pool/device_state.hpp"
-#include "engine/streams/event_pool.hpp"
-#include "engine/streams/waiting_pools.hpp"
-#include "engine/stats/history.hpp"
 #include "engine/books/segment_registry.hpp"
 #include "engine/books/size_policy.hpp"
+#include "engine/pool/device_state.hpp"
+#include "engine/stats/history.hpp"
 #include "engine/stats/stat_ledger.hpp"
+#include "engine/streams/event_pool.hpp"
+#include "engine/streams/waiting_pools.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/config.hpp"
 
@@ -25,10 +25,12 @@ struct PoolSettings {
   explicit PoolSettings(const Config& config)
       : policy(config),
         release_lock_on_device_alloc(config.release_lock_on_cudamalloc),
+        capture_reuse(config.graph_capture_record_stream_reuse),
         expandable_reserve(config.expandable_segments_reserve),
         expandable_reserve_fraction(config.expandable_segments_reserve_fraction) {}
   SizePolicy policy;
   bool release_lock_on_device_alloc;
+  bool capture_reuse;                  // graph_capture_record_stream_reuse
   std::size_t expandable_reserve;      // bytes per expandable segment (0: see below)
   double expandable_reserve_fraction;  // of device memory when > 0 (else memory + 1/8)
 };

@@ -145,6 +145,7 @@ std::uintptr_t StreamPool::allocate_cached(std::size_t requested, StreamHandle s
   }
   // No event queries while a capture is under way (illegal then): pending frees wait.
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
+  if (RESERVOIR_UNLIKELY(capture_marked_ != 0)) reclaim_captured();
   Block* b = find_free(pool, size);
   if (!b) return 0;
   std::uintptr_t address = hand_out(b, size, requested, context, traced, *guard.stats);
@@ -166,6 +167,7 @@ std::uintptr_t StreamPool::allocate_new_segment(std::size_t requested, bool retr
 std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const Context& context) {
   Guard guard(*this);
   if (pending_blocks_ != 0 && !services_.capture.underway()) process_events(false);
+  if (capture_marked_ != 0) reclaim_captured();
   const std::size_t size = policy().round(requested);
   const PoolIndex pool = SizePolicy::pool_for(size);
   Block* b = find_free(pool, size);
@@ -623,12 +625,55 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
 void StreamPool::defer_past_capture(Block* b) {
   b->state = BlockState::pending;
   capture_deferred_.push_back(b);
+  if (services_.settings.capture_reuse) mark_captured(b);
+}
+
+// With graph_capture_record_stream_reuse the block may serve this stream again in the
+// same capture: once the capture orders the stream's new work after every use (the
+// program joined those streams back), the graph cannot run them together. A use from
+// before the capture ran on its stream, outside the graph: only an event, after the
+// capture, says it is done. A point the device cannot give leaves the block to the
+// capture's end, as without the setting.
+void StreamPool::mark_captured(Block* b) {
+  BlockExtras& x = *b->extras;
+  for (StreamHandle s : x.uses)
+    if (!x.capture_uses.contains(s)) return;
+  std::vector<CapturePoint> points(x.uses.size() + 1);
+  Backend& backend = services_.backend;
+  if (backend.capture_point(services_.device, stream(), &points[0]) != DeviceStatus::ok) return;
+  std::size_t i = 1;
+  for (StreamHandle s : x.uses)
+    if (backend.capture_point(services_.device, s, &points[i++]) != DeviceStatus::ok) return;
+  x.capture_points = std::move(points);
+  ++capture_marked_;
+}
+
+void StreamPool::reclaim_captured() {
+  for (std::size_t i = 0; i < capture_deferred_.size();) {
+    Block* b = capture_deferred_[i];
+    BlockExtras& x = *b->extras;
+    bool follows = false;
+    if (x.capture_points.empty() ||
+        services_.backend.capture_follows(services_.device, stream(), x.capture_points.data(),
+                                          x.capture_points.size(), &follows) != DeviceStatus::ok ||
+        !follows) {
+      ++i;
+      continue;
+    }
+    capture_deferred_.erase(capture_deferred_.begin() + static_cast<std::ptrdiff_t>(i));
+    --capture_marked_;
+    const PoolIndex pool = b->pool();
+    stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
+                            static_cast<std::int64_t>(b->requested));
+    stats().on_split_change(pool, free_block(b, tracing()));
+  }
 }
 
 void StreamPool::flush_capture_deferred() {
   Guard guard(*this);
   std::vector<Block*> blocks;
   blocks.swap(capture_deferred_);
+  capture_marked_ = 0;  // (free_block drops the points with the extras)
   std::string failure;
   for (Block* b : blocks) {
     BlockExtras& x = *b->extras;

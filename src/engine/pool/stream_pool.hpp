@@ -22,7 +22,9 @@
 //   services_.waiting lists (s, this) iff pending_queues_ has a queue for s;
 //   every block in capture_deferred_ is pending with event_count == 0 (freed while a
 //     capture was under way: its events are recorded once no capture is, spec's
-//     needs_events_deferred_until_no_capture).
+//     needs_events_deferred_until_no_capture);
+//   capture_marked_ == number of blocks in capture_deferred_ with capture points, and
+//     such a block's uses are all capture uses (its other uses need events).
 // Parked free: the program's free of a block is often followed by a request of the
 // same size, which best fit would serve by splitting the very block the free merged
 // (so the merge and the split cancel out). free() therefore parks the block instead
@@ -325,6 +327,11 @@ class alignas(64) StreamPool final : public BlockOwner {
   [[nodiscard]] SplitChange free_block(Block* block, bool traced);
   void defer_free(Block* block);
   RESERVOIR_COLD void defer_past_capture(Block* block);
+  // graph_capture_record_stream_reuse: the capture points of a block freed during a
+  // capture whose every use is in the graph (none when a point cannot be had).
+  RESERVOIR_COLD void mark_captured(Block* block);
+  // Frees the deferred blocks whose capture points this stream's captured work follows.
+  RESERVOIR_COLD void reclaim_captured();
   Segment* segment_at(std::uintptr_t base);
   void restore_segment(Segment* segment, const CheckpointSegment& record,
                        std::vector<void*>* allocated);
@@ -385,6 +392,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::vector<UseQueue> pending_queues_;
   std::vector<Block*> stranded_;  // pending forever after a device error
   std::vector<Block*> capture_deferred_;
+  std::size_t capture_marked_ = 0;  // of capture_deferred_, those with capture points
   PoolId pool_id_{};
   std::shared_ptr<SegmentSource> source_;  // a private pool's own segments, or null
 };

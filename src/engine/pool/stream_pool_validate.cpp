@@ -157,9 +157,20 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
     RESERVOIR_CHECK(fit_memo_current(),
                     "the fit memo would hand out the parked block where best fit would not");
   }
-  for (const Block* b : capture_deferred_)
+  std::size_t marked = 0;
+  for (const Block* b : capture_deferred_) {
     RESERVOIR_CHECK(b->state == BlockState::pending && b->event_count == 0 && b->extras,
                     "block " + at(b->address) + " deferred past a capture is not pending");
+    if (b->extras->capture_points.empty()) continue;
+    ++marked;
+    for (StreamHandle s : b->extras->uses)
+      RESERVOIR_CHECK(b->extras->capture_uses.contains(s),
+                      "block " + at(b->address) +
+                          " waits for its capture points but was used outside the capture");
+  }
+  RESERVOIR_CHECK(marked == capture_marked_, "the count of blocks with capture points is " +
+                                                 std::to_string(capture_marked_) + ", not " +
+                                                 std::to_string(marked));
   RESERVOIR_CHECK(pool_id_.is_default() || !no_split_ ||
                       expected[kInactiveSplit][0] + expected[kInactiveSplit][1] == 0,
                   "a no_split pool holds split blocks");
