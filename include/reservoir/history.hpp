@@ -94,6 +94,7 @@ struct Snapshot {
   std::size_t max_split_size = 0;
   double garbage_collection_threshold = 0;
   bool release_lock_on_cudamalloc = false;
+  bool graph_capture_record_stream_reuse = false;
   std::vector<std::size_t> roundup_power2_divisions;
 };
 

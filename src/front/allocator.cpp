@@ -553,6 +553,7 @@ Snapshot Allocator::snapshot() {
   out.max_split_size = c.max_split_size;
   out.garbage_collection_threshold = c.garbage_collection_threshold;
   out.release_lock_on_cudamalloc = c.release_lock_on_cudamalloc;
+  out.graph_capture_record_stream_reuse = c.graph_capture_record_stream_reuse;
   out.roundup_power2_divisions.assign(c.roundup_power2_divisions.begin(),
                                       c.roundup_power2_divisions.end());
   return out;

@@ -355,7 +355,7 @@ class Pickler {
     key("pinned_use_cuda_host_register");
     boolean(false);
     key("graph_capture_record_stream_reuse");
-    boolean(false);
+    boolean(s.graph_capture_record_stream_reuse);
     key("roundup_power2_divisions");
     begin_dict();
     std::uint64_t interval_mib = 1;  // keyed by the interval's start in MiB: "1", "2", "4"...

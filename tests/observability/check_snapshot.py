@@ -282,6 +282,7 @@ def check_crafted(snap):
     s = snap["allocator_settings"]
     check(s["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:\u00e9", "settings text")
     check(s["max_split_size"] == -1 and s["garbage_collection_threshold"] == 0.8, "settings")
+    check(s["graph_capture_record_stream_reuse"] is True, "graph_capture_record_stream_reuse")
     check(s["roundup_power2_divisions"] == {str(1 << i): i + 1 for i in range(16)}, "roundup")
 
 

@@ -64,6 +64,19 @@ TEST(Snapshot, TotalsEqualTheStatistics) {
   for (void* p : live) s.a.deallocate(p);
 }
 
+// The settings PyTorch's snapshot reports follow the configuration in force.
+TEST(Snapshot, SettingsFollowTheConfiguration) {
+  SimAllocator s;
+  EXPECT_FALSE(s.a.snapshot().graph_capture_record_stream_reuse);
+  s.a.set_allocator_settings(
+      "graph_capture_record_stream_reuse:True,release_lock_on_cudamalloc:True");
+  const Snapshot snap = s.a.snapshot();
+  EXPECT_TRUE(snap.graph_capture_record_stream_reuse);
+  EXPECT_TRUE(snap.release_lock_on_cudamalloc);
+  EXPECT_EQ(snap.settings,
+            "release_lock_on_cudamalloc:True,graph_capture_record_stream_reuse:True");
+}
+
 TEST(Snapshot, BlocksTileTheirSegmentInAddressOrder) {
   SimAllocator s;
   std::vector<void*> live = mixed_workload(s, 300);
@@ -177,6 +190,7 @@ TEST(Snapshot, EncodesEdgeValuesExactly) {
   snap.settings = "max_split_size_mb:\xc3\xa9";
   snap.max_split_size = ~std::size_t{0};
   snap.garbage_collection_threshold = 0.8;
+  snap.graph_capture_record_stream_reuse = true;
   for (std::size_t i = 1; i <= kRoundupIntervals; ++i) snap.roundup_power2_divisions.push_back(i);
   const std::string path = temp_path("crafted.pickle");
   {
