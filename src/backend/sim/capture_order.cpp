@@ -34,16 +34,16 @@ DeviceStatus SimBackend::capture_point(int device, StreamHandle stream, CaptureP
 
 DeviceStatus SimBackend::capture_follows(int device, StreamHandle stream,
                                          const CapturePoint* points, std::size_t count,
-                                         bool* result) {
+                                         bool* follows) {
   State& s = *state_;
   return s.call(device, SimOp::capture_follows, [&](State::Device&) {
-    if (result == nullptr || (points == nullptr && count != 0))
+    if (follows == nullptr || (points == nullptr && count != 0))
       return error("sim: capture_follows: null argument");
     if (s.capturing.empty())
       return error("sim: capture_follows: stream " + std::to_string(stream) +
                    " is not capturing (no capture is under way)");
     // Whether work submitted to waiter from now on runs after used's work up to position.
-    auto follows = [&s](StreamHandle waiter, StreamHandle used, std::uint64_t position) {
+    auto after = [&s](StreamHandle waiter, StreamHandle used, std::uint64_t position) {
       if (waiter == used || position == 0) return true;
       auto target = s.streams.find(used);
       if (target == s.streams.end() || target->second.completed >= position) return true;
@@ -67,15 +67,15 @@ DeviceStatus SimBackend::capture_follows(int device, StreamHandle stream,
       }
       return false;
     };
-    *result = true;
-    for (std::size_t i = 0; i < count && *result; ++i) {
+    *follows = true;
+    for (std::size_t i = 0; i < count && *follows; ++i) {
       const CapturePoint& p = points[i];
       if (p.capture != s.capture_id || p.nodes.size() % 2 != 0) {
-        *result = false;
+        *follows = false;
         break;
       }
-      for (std::size_t n = 0; n + 1 < p.nodes.size() && *result; n += 2)
-        *result = follows(stream, static_cast<StreamHandle>(p.nodes[n]), p.nodes[n + 1]);
+      for (std::size_t n = 0; n + 1 < p.nodes.size() && *follows; n += 2)
+        *follows = after(stream, static_cast<StreamHandle>(p.nodes[n]), p.nodes[n + 1]);
     }
     return DeviceStatus::ok;
   });
