@@ -143,6 +143,68 @@ TEST_F(CudaBackendTest, DeallocateWaitsForPendingWork) {
   EXPECT_EQ(seen.mismatches, 0u);
 }
 
+// The order inside a capture, read from the graph being built: s2 forked from s1 and
+// joined back. s1's work follows s2's only after the join; a point of one capture
+// does not hold in the next; a stream that is not capturing is an error.
+TEST_F(CudaBackendTest, CaptureOrderFollowsTheGraph) {
+  Stream s1, s2;
+  ASSERT_CUDA(s1.status());
+  ASSERT_CUDA(s2.status());
+  void* p = nullptr;
+  ASSERT_EQ(backend_->allocate(0, kMiB, &p), DeviceStatus::ok) << backend_->last_error();
+  const Region r{p, kMiB, 3};
+  CapturePoint point;
+  bool follows = true;
+  EXPECT_EQ(backend_->capture_point(0, s1.handle(), &point), DeviceStatus::error)
+      << "s1 is not capturing";
+  cudaEvent_t fork = nullptr, join = nullptr;
+  ASSERT_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  ASSERT_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  std::uint64_t first_capture = 0;
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_CUDA(cudaStreamBeginCapture(s1.get(), cudaStreamCaptureModeThreadLocal));
+    ASSERT_CUDA(fill(r, s1.get()));
+    ASSERT_CUDA(cudaEventRecord(fork, s1.get()));
+    ASSERT_CUDA(cudaStreamWaitEvent(s2.get(), fork, 0));
+    ASSERT_CUDA(fill(r, s2.get()));  // the use on s2
+    CapturePoint use;
+    ASSERT_EQ(backend_->capture_point(0, s2.handle(), &use), DeviceStatus::ok)
+        << backend_->last_error();
+    EXPECT_FALSE(use.nodes.empty());
+    if (round == 0) {
+      first_capture = use.capture;
+      point = use;
+    } else {
+      EXPECT_NE(use.capture, first_capture) << "a new capture has a new id";
+      ASSERT_EQ(backend_->capture_follows(0, s1.handle(), &point, 1, &follows), DeviceStatus::ok)
+          << backend_->last_error();
+      EXPECT_FALSE(follows) << "a point of the last capture holds in this one";
+    }
+    ASSERT_EQ(backend_->capture_follows(0, s1.handle(), &use, 1, &follows), DeviceStatus::ok)
+        << backend_->last_error();
+    EXPECT_FALSE(follows) << "round " << round << ": s1 follows s2 before joining it";
+    ASSERT_CUDA(fill(r, s1.get()));  // s1 goes on, still not after s2
+    ASSERT_EQ(backend_->capture_follows(0, s1.handle(), &use, 1, &follows), DeviceStatus::ok);
+    EXPECT_FALSE(follows) << "round " << round;
+    ASSERT_CUDA(cudaEventRecord(join, s2.get()));
+    ASSERT_CUDA(cudaStreamWaitEvent(s1.get(), join, 0));
+    ASSERT_EQ(backend_->capture_follows(0, s1.handle(), &use, 1, &follows), DeviceStatus::ok)
+        << backend_->last_error();
+    EXPECT_TRUE(follows) << "round " << round << ": s1 joined s2 back";
+    ASSERT_CUDA(fill(r, s1.get()));  // and stays after it
+    ASSERT_EQ(backend_->capture_follows(0, s1.handle(), &use, 1, &follows), DeviceStatus::ok);
+    EXPECT_TRUE(follows) << "round " << round;
+    cudaGraph_t graph = nullptr;
+    ASSERT_CUDA(cudaStreamEndCapture(s1.get(), &graph));
+    ASSERT_CUDA(cudaGraphDestroy(graph));
+  }
+  EXPECT_EQ(backend_->capture_follows(0, s1.handle(), &point, 1, &follows), DeviceStatus::error)
+      << "s1 is not capturing";
+  ASSERT_CUDA(cudaEventDestroy(fork));
+  ASSERT_CUDA(cudaEventDestroy(join));
+  ASSERT_EQ(backend_->deallocate(0, p, kMiB), DeviceStatus::ok) << backend_->last_error();
+}
+
 // Reserve, create, map, grant access, use, unmap, release.
 TEST_F(CudaBackendTest, VirtualMemoryMapsUsableMemory) {
   if (!backend_->has(kVirtualMemory)) GTEST_SKIP() << "the device has no virtual memory support";
