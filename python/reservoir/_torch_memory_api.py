@@ -43,9 +43,11 @@ Code that bound an entry point itself (``from torch._C import _cuda_memoryStats`
 before install() keeps the old one. The replacements take the device index
 PyTorch's functions pass and return PyTorch's shapes: nested dicts with its key
 names, the snapshot dict of torch.cuda.memory._snapshot() (from Reservoir's
-snapshot pickle). Memory history has no stack frames (Reservoir records none
-through its C API). PyTorch cannot swap its allocator back, so there is no
-unpatch.
+snapshot pickle). Without the native part, memory history has no stack frames
+(Reservoir records none through its C API); with it (reservoir._torch_native),
+NATIVE_ANSWERS stay PyTorch's own: they reach the native allocator's
+recordHistory and snapshot, which keep PyTorch's contexts. PyTorch cannot swap
+its allocator back, so there is no unpatch.
 """
 
 import os
@@ -202,11 +204,20 @@ def _replacements():
     }
 
 
-def patch(torch):
-    """Replaces the entry points above that the installed PyTorch has (idempotent).
-    Returns the names replaced by this call."""
+# What the native part answers through PyTorch's own entry points (its recordHistory
+# and snapshot, with PyTorch's stack frames): left as they are when it is in use.
+NATIVE_ANSWERS = frozenset(("_cuda_memorySnapshot", "_cuda_record_memory_history",
+                            "_cuda_record_memory_history_legacy", "_cuda_isHistoryEnabled"))
+
+
+def patch(torch, native=False):
+    """Replaces the entry points above that the installed PyTorch has (idempotent),
+    but NATIVE_ANSWERS when the native part is in use. Returns the names replaced by
+    this call."""
     replaced = []
     for name, function in _replacements().items():
+        if native and name in NATIVE_ANSWERS:
+            continue
         current = getattr(torch._C, name, None)
         if current is None or getattr(current, _MARK, False):
             continue

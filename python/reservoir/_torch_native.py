@@ -36,6 +36,8 @@ from . import _lib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "_native", "torch_native_allocator.cpp")
+# Headers of the native part beside SOURCE (its memory history).
+LOCAL_HEADERS = sorted(glob.glob(os.path.join(HERE, "_native", "*.hpp")))
 # The library's headers SOURCE includes, as paths under an include folder: in an
 # installed package under _native/include (python/setup.py bundles them), in a
 # checkout under include/ and src/.
@@ -134,7 +136,7 @@ def _command(torch, compiler, output, standard):
 
 def _key(torch):
     digest = hashlib.sha256()
-    for path in [SOURCE] + _headers(include_dirs()):
+    for path in [SOURCE] + LOCAL_HEADERS + _headers(include_dirs()):
         with open(path, "rb") as f:
             digest.update(f.read())
     for part in (torch.__version__, os.path.dirname(os.path.abspath(torch.__file__)),

@@ -185,7 +185,7 @@ def install(config=None):
     _allocator = pluggable
     _wired.clear()
     _wired.update(wired)
-    _patched.extend(_torch_memory_api.patch(torch))
+    _patched.extend(_torch_memory_api.patch(torch, native=native))
     _patched.extend(_torch_pools.patch(torch, native=native))
     _use_c10_errors(torch, lib)
     return pluggable

@@ -212,6 +212,22 @@ class TorchShapesTest(unittest.TestCase):
         self.assertEqual(fake._C._accelerator_getDeviceStats(0),
                          _torch_memory_api.nested_stats(0))
 
+    def test_with_the_native_part_history_and_snapshot_stay_pytorchs(self):
+        import types
+
+        names = ("_cuda_memoryStats", "_cuda_memorySnapshot", "_cuda_record_memory_history",
+                 "_cuda_record_memory_history_legacy", "_cuda_isHistoryEnabled")
+        fake = types.SimpleNamespace(_C=types.SimpleNamespace(
+            **{name: (lambda *a: "pytorch's") for name in names}))
+        replaced = _torch_memory_api.patch(fake, native=True)
+        self.assertEqual(replaced, ["_cuda_memoryStats"])
+        for name in _torch_memory_api.NATIVE_ANSWERS:
+            self.assertEqual(getattr(fake._C, name)(), "pytorch's", name)
+        # Without the native part they are Reservoir's.
+        replaced = _torch_memory_api.patch(fake)
+        self.assertEqual(sorted(replaced), sorted(_torch_memory_api.NATIVE_ANSWERS))
+        self.assertFalse(fake._C._cuda_isHistoryEnabled())
+
     def test_torchs_allocator_settings_reach_reservoir_with_torchs_meaning(self):
         import types
 

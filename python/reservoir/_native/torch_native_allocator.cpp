@@ -14,6 +14,11 @@
 //     (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1, zero-copy collectives): the
 //     segments a communicator's creation lists, then every segment made and given back;
 //   - attachOutOfMemoryObserver (what dump-on-OOM tools attach from C++);
+//   - recordHistory with PyTorch's stack contexts, compile regions, user metadata and
+//     annotations, and snapshot() with blocks, their contexts and the traces, from
+//     which torch.cuda.memory._snapshot() and the memory viewer's plots are built
+//     (torch_native_history.hpp); and the profiler's memory events
+//     (torch.profiler.profile(profile_memory=True));
 //   - enable / isEnabled (torch.cuda.caching_allocator_enable): a no-op there.
 // Signatures that differ between PyTorch versions (snapshot's arguments, TraceEntry's
 // constructor) are matched at compile time; members declared without `override` for
@@ -35,9 +40,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/cuda/CUDAPluggableAllocator.h>
 
+#include <c10/core/Allocator.h>
 #include <c10/util/ApproximateClock.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
@@ -55,6 +62,7 @@
 // package (python/setup.py), or at include/ and src/ of the checkout.
 #include "integrations/torch_hooks.hpp"
 #include "reservoir/reservoir.h"
+#include "torch_native_history.hpp"
 
 namespace {
 
@@ -62,15 +70,40 @@ using c10::cuda::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::AllocatorState;
 using c10::cuda::CUDACachingAllocator::AllocatorTraceTracker;
 using c10::cuda::CUDACachingAllocator::CheckpointDelta;
+using c10::cuda::CUDACachingAllocator::CreateContextFn;
 using c10::cuda::CUDACachingAllocator::OutOfMemoryObserver;
-using c10::cuda::CUDACachingAllocator::SegmentInfo;
+using c10::cuda::CUDACachingAllocator::RecordContext;
 using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 using c10::cuda::CUDACachingAllocator::TraceEntry;
 using torch::cuda::CUDAPluggableAllocator::CUDAPluggableAllocator;
 
 // The deleter of every DataPtr this allocator makes (PyTorch compares deleters:
 // _free_And_Remove_DeleterFn, _has_Standard_Deleter).
+// PyTorch's profiler (torch.profiler with profile_memory=True) hears of every
+// allocation and free from the allocator, as from c10's: bytes, then the device's
+// allocated and reserved bytes.
+void report_to_profiler(void* ptr, int64_t bytes, int device) {
+  size_t allocated = 0, reserved = 0;
+  reservoir_torch_memory_in_use(device, &allocated, &reserved);
+  c10::reportMemoryUsageToProfiler(ptr, bytes, allocated, reserved,
+                                   c10::Device(c10::DeviceType::CUDA,
+                                               static_cast<c10::DeviceIndex>(device)));
+}
+void profile_allocation(void* ptr, int device) {
+  if (ptr == nullptr || !c10::memoryProfilingEnabled()) return;
+  report_to_profiler(ptr, static_cast<int64_t>(reservoir_torch_block_size(ptr)), device);
+}
+
 void delete_block(void* ptr) {
+  if (ptr != nullptr && c10::memoryProfilingEnabled()) {
+    const auto bytes = static_cast<int64_t>(reservoir_torch_block_size(ptr));
+    cudaPointerAttributes attributes{};
+    const int device =
+        cudaPointerGetAttributes(&attributes, ptr) == cudaSuccess ? attributes.device : 0;
+    reservoir_torch_free(ptr, 0, 0, nullptr);
+    report_to_profiler(ptr, -bytes, device);
+    return;
+  }
   reservoir_torch_free(ptr, 0, 0, nullptr);
 }
 
@@ -125,11 +158,7 @@ reservoir_pool_id pool_of(MempoolId_t id) {
   return reservoir_pool_id{id.first, id.second};
 }
 
-void check(reservoir_status status, const char* what) {
-  if (status == RESERVOIR_OK) return;
-  const char* message = reservoir_last_error();
-  TORCH_CHECK(false, "Reservoir: ", what, " failed: ", message ? message : "(no message)");
-}
+using reservoir_native::check;
 
 // A private pool's state as Reservoir took it.
 struct ReservoirPoolState final : AllocatorState {
@@ -140,61 +169,7 @@ struct ReservoirPoolState final : AllocatorState {
   reservoir_pool_checkpoint* checkpoint;
 };
 
-// ---- segments and trace entries in PyTorch's types
-
-bool default_pool(MempoolId_t id) { return id.first == 0 && id.second == 0; }
-
-// The segments of every device (of pool only, unless it is the default (0, 0), as
-// c10's snapshot(mempool_id)), without history: what C++ callers read (ProcessGroupNCCL
-// registers them); torch.cuda.memory._snapshot() is answered in Python.
-SnapshotInfo segments_of(MempoolId_t pool) {
-  SnapshotInfo info;
-  int devices = 0;
-  check(reservoir_device_count(&devices), "snapshot");
-  std::vector<reservoir_segment> listed;
-  for (int device = 0; device < devices; ++device) {
-    std::size_t count = 0;
-    check(reservoir_segments(device, nullptr, 0, &count), "snapshot");
-    do {  // other threads may make segments between the calls: until all fit
-      listed.resize(count + 16);
-      check(reservoir_segments(device, listed.data(), listed.size(), &count), "snapshot");
-    } while (count > listed.size());
-    listed.resize(count);
-    for (const reservoir_segment& s : listed) {
-      if (!default_pool(pool) && (s.pool.first != pool.first || s.pool.second != pool.second))
-        continue;
-      SegmentInfo out;
-      out.device = static_cast<decltype(out.device)>(s.device);
-      out.address = static_cast<decltype(out.address)>(s.address);
-      out.total_size = static_cast<decltype(out.total_size)>(s.size);
-      out.requested_size = static_cast<decltype(out.requested_size)>(s.requested);
-      out.allocated_size = static_cast<decltype(out.allocated_size)>(s.allocated);
-      out.active_size = static_cast<decltype(out.active_size)>(s.active);
-      out.stream = reinterpret_cast<decltype(out.stream)>(s.stream);
-      out.is_large = s.is_large != 0;
-      out.is_expandable = s.is_expandable != 0;
-      out.owner_private_pool_id = MempoolId_t{s.pool.first, s.pool.second};
-      info.segments.push_back(std::move(out));
-    }
-  }
-  return info;
-}
-
-// PyTorch's TraceEntry for one of Reservoir's, by whichever constructor the installed
-// PyTorch has (with or without the pool).
-template <typename E = TraceEntry>
-E trace_entry(typename E::Action action, const reservoir_trace_entry& e) {
-  const auto device = static_cast<c10::DeviceIndex>(e.device);
-  const auto stream = reinterpret_cast<cudaStream_t>(e.stream);
-  const auto time = c10::getApproximateTime();
-  const MempoolId_t pool{e.pool.first, e.pool.second};
-  if constexpr (std::is_constructible_v<E, typename E::Action, c10::DeviceIndex, std::size_t,
-                                        std::size_t, cudaStream_t, MempoolId_t, decltype(time)>)
-    return E(action, device, e.address, e.size, stream, pool, time);
-  else
-    return E(action, device, e.address, e.size, stream, time);
-}
-
+using reservoir_native::History;
 // PyTorch's trace trackers, called by one tracker attached to Reservoir (the C API's
 // trackers stay attached for the process: so do these).
 class Trackers {
@@ -209,13 +184,7 @@ class Trackers {
       check(reservoir_attach_trace_tracker(&Trackers::deliver, this), "attachAllocatorTraceTracker");
       attached_ = true;
     }
-    // Under policy:compact each extent is mapped whole and unmapped whole: its
-    // mappings are the segments a communication library registers, given to PyTorch's
-    // trackers as segments made and freed (its hook registers those only).
-    char config[1024] = {};
-    std::size_t needed = 0;
-    compact_ = reservoir_config_text(config, sizeof config, &needed) == RESERVOIR_OK &&
-               std::string(config).find("policy:compact") != std::string::npos;
+    compact_ = reservoir_native::policy_compact();  // see torch_action
     auto next = std::make_shared<std::vector<AllocatorTraceTracker>>(*list_);
     next->push_back(std::move(tracker));
     list_ = std::move(next);
@@ -231,25 +200,9 @@ class Trackers {
       list = self->list_;
       compact = self->compact_;
     }
-    using Action = TraceEntry::Action;
-    Action action;
-    switch (e->action) {
-      case RESERVOIR_TRACE_ALLOC: action = Action::ALLOC; break;
-      case RESERVOIR_TRACE_FREE_REQUESTED: action = Action::FREE_REQUESTED; break;
-      case RESERVOIR_TRACE_FREE_COMPLETED: action = Action::FREE_COMPLETED; break;
-      case RESERVOIR_TRACE_SEGMENT_ALLOC: action = Action::SEGMENT_ALLOC; break;
-      case RESERVOIR_TRACE_SEGMENT_FREE: action = Action::SEGMENT_FREE; break;
-      case RESERVOIR_TRACE_SEGMENT_MAP:
-        action = compact ? Action::SEGMENT_ALLOC : Action::SEGMENT_MAP;
-        break;
-      case RESERVOIR_TRACE_SEGMENT_UNMAP:
-        action = compact ? Action::SEGMENT_FREE : Action::SEGMENT_UNMAP;
-        break;
-      case RESERVOIR_TRACE_SNAPSHOT: action = Action::SNAPSHOT; break;
-      case RESERVOIR_TRACE_OOM: action = Action::OOM; break;
-      default: return;
-    }
-    const TraceEntry entry = trace_entry(action, *e);
+    TraceEntry::Action action;
+    if (!reservoir_native::torch_action(e->action, compact, &action)) return;
+    const TraceEntry entry = reservoir_native::trace_entry(action, *e);
     for (const AllocatorTraceTracker& tracker : *list) {
       // A tracker's error must not cross Reservoir's C boundary (a free never throws).
       try {
@@ -299,6 +252,7 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
     }
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device);
     void* ptr = reservoir_torch_malloc(size, device, stream);
+    profile_allocation(ptr, device);
     return c10::DataPtr(ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
@@ -312,7 +266,9 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
     if (!uncached.enabled.load(std::memory_order_relaxed)) return uncached.raw_allocate(size);
     c10::DeviceIndex device = -1;
     C10_CUDA_CHECK(c10::cuda::GetDevice(&device));
-    return reservoir_torch_malloc(size, device, stream);
+    void* ptr = reservoir_torch_malloc(size, device, stream);
+    profile_allocation(ptr, device);
+    return ptr;
   }
   void raw_delete(void* ptr) override {
     if (!Uncached::instance().raw_free(ptr)) delete_block(ptr);
@@ -375,9 +331,40 @@ class ReservoirTorchAllocator final : public CUDAPluggableAllocator {
 
   // ---- what a communication library registers, and out-of-memory observers
   // (no `override`: each overrides the signature the installed PyTorch declares)
-  SnapshotInfo snapshot() { return segments_of(MempoolId_t{0, 0}); }
-  SnapshotInfo snapshot(MempoolId_t pool) { return segments_of(pool); }
-  SnapshotInfo snapshot(MempoolId_t pool, bool /*include_traces*/) { return segments_of(pool); }
+  // (the segments of pool only, unless it is the default (0, 0), as c10's)
+  SnapshotInfo snapshot() { return History::instance().snapshot(MempoolId_t{0, 0}, true); }
+  SnapshotInfo snapshot(MempoolId_t pool) { return History::instance().snapshot(pool, true); }
+  SnapshotInfo snapshot(MempoolId_t pool, bool include_traces) {
+    return History::instance().snapshot(pool, include_traces);
+  }
+
+  // ---- memory history with PyTorch's contexts (torch_native_history.hpp)
+  // (no `override`: each overrides the signature the installed PyTorch declares)
+  void recordHistory(bool enabled, CreateContextFn recorder, size_t max_entries,
+                     RecordContext when, bool clear,
+                     const std::vector<std::string>& skip_actions) {
+    History::instance().record(enabled, recorder, max_entries, when, clear, skip_actions);
+    // Reservoir's own history (reservoir.dump_snapshot, memory_summary) follows it.
+    check(reservoir_record_history(enabled ? 1 : 0, std::max<size_t>(1, max_entries)),
+          "recordHistory");
+  }
+  void recordHistory(bool enabled, CreateContextFn recorder, size_t max_entries,
+                     RecordContext when) {
+    recordHistory(enabled, recorder, max_entries, when, false, {});
+  }
+  bool isHistoryEnabled() { return History::instance().enabled(); }
+  void pushCompileContext(std::string& region) { History::compile_regions().push_back(region); }
+  void popCompileContext() {
+    auto& regions = History::compile_regions();
+    if (!regions.empty()) regions.pop_back();
+  }
+  void setUserMetadata(const std::string& metadata) {
+    History::instance().set_user_metadata(metadata);
+  }
+  std::string getUserMetadata() { return History::instance().user_metadata(); }
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& metadata) {
+    History::instance().annotate(metadata);
+  }
   void attachAllocatorTraceTracker(AllocatorTraceTracker tracker) {
     Trackers::instance().attach(std::move(tracker));
   }
