@@ -253,6 +253,60 @@ class CachingAllocatorEnableTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("caching enable ok", proc.stdout)
 
+    def test_history_has_pytorchs_frames_and_the_profiler_sees_memory(self):
+        # The native part's recordHistory: PyTorch's context recorder gives each trace
+        # entry and live block the Python frames of the call that made it; skip_actions
+        # leaves those actions out; the profiler's memory events come from the
+        # allocation and free paths.
+        proc = run(
+            """
+            import reservoir, reservoir.torch as rt
+            rt.install()
+            import torch
+            assert rt.native_status()["active"], rt.native_status()
+            def make_weights():
+                return torch.empty(5 << 20, dtype=torch.uint8, device="cuda")
+            torch.cuda.memory._record_memory_history(max_entries=1000, context="all",
+                                                     stacks="python")
+            assert torch._C._cuda_isHistoryEnabled()
+            w = make_weights()
+            t = torch.empty(1000, device="cuda")
+            del t
+            snap = torch.cuda.memory._snapshot()
+            trace = snap["device_traces"][torch.cuda.current_device()]
+            actions = [e["action"] for e in trace]
+            assert "alloc" in actions and "free_requested" in actions, actions
+            alloc = next(e for e in trace if e["action"] == "alloc" and e["size"] == 5 << 20)
+            names = [f["name"] for f in alloc["frames"]]
+            assert "make_weights" in names, names
+            block = next(b for s in snap["segments"] for b in s["blocks"]
+                         if b["state"] == "active_allocated" and b["size"] == 5 << 20)
+            assert "make_weights" in [f["name"] for f in block["frames"]], block
+            torch.cuda.memory._record_memory_history(enabled=None)
+            torch.cuda.memory._record_memory_history(max_entries=1000, context="all",
+                                                     stacks="python",
+                                                     skip_actions=["free_requested"])
+            t = torch.empty(1000, device="cuda")
+            del t
+            actions = [e["action"] for e in torch.cuda.memory._snapshot()["device_traces"][0]]
+            assert "alloc" in actions and "free_requested" not in actions, actions
+            torch.cuda.memory._record_memory_history(enabled=None)
+            assert not torch._C._cuda_isHistoryEnabled()
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                         profile_memory=True) as prof:
+                y = torch.ones(1 << 20, device="cuda") * 2
+                del y
+            events = [e for e in prof.events() if e.device_memory_usage != 0]
+            assert any(e.device_memory_usage == 4 << 20 for e in events), \\
+                [(e.name, e.device_memory_usage) for e in events]
+            reservoir.validate()
+            print("history ok", len(trace), len(events))
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("history ok", proc.stdout)
+
 
 @needs_torch_cuda
 class CaptureTest(unittest.TestCase):
