@@ -253,6 +253,9 @@ class CachingAllocatorEnableTest(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         self.assertIn("caching enable ok", proc.stdout)
 
+
+@needs_torch_cuda
+class MemoryHistoryTest(unittest.TestCase):
     def test_history_has_pytorchs_frames_and_the_profiler_sees_memory(self):
         # The native part's recordHistory: PyTorch's context recorder gives each trace
         # entry and live block the Python frames of the call that made it; skip_actions
