@@ -31,11 +31,13 @@ using testing_util::Rig;
 
 struct Op {
   // capture: a CUDA graph capture on stream 3 begins (routed to a private pool) or,
-  // when one is under way, ends.
-  enum Kind { alloc, free, record, advance, empty_cache, release, capture } kind;
+  // when one is under way, ends. join: stream waits for `waited` on the device (an
+  // event), as a program forks a stream into a capture and joins it back.
+  enum Kind { alloc, free, record, advance, empty_cache, release, capture, join } kind;
   std::size_t size = 0;     // alloc
-  StreamHandle stream = 0;  // alloc, record, advance, release
+  StreamHandle stream = 0;  // alloc, record, advance, release, join
   std::size_t slot = 0;     // alloc, free, record
+  StreamHandle waited = 0;  // join
 };
 
 // A few hundred deterministic operations on streams 1-3: small, medium and large
@@ -43,7 +45,10 @@ struct Op {
 // release_stream (the stream stays in use: later calls may name it). Some requests
 // repeat their slot's last size and stream right after its free (the engine's
 // parked free). With captures, a capture on stream 3 begins and ends every few
-// dozen operations (the others go on beside it). scale multiplies every size (a
+// dozen operations (the others go on beside it); during one, a stream that records a
+// use first joins the capture (waits for stream 3), and stream 3 joins streams back
+// instead of their progress, so blocks freed in the capture can serve it again
+// (graph_capture_record_stream_reuse). scale multiplies every size (a
 // program of gigabytes: policy:compact's extents then have up to 16 pages).
 std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
   std::mt19937_64 rng(7);
@@ -72,7 +77,10 @@ std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
     } else if (r < 80) {
       ops.push_back({Op::free, 0, 0, slot});
     } else if (r < 92) {
+      if (capturing && stream != 3) ops.push_back({Op::join, 0, stream, 0, 3});
       ops.push_back({Op::record, 0, stream, slot});
+    } else if (capturing && stream != 3) {
+      ops.push_back({Op::join, 0, 3, 0, stream});
     } else {
       ops.push_back({Op::advance, 0, stream});
     }
@@ -145,6 +153,16 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
       case Op::advance:
         rig.sim->advance(op.stream);
         break;
+      case Op::join: {
+        // The program's own event: a plan failing these calls fails the join (the
+        // streams then stay apart); the allocator never sees it.
+        EventHandle e = 0;
+        if (rig.sim->create_event(0, &e) != DeviceStatus::ok) break;
+        if (rig.sim->record_event(0, e, op.waited) == DeviceStatus::ok)
+          (void)rig.sim->stream_wait_event(0, op.stream, e);
+        (void)rig.sim->destroy_event(0, e);
+        break;
+      }
       case Op::empty_cache:
         guarded([&] { rig.a->empty_cache(); });
         break;

@@ -517,13 +517,17 @@ void StreamPool::defer_free(Block* b) {
                       "); the block is kept unused");
   }
   if (b->event_count == 0) {
-    const PoolIndex pool = b->pool();
-    stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                            static_cast<std::int64_t>(b->requested));
-    stats().on_split_change(pool, free_block(b, tracing()));
+    complete_pending(b);
   } else {
     ++pending_blocks_;
   }
+}
+
+void StreamPool::complete_pending(Block* b) {
+  const PoolIndex pool = b->pool();
+  stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
+                          static_cast<std::int64_t>(b->requested));
+  stats().on_split_change(pool, free_block(b, tracing()));
 }
 
 // Completes pending frees whose events have passed; with wait, waits for every one.
@@ -545,10 +549,7 @@ void StreamPool::process_events(bool wait) {
       Block* b = p.block;
       if (--b->event_count == 0) {
         --pending_blocks_;
-        const PoolIndex pool = b->pool();
-        stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                                static_cast<std::int64_t>(b->requested));
-        stats().on_split_change(pool, free_block(b, tracing()));
+        complete_pending(b);
       }
     }
   }
@@ -662,10 +663,7 @@ void StreamPool::reclaim_captured() {
     }
     capture_deferred_.erase(capture_deferred_.begin() + static_cast<std::ptrdiff_t>(i));
     --capture_marked_;
-    const PoolIndex pool = b->pool();
-    stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                            static_cast<std::int64_t>(b->requested));
-    stats().on_split_change(pool, free_block(b, tracing()));
+    complete_pending(b);
   }
 }
 
@@ -681,10 +679,7 @@ void StreamPool::flush_capture_deferred() {
     x.uses.erase_all(x.capture_uses);
     x.capture_uses.clear();
     if (x.uses.empty()) {
-      const PoolIndex pool = b->pool();
-      stats().on_pending_done(pool, static_cast<std::int64_t>(b->size),
-                              static_cast<std::int64_t>(b->requested));
-      stats().on_split_change(pool, free_block(b, tracing()));
+      complete_pending(b);
       continue;
     }
     try {

@@ -326,6 +326,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   void release_block_outlined(Block* block);  // for the pool's other files
   [[nodiscard]] SplitChange free_block(Block* block, bool traced);
   void defer_free(Block* block);
+  // A pending block's last wait is over (its events passed, or the capture ordered
+  // the stream after its uses): its counts leave pending and it becomes free.
+  void complete_pending(Block* block);
   RESERVOIR_COLD void defer_past_capture(Block* block);
   // graph_capture_record_stream_reuse: the capture points of a block freed during a
   // capture whose every use is in the graph (none when a point cannot be had).
