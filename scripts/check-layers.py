@@ -4,7 +4,7 @@
 Layers, each depending only on those before it:
     util -> backend -> engine -> front -> integrations -> tools
 Inside the engine, its parts (folders of src/engine/) are layers too, in this order:
-    books -> stats -> streams -> ipc -> pool -> compact -> device -> allocators
+    books -> tags -> stats -> streams -> ipc -> pool -> compact -> device -> allocators
 and every engine file lies in one of them.
 Also: the engine includes no CUDA header. Tests, benchmarks and examples may include
 anything. Every header under include/reservoir/ must have a layer here.
@@ -20,12 +20,13 @@ import tempfile
 import check_cli
 
 LAYERS = ["util", "backend", "engine", "front", "integrations", "tools"]
-ENGINE_PARTS = ["books", "stats", "streams", "ipc", "pool", "compact", "device", "allocators"]
+ENGINE_PARTS = ["books", "tags", "stats", "streams", "ipc", "pool", "compact", "device", "allocators"]
 
 # Public headers by layer: the vocabulary below the engine is util.
 PUBLIC = {
     "export.hpp": "util", "types.hpp": "util", "config.hpp": "util", "errors.hpp": "util",
     "stats.hpp": "util", "hooks.hpp": "util", "history.hpp": "util", "pools.hpp": "util",
+    "sleep.hpp": "util",
     "backend.hpp": "backend", "sim_backend.hpp": "backend", "sim_placement.hpp": "backend",
     "cuda_backend.hpp": "backend", "forwarding_backend.hpp": "backend",
     "segment_source.hpp": "backend",

@@ -5,7 +5,7 @@
 // builds on one machine (scripts/gpu/bench.sh threads-ab).
 //
 //   reservoir_thread_cells [--device cuda|sim] [--threads N] [--pairs N] [--rounds N]
-//                          [--streams release|keep|same]
+//                          [--streams release|keep|same] [--cpus A,B,...]
 //
 // Each round starts N threads (new ones), each making `pairs` alloc+free pairs of 1 MiB
 // on its stream: `release` new streams every round, released (release_stream) and
@@ -13,7 +13,10 @@
 // never released; `same` the first round's streams throughout. Prints the median, min
 // and max over rounds of the time per pair (all threads' pairs), the slowest first call
 // of a round (median, max) and a thread's steady pair (after its first 1,000; median).
+// --cpus pins thread t to the t-th CPU of the list (cycled): threads on two cores of
+// their own against two hardware threads of one core tell sharing from contention.
 #include <cuda_runtime.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +42,7 @@ constexpr int kWarmPairs = 1000;  // a thread's pairs before its steady ones
   std::fprintf(code == 0 ? stdout : stderr,
                "usage: reservoir_thread_cells [--device cuda|sim] [--threads N] [--pairs N]\n"
                "                              [--rounds N] [--streams release|keep|same]\n"
+               "                              [--cpus A,B,...]\n"
                "  --device   cuda (default) or sim (the simulated device: no GPU needed)\n"
                "  --threads  threads per round, each on its own stream (default 2)\n"
                "  --pairs    1 MiB alloc+free pairs per thread and round, more than %d\n"
@@ -46,7 +50,8 @@ constexpr int kWarmPairs = 1000;  // a thread's pairs before its steady ones
                "  --rounds   rounds (default 15)\n"
                "  --streams  release: new streams each round, released and destroyed at its\n"
                "             end (default, as reservoir_gpu_bench); keep: new streams, never\n"
-               "             released; same: the first round's streams throughout\n",
+               "             released; same: the first round's streams throughout\n"
+               "  --cpus     pin thread t to the t-th CPU of the list, cycled (default: none)\n",
                kWarmPairs);
   std::exit(code);
 }
@@ -68,6 +73,23 @@ bool check(cudaError_t e, const char* what) {
   return false;
 }
 
+// "3,7,11": CPU numbers, each below CPU_SETSIZE.
+std::vector<int> cpu_list(const char* text) {
+  std::vector<int> cpus;
+  const std::string s = text;
+  for (std::size_t at = 0; at <= s.size();) {
+    std::size_t comma = s.find(',', at);
+    if (comma == std::string::npos) comma = s.size();
+    cpus.push_back(positive("--cpus", s.substr(at, comma - at).c_str(), 0));
+    if (cpus.back() >= CPU_SETSIZE) {
+      std::fprintf(stderr, "--cpus: CPU %d is beyond %d\n", cpus.back(), CPU_SETSIZE - 1);
+      usage(2);
+    }
+    at = comma + 1;
+  }
+  return cpus;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -78,6 +100,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   std::string device = "cuda", streams = "release";
   int threads = 2, pairs = 100'000, rounds = 15;
+  std::vector<int> cpus;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") usage(0);
@@ -96,6 +119,8 @@ int main(int argc, char** argv) {
       threads = positive("--threads", value, 1);
     } else if (arg == "--pairs") {
       pairs = positive("--pairs", value, kWarmPairs + 1);
+    } else if (arg == "--cpus") {
+      cpus = cpu_list(value);
     } else if (arg == "--rounds") {
       rounds = positive("--rounds", value, 1);
     } else if (arg == "--streams") {
@@ -147,6 +172,14 @@ int main(int argc, char** argv) {
     const Clock::time_point t0 = Clock::now();
     for (std::size_t t = 0; t < n; ++t)
       workers.emplace_back([&, t] {
+        if (!cpus.empty()) {
+          cpu_set_t one;
+          CPU_ZERO(&one);
+          CPU_SET(cpus[t % cpus.size()], &one);
+          if (sched_setaffinity(0, sizeof one, &one) != 0)
+            std::fprintf(stderr, "reservoir_thread_cells: cannot pin a thread to CPU %d\n",
+                         cpus[t % cpus.size()]);
+        }
         if (cuda) cudaSetDevice(0);
         const reservoir::StreamHandle s = handles[t];
         const Clock::time_point f0 = Clock::now();

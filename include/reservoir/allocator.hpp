@@ -27,6 +27,7 @@
 #include "reservoir/ipc.hpp"
 #include "reservoir/pools.hpp"
 #include "reservoir/segment_source.hpp"
+#include "reservoir/sleep.hpp"
 #include "reservoir/stats.hpp"
 
 namespace reservoir {
@@ -146,6 +147,32 @@ class RESERVOIR_API Allocator {
   PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
   // Whether the pool's allocated blocks are exactly the pointers in expected.
   bool pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected, int device = -1);
+  // ---- Tags: sleep and wake (reservoir/sleep.hpp, docs/sleep.md) ----
+  // Opens a tag scope on the calling thread (TagScope does it for a C++ block): its
+  // requests to this allocator carry tag until the matching pop_tag, and private pools
+  // made meanwhile carry it too. Scopes nest. Throws InvalidArgumentError for a name
+  // that cannot be a tag (1-63 letters, digits, '_', '-', '.', ':'), or where the
+  // engine in force keeps no pools (backend:cudaMallocAsync, the uncached mode).
+  void push_tag(std::string_view tag);
+  // Closes the calling thread's innermost scope of this allocator; throws
+  // InvalidArgumentError when it has none.
+  void pop_tag();
+  // The calling thread's tag for this allocator ("" outside every scope).
+  std::string current_tag() const;
+  // Gives the device memory under tag's blocks back to the device (offload: their
+  // contents kept in pinned host memory first), after the work that used it is done;
+  // every address stays reserved. Throws InvalidArgumentError (no such tag, asleep
+  // already, a capture under way) or DeviceError; nothing sleeps then.
+  void sleep(std::string_view tag, SleepMode mode = SleepMode::offload, int device = -1);
+  // Maps fresh memory at the tag's addresses and copies offloaded contents back.
+  // Throws InvalidArgumentError (not asleep, no such tag, a capture under way),
+  // OutOfMemoryError or DeviceError; the tag stays asleep then.
+  void wake(std::string_view tag, int device = -1);
+  TagState tag_state(std::string_view tag, int device = -1);
+  // Every tag with memory on device (-1: the current one); none where the engine in
+  // force keeps no pools. memory_stats, the summary and the metrics list them.
+  std::vector<TagState> tag_states(int device = -1);
+
   // ---- Sharing memory with other processes (include/reservoir/ipc.hpp, docs/ipc.md) ----
   // A handle for the allocated block at ptr, which another process opens: for a
   // cudaMalloc'd segment its IPC handle and the block's offset; for an expandable
@@ -245,6 +272,26 @@ class RESERVOIR_API Allocator {
   std::unique_ptr<Impl> impl_;
   // impl_'s caching engine, for the request path: one dependent load fewer per request.
   detail::CachingAllocator* core_ = nullptr;
+};
+
+// A tag for the requests of the calling thread while it lives (Allocator::push_tag).
+//   { reservoir::TagScope weights(a, "weights"); model = load(); }
+class RESERVOIR_API TagScope {
+ public:
+  TagScope(Allocator& allocator, std::string_view tag) : allocator_(allocator) {
+    allocator_.push_tag(tag);
+  }
+  ~TagScope() {
+    try {
+      allocator_.pop_tag();
+    } catch (...) {  // unreachable: the scope's push is the innermost
+    }
+  }
+  TagScope(const TagScope&) = delete;
+  TagScope& operator=(const TagScope&) = delete;
+
+ private:
+  Allocator& allocator_;
 };
 
 }  // namespace reservoir

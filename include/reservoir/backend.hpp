@@ -9,7 +9,8 @@
 // Conventions for every operation:
 //   - returns DeviceStatus::ok on success;
 //   - DeviceStatus::out_of_memory only where noted (segment allocate, physical
-//     create, allocate_from_pool): the engine then walks its out-of-memory ladder;
+//     create, allocate_from_pool, allocate_host): for device memory the engine
+//     then walks its out-of-memory ladder;
 //   - DeviceStatus::not_ready only from query_event;
 //   - DeviceStatus::unsupported for an optional capability the backend lacks;
 //   - DeviceStatus::error for anything else; last_error() then names the call and
@@ -178,6 +179,20 @@ class RESERVOIR_API Backend {
   // Makes [ptr, ptr+size) readable and writable from each of devices[0..count).
   virtual DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                                   int count);
+
+  // ---- Host memory and copies (optional) --------------------------------------
+  // Page-locked host memory for copies to and from the device (cudaHostAlloc /
+  // cuMemHostAlloc on CUDA): at least size bytes in *ptr. out_of_memory when the host
+  // has none. Default: unsupported.
+  virtual DeviceStatus allocate_host(int device, std::size_t size, void** ptr);
+  virtual DeviceStatus free_host(int device, void* ptr);  // ptr from allocate_host
+  // Copies bytes from device memory at src to host memory at dst (or the other way),
+  // returning once the copy is done (synchronous with respect to the host; ordered after
+  // all work already submitted to the device, on every stream: cuCtxSynchronize, then
+  // cuMemcpyDtoH / cuMemcpyHtoD on CUDA, since the legacy default stream does not wait
+  // for non-blocking streams). Default: unsupported.
+  virtual DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes);
+  virtual DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes);
 
   // ---- IPC (Capability kIpc) ----------------------------------------------------
   // pre: base is the start of a live segment from allocate().

@@ -14,6 +14,12 @@
 //   (pass cudaStreamPerThread, 0x2, for the per-thread default stream).
 // - Segments come from cuMemAlloc; deallocate synchronizes the device first (as
 //   cudaFree does) so that no submitted work still uses the range.
+// - Host memory comes from cuMemHostAlloc (page-locked; portable to every device's
+//   context under unified addressing). copy_to_host / copy_to_device synchronize the
+//   device's context first (cuCtxSynchronize: work on non-blocking streams too, which
+//   the legacy default stream does not wait for), then copy with cuMemcpyDtoH /
+//   cuMemcpyHtoD; copy_to_device also waits for the legacy default stream after, since
+//   a copy from pageable memory may return before its DMA has landed.
 // - Capabilities: kVirtualMemory when every device supports the virtual memory
 //   management API, kIpc (cuIpc* on Linux), kPeerAccess; kShareablePosixFd when every
 //   device exports physical memory as file descriptors, kShareableFabric when every
@@ -83,6 +89,10 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;
+  DeviceStatus allocate_host(int device, std::size_t size, void** ptr) override;
+  DeviceStatus free_host(int device, void* ptr) override;
+  DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
   DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
   DeviceStatus close_ipc(int device, void* ptr) override;

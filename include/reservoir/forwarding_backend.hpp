@@ -61,6 +61,10 @@ enum class BackendCall : std::uint8_t {
   map,
   unmap,
   set_access,
+  allocate_host,
+  free_host,
+  copy_to_host,
+  copy_to_device,
   export_ipc,
   open_ipc,
   close_ipc,
@@ -140,6 +144,10 @@ class RESERVOIR_API ForwardingBackend : public Backend {
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;
+  DeviceStatus allocate_host(int device, std::size_t size, void** ptr) override;
+  DeviceStatus free_host(int device, void* ptr) override;
+  DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
   DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
   DeviceStatus close_ipc(int device, void* ptr) override;

@@ -77,6 +77,35 @@ RESERVOIR_C_API reservoir_status reservoir_notify_host_wait(uintptr_t stream, in
  * A program may make and release streams without bound at a constant cost each.
  * device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_release_stream(uintptr_t stream, int device);
+/* Tags (docs/sleep.md): the calling thread's requests carry tag (1-63 letters,
+ * digits, '_', '-', '.', ':') until the matching reservoir_pop_tag; private pools
+ * made meanwhile (a CUDA graph's, a MemPool's) carry it too. Scopes nest. */
+RESERVOIR_C_API reservoir_status reservoir_push_tag(const char* tag);
+RESERVOIR_C_API reservoir_status reservoir_pop_tag(void);
+typedef enum reservoir_sleep_mode {
+  RESERVOIR_SLEEP_OFFLOAD = 0, /* contents kept in pinned host memory, restored by wake */
+  RESERVOIR_SLEEP_DISCARD = 1  /* contents undefined after wake */
+} reservoir_sleep_mode;
+/* Gives the device memory under the tag's blocks back to the device once the work
+ * that used it is done, keeping every address reserved (pointers and captured CUDA
+ * graphs stay valid); reservoir_wake maps memory there again. An unknown tag, a tag
+ * asleep already (or not asleep, for wake) and a capture under way are
+ * RESERVOIR_ERROR_INVALID_ARGUMENT; a failed sleep or wake leaves the tag as it was.
+ * While asleep, requests under the tag are refused; frees and record_stream work.
+ * device -1 = current. */
+RESERVOIR_C_API reservoir_status reservoir_sleep(const char* tag, int mode, int device);
+RESERVOIR_C_API reservoir_status reservoir_wake(const char* tag, int device);
+typedef struct reservoir_tag_state {
+  int asleep;
+  int mode; /* reservoir_sleep_mode, while asleep */
+  size_t allocated_bytes;
+  size_t reserved_bytes;
+  size_t asleep_bytes;
+  size_t offloaded_bytes;
+  size_t pools;
+} reservoir_tag_state;
+RESERVOIR_C_API reservoir_status reservoir_get_tag_state(const char* tag, int device,
+                                                         reservoir_tag_state* out);
 RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);
 RESERVOIR_C_API reservoir_status reservoir_get_memory_fraction(int device, double* fraction);
@@ -103,8 +132,8 @@ RESERVOIR_C_API reservoir_status reservoir_set_allocator_settings(const char* te
  * a snapshot, empty_cache), not allocate on the device that ran out. Observers stay
  * attached for the life of the process (ctx must stay valid), called in the order
  * attached. A NULL fn is RESERVOIR_ERROR_INVALID_ARGUMENT. */
-typedef void (*reservoir_oom_observer_fn)(void* ctx, int device, size_t alloc_size,
-                                          size_t allowed, size_t free_bytes);
+typedef void (*reservoir_oom_observer_fn)(void* ctx, int device, size_t alloc_size, size_t allowed,
+                                          size_t free_bytes);
 RESERVOIR_C_API reservoir_status reservoir_attach_oom_observer(reservoir_oom_observer_fn fn,
                                                                void* ctx);
 RESERVOIR_C_API reservoir_status reservoir_device_count(int* count);
@@ -193,9 +222,9 @@ RESERVOIR_C_API reservoir_status reservoir_pool_create(int device, int use_on_oo
  * has given back every segment (released, then emptied); neither may call Reservoir.
  * The pool splits and caches blocks inside those segments as any pool does. */
 typedef reservoir_status (*reservoir_segment_alloc_fn)(void* ctx, int device, size_t size,
-                                                      uintptr_t stream, void** ptr);
-typedef reservoir_status (*reservoir_segment_free_fn)(void* ctx, int device, void* ptr,
-                                                     size_t size, uintptr_t stream);
+                                                       uintptr_t stream, void** ptr);
+typedef reservoir_status (*reservoir_segment_free_fn)(void* ctx, int device, void* ptr, size_t size,
+                                                      uintptr_t stream);
 RESERVOIR_C_API reservoir_status reservoir_pool_create_with_source(
     int device, int use_on_oom, int no_split, reservoir_segment_alloc_fn alloc,
     reservoir_segment_free_fn free_fn, void* ctx, reservoir_pool_id* id);
@@ -220,8 +249,7 @@ RESERVOIR_C_API reservoir_status reservoir_pool_release(int device, reservoir_po
  * back to the device now (its frees waiting for other streams waited for first), as
  * torch.cuda.MemPool's destructor does; not during a capture (then as
  * reservoir_pool_release). */
-RESERVOIR_C_API reservoir_status reservoir_pool_release_and_empty(int device,
-                                                                  reservoir_pool_id id);
+RESERVOIR_C_API reservoir_status reservoir_pool_release_and_empty(int device, reservoir_pool_id id);
 RESERVOIR_C_API reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id,
                                                           int* count);
 /* Routes requests on stream (a capture: frees deferred, nothing returned to the
@@ -275,12 +303,12 @@ typedef struct reservoir_segment {
   int device;
   uintptr_t address;
   size_t size;
-  size_t allocated;  /* bytes of allocated blocks in it */
-  size_t active;     /* allocated, and freed but still used by other streams */
-  size_t requested;  /* bytes the program asked for in its allocated blocks */
-  uintptr_t stream;  /* the stream of its last allocated block */
-  int is_large;      /* of the large pool (blocks over 1 MiB) */
-  int is_expandable; /* pages mapped on demand (expandable segments, policy:compact) */
+  size_t allocated;       /* bytes of allocated blocks in it */
+  size_t active;          /* allocated, and freed but still used by other streams */
+  size_t requested;       /* bytes the program asked for in its allocated blocks */
+  uintptr_t stream;       /* the stream of its last allocated block */
+  int is_large;           /* of the large pool (blocks over 1 MiB) */
+  int is_expandable;      /* pages mapped on demand (expandable segments, policy:compact) */
   reservoir_pool_id pool; /* the private pool owning it ({0, 0}: the default pools) */
 } reservoir_segment;
 /* The segments of device (-1: of every device) in address order: the first capacity

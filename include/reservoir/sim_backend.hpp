@@ -36,6 +36,15 @@
 // - copy() models a kernel of one device reading and writing memory: it checks that
 //   the device may reach both ranges (its own memory, a peer's ordinary memory after
 //   enable_peer_access, mappings set_access granted, IPC mappings it opened).
+// - Host memory and copies: allocate_host gives real host memory (page-aligned, mapped
+//   MAP_NORESERVE: only what is touched costs memory), whatever host_backed says;
+//   free_host takes back only what allocate_host gave. copy_to_host / copy_to_device
+//   check that the device range is memory the device reaches (as copy() does: its
+//   segments, pool chunks, IPC mappings, mappings set_access granted it) and first wait
+//   for the whole device as synchronize_device does (all work submitted so far
+//   completes, in every completion mode; refused while a capture is under way). With
+//   host_backed they copy the bytes; without it device contents are not modelled, so a
+//   copy succeeds without touching memory (the host buffer keeps what it held).
 #pragma once
 
 #include <cstddef>
@@ -115,7 +124,11 @@ struct SimCounters {
   std::uint64_t pool_chunks = 0, pool_chunk_releases = 0;  // chunks mapped / given back
   std::uint64_t ipc_exports = 0, ipc_opens = 0, ipc_closes = 0;
   std::uint64_t shareable_exports = 0, shareable_imports = 0;
-  double device_time_us = 0;  // the cost model's total
+  std::uint64_t host_allocs = 0, host_frees = 0;           // allocate_host / free_host
+  std::uint64_t host_alloc_bytes = 0;                      // bytes allocate_host gave
+  std::uint64_t copies_to_host = 0, copies_to_device = 0;  // copy_to_host / copy_to_device
+  std::uint64_t bytes_to_host = 0, bytes_to_device = 0;    // bytes those copies moved
+  double device_time_us = 0;                               // the cost model's total
 };
 
 // Operations that fault injection can target.
@@ -145,6 +158,10 @@ enum class SimOp {
   synchronize_device,
   capture_point,
   capture_follows,
+  allocate_host,
+  free_host,
+  copy_to_host,
+  copy_to_device,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -190,6 +207,11 @@ class RESERVOIR_API SimBackend final : public Backend {
   DeviceStatus unmap(int device, void* ptr, std::size_t size) override;
   DeviceStatus set_access(int device, void* ptr, std::size_t size, const int* devices,
                           int count) override;
+  // Host memory and copies: see the header comment ("Host memory and copies").
+  DeviceStatus allocate_host(int device, std::size_t size, void** ptr) override;
+  DeviceStatus free_host(int device, void* ptr) override;
+  DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus can_access_peer(int device, int peer, bool* can) override;
   DeviceStatus enable_peer_access(int device, int peer) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
@@ -253,9 +275,9 @@ class RESERVOIR_API SimBackend final : public Backend {
   // While any stream captures, the calls a capture forbids answer error ("sim: ...
   // not permitted while stream S is capturing") and count as capture violations:
   // deallocate, unmap, release_physical, release_address_range, query_event,
-  // synchronize_event, synchronize_stream and synchronize_device. An event recorded on
-  // a capturing stream is part of the graph: querying or waiting for it later is an
-  // error (and a violation) too.
+  // synchronize_event, synchronize_stream, synchronize_device, copy_to_host and
+  // copy_to_device. An event recorded on a capturing stream is part of the graph:
+  // querying or waiting for it later is an error (and a violation) too.
   void begin_capture(StreamHandle stream);
   void end_capture(StreamHandle stream);
   bool capturing(StreamHandle stream) const;
@@ -291,6 +313,8 @@ class RESERVOIR_API SimBackend final : public Backend {
   std::size_t open_ipc_mappings() const;
   // Stream-ordered pools not destroyed, on every device.
   std::size_t live_pools() const;
+  // Host memory allocate_host gave and free_host has not taken back, on every device.
+  std::size_t live_host_allocations() const;
 
   // ---- Capacity and clock ----
   void set_capacity(int device, std::size_t bytes);

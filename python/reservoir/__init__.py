@@ -31,6 +31,7 @@ from ._pools import (
     retain_pool,
     use_mem_pool,
 )
+from ._tags import sleep, tag, tag_state, wake
 from ._lib import (
     ReservoirConfigError,
     ReservoirDeviceError,
@@ -57,6 +58,10 @@ __all__ = [
     "restore_pool",
     "retain_pool",
     "use_mem_pool",
+    "sleep",
+    "tag",
+    "tag_state",
+    "wake",
     "ReservoirConfigError",
     "ReservoirDeviceError",
     "ReservoirError",

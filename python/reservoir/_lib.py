@@ -84,6 +84,10 @@ _ERRORS = {
 RESERVOIR_SUMMARY_ABBREVIATED = 1
 RESERVOIR_SUMMARY_SYNC_AND_SPLIT = 2
 
+# reservoir_sleep_mode's values (reservoir.h).
+RESERVOIR_SLEEP_OFFLOAD = 0
+RESERVOIR_SLEEP_DISCARD = 1
+
 _c_int_p = ctypes.POINTER(ctypes.c_int)
 _c_size_p = ctypes.POINTER(ctypes.c_size_t)
 # uintptr_t: same width as size_t on every platform Reservoir builds for.
@@ -125,6 +129,15 @@ class TraceEntry(ctypes.Structure):
                 ("pool", PoolId)]
 
 
+class TagState(ctypes.Structure):
+    """reservoir_tag_state: a tag's state on one device (reservoir_get_tag_state)."""
+
+    _fields_ = [("asleep", ctypes.c_int), ("mode", ctypes.c_int),
+                ("allocated_bytes", ctypes.c_size_t), ("reserved_bytes", ctypes.c_size_t),
+                ("asleep_bytes", ctypes.c_size_t), ("offloaded_bytes", ctypes.c_size_t),
+                ("pools", ctypes.c_size_t)]
+
+
 # reservoir_trace_tracker_fn (a trace tracker).
 TRACE_TRACKER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(TraceEntry))
 # reservoir_trace_action's names, by value (PyTorch's trace actions).
@@ -153,6 +166,14 @@ _SIGNATURES = {
     "reservoir_close_shared": (ctypes.c_int, [ctypes.c_void_p]),
     "reservoir_notify_host_wait": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
     "reservoir_release_stream": (ctypes.c_int, [_c_uintptr, ctypes.c_int]),
+    "reservoir_push_tag": (ctypes.c_int, [ctypes.c_char_p]),
+    "reservoir_pop_tag": (ctypes.c_int, []),
+    "reservoir_sleep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
+    "reservoir_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "reservoir_get_tag_state": (
+        ctypes.c_int,
+        [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagState)],
+    ),
     "reservoir_empty_cache": (ctypes.c_int, []),
     "reservoir_set_memory_fraction": (ctypes.c_int, [ctypes.c_double, ctypes.c_int]),
     "reservoir_get_memory_fraction": (

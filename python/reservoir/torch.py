@@ -308,3 +308,24 @@ def max_memory_reserved(device=None):
 
 def reset_peak_memory_stats(device=None):
     _reservoir.reset_peak_memory_stats(_torch_device(device))
+
+
+# Tagged memory (reservoir.tag, docs/sleep.md): PyTorch calls Reservoir on the
+# allocating thread, so a tag scope tags that thread's tensors, and a torch.cuda.graph
+# captured inside one tags the graph's private pool (made on the capturing thread).
+tag = _reservoir.tag
+
+
+def sleep(tag, mode="offload", device=None):
+    """reservoir.sleep() on PyTorch's current device by default."""
+    _reservoir.sleep(tag, mode, _torch_device(device))
+
+
+def wake(tag, device=None):
+    """reservoir.wake() on PyTorch's current device by default."""
+    _reservoir.wake(tag, _torch_device(device))
+
+
+def tag_state(tag, device=None):
+    """reservoir.tag_state() on PyTorch's current device by default."""
+    return _reservoir.tag_state(tag, _torch_device(device))

@@ -105,6 +105,18 @@ DeviceStatus Backend::unmap(int, void*, std::size_t) {
 DeviceStatus Backend::set_access(int, void*, std::size_t, const int*, int) {
   return unsupported("set_access");
 }
+DeviceStatus Backend::allocate_host(int, std::size_t, void**) {
+  return unsupported("allocate_host");
+}
+DeviceStatus Backend::free_host(int, void*) {
+  return unsupported("free_host");
+}
+DeviceStatus Backend::copy_to_host(int, void*, const void*, std::size_t) {
+  return unsupported("copy_to_host");
+}
+DeviceStatus Backend::copy_to_device(int, void*, const void*, std::size_t) {
+  return unsupported("copy_to_device");
+}
 DeviceStatus Backend::export_ipc(int, void*, IpcHandle*) {
   return unsupported("export_ipc");
 }

@@ -41,6 +41,10 @@ constexpr const char* kCallNames[] = {"device_count",
                                       "map",
                                       "unmap",
                                       "set_access",
+                                      "allocate_host",
+                                      "free_host",
+                                      "copy_to_host",
+                                      "copy_to_device",
                                       "export_ipc",
                                       "open_ipc",
                                       "close_ipc",
@@ -177,6 +181,22 @@ DeviceStatus ForwardingBackend::set_access(int device, void* ptr, std::size_t si
                                            const int* devices, int count) {
   return pass(BackendCall::set_access,
               [&] { return inner_.set_access(device, ptr, size, devices, count); });
+}
+DeviceStatus ForwardingBackend::allocate_host(int device, std::size_t size, void** ptr) {
+  return pass(BackendCall::allocate_host, [&] { return inner_.allocate_host(device, size, ptr); });
+}
+DeviceStatus ForwardingBackend::free_host(int device, void* ptr) {
+  return pass(BackendCall::free_host, [&] { return inner_.free_host(device, ptr); });
+}
+DeviceStatus ForwardingBackend::copy_to_host(int device, void* dst, const void* src,
+                                             std::size_t bytes) {
+  return pass(BackendCall::copy_to_host,
+              [&] { return inner_.copy_to_host(device, dst, src, bytes); });
+}
+DeviceStatus ForwardingBackend::copy_to_device(int device, void* dst, const void* src,
+                                               std::size_t bytes) {
+  return pass(BackendCall::copy_to_device,
+              [&] { return inner_.copy_to_device(device, dst, src, bytes); });
 }
 DeviceStatus ForwardingBackend::export_ipc(int device, void* base, IpcHandle* handle) {
   return pass(BackendCall::export_ipc, [&] { return inner_.export_ipc(device, base, handle); });

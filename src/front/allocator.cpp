@@ -13,8 +13,7 @@
 #include "engine/allocators/async_pool_allocator.hpp"
 #include "engine/allocators/caching_allocator.hpp"
 #include "engine/allocators/uncached_allocator.hpp"
-#include "front/ipc_service.hpp"
-#include "front/request_layers.hpp"
+#include "front/allocator_impl.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "util/compiler.hpp"
 #include "util/format.hpp"
@@ -25,7 +24,6 @@
 namespace reservoir {
 
 namespace {
-constexpr std::size_t kOneEiB = std::size_t{1} << 60;
 
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);
@@ -37,95 +35,7 @@ std::string capacity_text(std::size_t bytes) {
   return bytes == 0 ? std::string("default") : std::to_string(bytes);
 }
 
-[[noreturn]] [[gnu::cold]] void too_large(std::size_t size, int device) {
-  throw OutOfMemoryError(
-      "CUDA out of memory. Tried to allocate more than 1EB memory. Reservoir: "
-      "the request of " +
-      detail::format_size(size) + " (" + std::to_string(size) + " bytes) on device " +
-      std::to_string(device) +
-      " is larger than any device (a negative size converted to unsigned?)");
-}
 }  // namespace
-
-struct Allocator::Impl {
-  std::shared_ptr<Backend> backend;
-  int device_count = 0;
-  // What device -1 ("the current device") means without asking the backend: 0 when
-  // there is one device (the only device that can be current), else -1 (ask).
-  int implicit_device = -1;
-  // The caching engine, whose ledgers, peers and history every engine keeps: always there.
-  std::unique_ptr<detail::CachingAllocator> core;
-  // The engine in force when it is not core: the uncached mode (RESERVOIR_NO_CACHING=1)
-  // or backend:cudaMallocAsync. What sets the engines apart, the front asks base.
-  std::unique_ptr<detail::BlockResource> other;
-  detail::BlockResource* base = nullptr;              // core or other
-  std::atomic<detail::MemoryResource*> top{nullptr};  // base, or layers around it
-  std::unique_ptr<detail::IpcService> ipc;            // share / open (docs/ipc.md)
-
-  // The layers in force, and every layer ever made (a thread may still be inside a
-  // layer that was just taken out of the chain, so none is destroyed before this).
-  std::mutex layers_mutex;
-  std::vector<std::unique_ptr<detail::MemoryResource>> layers;
-  detail::TraceRecordingLayer* recording = nullptr;
-  std::string oom_snapshot_path;
-  Config config;  // what config() returns: updated with the engine's
-
-  int resolve(int device) {
-    if (device < -1)
-      throw InvalidArgumentError("reservoir: device " + std::to_string(device) +
-                                 " does not exist (use -1 for the current device)");
-    if (device == -1) {
-      int current = 0;
-      if (backend->current_device(&current) != DeviceStatus::ok)
-        throw DeviceError("reservoir: reading the current device failed: " + backend->last_error());
-      device = current;
-    }
-    if (device >= device_count)
-      throw InvalidArgumentError("reservoir: device " + std::to_string(device) +
-                                 " does not exist (" + backend->name() + " backend has " +
-                                 std::to_string(device_count) + " device(s))");
-    return device;
-  }
-  detail::DeviceEngine& engine(int device) { return core->engine(resolve(device)); }
-  // Allocator::allocate past its one test: size 0 or too large, device -1 or
-  // invalid, or layers in the chain.
-  RESERVOIR_COLD void* allocate_checked(std::size_t size, StreamHandle stream, int device) {
-    if (size == 0) return nullptr;
-    const int d = resolve(device);
-    if (size >= kOneEiB) too_large(size, d);
-    return top.load(std::memory_order_acquire)->allocate(size, stream, d);
-  }
-  detail::DeviceEngine& pool_engine(int device);  // throws where the engine has no pools
-
-  // Rebuilds the chain above the recording layer (under layers_mutex).
-  void relink(Allocator& owner) {
-    detail::MemoryResource* next =
-        recording ? static_cast<detail::MemoryResource*>(recording) : base;
-    if (!oom_snapshot_path.empty()) {
-      layers.push_back(std::make_unique<detail::OomSnapshotLayer>(
-          *next, oom_snapshot_path, [&owner](const std::string& p) { owner.dump_snapshot(p); }));
-      next = layers.back().get();
-    }
-    top.store(next, std::memory_order_release);
-  }
-  // Starts (path) or stops ("") trace recording; throws when path cannot be opened,
-  // leaving a running recording as it was.
-  void set_recording(Allocator& owner, const std::string& path) {
-    std::lock_guard<std::mutex> guard(layers_mutex);
-    std::unique_ptr<detail::TraceRecordingLayer> next;
-    if (!path.empty()) next = std::make_unique<detail::TraceRecordingLayer>(*base, path);
-    if (recording) recording->close();
-    recording = next.get();
-    if (next) layers.push_back(std::move(next));
-    relink(owner);
-  }
-  void set_oom_snapshot(Allocator& owner, const std::string& path) {
-    std::lock_guard<std::mutex> guard(layers_mutex);
-    if (path == oom_snapshot_path) return;
-    oom_snapshot_path = path;
-    relink(owner);
-  }
-};
 
 Allocator::Allocator(std::shared_ptr<Backend> backend, const Config& config)
     : impl_(std::make_unique<Impl>()) {
@@ -212,7 +122,7 @@ void* Allocator::allocate(std::size_t size, StreamHandle stream, int device) {
   if (device == -1) device = im.implicit_device;
   // The common call in one test: a size in (0, 1 EiB) (one compare for both ends), a
   // device index that needs no resolving, and no layer around the engine.
-  if (RESERVOIR_LIKELY(size - 1 < kOneEiB - 1 &&
+  if (RESERVOIR_LIKELY(size - 1 < front_detail::kOneEiB - 1 &&
                        static_cast<unsigned>(device) < static_cast<unsigned>(im.device_count))) {
     detail::MemoryResource* top = im.top.load(std::memory_order_acquire);
     if (RESERVOIR_LIKELY(top == core_)) return core_->allocate(size, stream, device);

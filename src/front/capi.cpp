@@ -269,6 +269,54 @@ reservoir_status reservoir_release_stream(uintptr_t stream, int device) {
                  [&] { Allocator::instance().release_stream(stream, device); });
 }
 
+reservoir_status reservoir_push_tag(const char* tag) {
+  return guarded("reservoir_push_tag", [&] {
+    if (tag == nullptr) throw reservoir::InvalidArgumentError("reservoir_push_tag: tag is NULL");
+    Allocator::instance().push_tag(tag);
+  });
+}
+
+reservoir_status reservoir_pop_tag(void) {
+  return guarded("reservoir_pop_tag", [] { Allocator::instance().pop_tag(); });
+}
+
+reservoir_status reservoir_sleep(const char* tag, int mode, int device) {
+  return guarded("reservoir_sleep", [&] {
+    if (tag == nullptr) throw reservoir::InvalidArgumentError("reservoir_sleep: tag is NULL");
+    if (mode != RESERVOIR_SLEEP_OFFLOAD && mode != RESERVOIR_SLEEP_DISCARD)
+      throw reservoir::InvalidArgumentError("reservoir_sleep: mode " + std::to_string(mode) +
+                                            " is neither RESERVOIR_SLEEP_OFFLOAD nor "
+                                            "RESERVOIR_SLEEP_DISCARD");
+    Allocator::instance().sleep(tag,
+                                mode == RESERVOIR_SLEEP_OFFLOAD ? reservoir::SleepMode::offload
+                                                                : reservoir::SleepMode::discard,
+                                device);
+  });
+}
+
+reservoir_status reservoir_wake(const char* tag, int device) {
+  return guarded("reservoir_wake", [&] {
+    if (tag == nullptr) throw reservoir::InvalidArgumentError("reservoir_wake: tag is NULL");
+    Allocator::instance().wake(tag, device);
+  });
+}
+
+reservoir_status reservoir_get_tag_state(const char* tag, int device, reservoir_tag_state* out) {
+  return guarded("reservoir_get_tag_state", [&] {
+    if (tag == nullptr || out == nullptr)
+      throw reservoir::InvalidArgumentError("reservoir_get_tag_state: tag or out is NULL");
+    const reservoir::TagState s = Allocator::instance().tag_state(tag, device);
+    out->asleep = s.asleep ? 1 : 0;
+    out->mode =
+        s.mode == reservoir::SleepMode::offload ? RESERVOIR_SLEEP_OFFLOAD : RESERVOIR_SLEEP_DISCARD;
+    out->allocated_bytes = s.allocated_bytes;
+    out->reserved_bytes = s.reserved_bytes;
+    out->asleep_bytes = s.asleep_bytes;
+    out->offloaded_bytes = s.offloaded_bytes;
+    out->pools = s.pools;
+  });
+}
+
 reservoir_status reservoir_empty_cache(void) {
   return guarded("reservoir_empty_cache", [] { Allocator::instance().empty_cache(); });
 }
@@ -429,7 +477,18 @@ reservoir_status reservoir_config_text(char* buffer, size_t capacity, size_t* ne
 reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity, size_t* needed) {
   constexpr const char* kFn = "reservoir_stats_text";
   return guarded(kFn, [&] {
-    copy_out(kFn, stats_text(Allocator::instance().stats(device)), buffer, capacity, needed);
+    Allocator& a = Allocator::instance();
+    std::string text = stats_text(a.stats(device));
+    // Per tag (docs/sleep.md): tags.NAME.allocated_bytes, ... (not PyTorch's keys).
+    for (const reservoir::TagState& t : a.tag_states(device)) {
+      const std::string key = "tags." + t.name + ".";
+      write_value(text, key + "allocated_bytes", static_cast<std::int64_t>(t.allocated_bytes));
+      write_value(text, key + "reserved_bytes", static_cast<std::int64_t>(t.reserved_bytes));
+      write_value(text, key + "asleep_bytes", static_cast<std::int64_t>(t.asleep_bytes));
+      write_value(text, key + "offloaded_bytes", static_cast<std::int64_t>(t.offloaded_bytes));
+      write_value(text, key + "asleep", t.asleep ? 1 : 0);
+    }
+    copy_out(kFn, text, buffer, capacity, needed);
   });
 }
 

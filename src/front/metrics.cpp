@@ -69,6 +69,7 @@ struct DeviceMetrics {
   int device;
   DeviceStats stats;
   std::size_t largest_cached_block;
+  std::vector<TagState> tags;
 };
 
 // The devices to report. Allocator has no way to ask which engines exist without
@@ -76,7 +77,7 @@ struct DeviceMetrics {
 std::vector<DeviceMetrics> collect(Allocator& a) {
   std::vector<DeviceMetrics> out;
   for (int d : a.devices_in_use())  // never creates an engine (or a CUDA context)
-    out.push_back(DeviceMetrics{d, a.stats(d), a.largest_cached_block(d)});
+    out.push_back(DeviceMetrics{d, a.stats(d), a.largest_cached_block(d), a.tag_states(d)});
   return out;
 }
 
@@ -138,6 +139,28 @@ std::string Allocator::metrics_prometheus() {
     for (const DeviceMetrics& d : devices)
       sample(out, m.name, device_label(d.device), d.stats.*(m.member));
   }
+  // Tagged memory (docs/sleep.md); tag names need no escaping (letters, digits, _-.:).
+  header(out, "reservoir_tag_bytes",
+         "Memory of a tag: allocated, reserved (mapped now), asleep (given back by sleep), "
+         "offloaded (its contents in host memory).",
+         "gauge");
+  for (const DeviceMetrics& d : devices)
+    for (const TagState& t : d.tags) {
+      const std::string labels = device_label(d.device) + ",tag=\"" + t.name + "\",kind=\"";
+      sample(out, "reservoir_tag_bytes", labels + "allocated\"",
+             static_cast<std::int64_t>(t.allocated_bytes));
+      sample(out, "reservoir_tag_bytes", labels + "reserved\"",
+             static_cast<std::int64_t>(t.reserved_bytes));
+      sample(out, "reservoir_tag_bytes", labels + "asleep\"",
+             static_cast<std::int64_t>(t.asleep_bytes));
+      sample(out, "reservoir_tag_bytes", labels + "offloaded\"",
+             static_cast<std::int64_t>(t.offloaded_bytes));
+    }
+  header(out, "reservoir_tag_asleep", "1 while the tag sleeps.", "gauge");
+  for (const DeviceMetrics& d : devices)
+    for (const TagState& t : d.tags)
+      sample(out, "reservoir_tag_asleep", device_label(d.device) + ",tag=\"" + t.name + "\"",
+             t.asleep ? 1 : 0);
   return out;
 }
 
@@ -172,7 +195,17 @@ std::string Allocator::metrics_json() {
     for (int pool = 0; pool < kPoolKinds; ++pool)
       out += std::string(pool ? ",\"" : "\"") + kPools[pool] +
              "\":" + std::to_string(unallocated(d.stats, pool));
-    out += "}}";
+    out += "},\"tags\":[";
+    for (std::size_t t = 0; t < d.tags.size(); ++t) {
+      const TagState& g = d.tags[t];
+      out += std::string(t ? "," : "") + "{\"name\":\"" + g.name +
+             "\",\"asleep\":" + (g.asleep ? "true" : "false") +
+             ",\"allocated_bytes\":" + std::to_string(g.allocated_bytes) +
+             ",\"reserved_bytes\":" + std::to_string(g.reserved_bytes) +
+             ",\"asleep_bytes\":" + std::to_string(g.asleep_bytes) +
+             ",\"offloaded_bytes\":" + std::to_string(g.offloaded_bytes) + "}";
+    }
+    out += "]}";
   }
   out += "]}";
   return out;

@@ -113,6 +113,20 @@ std::string Allocator::summary(int device, const SummaryOptions& options) {
        " of the reserved memory")
           .c_str());
   out += buf;
+  // Tagged memory (docs/sleep.md), asleep or not.
+  for (const TagState& t : tag_states(d)) {
+    const std::string line = "Tag '" + t.name + "': " + detail::format_size(t.allocated_bytes) +
+                             " allocated, " + detail::format_size(t.reserved_bytes) + " reserved";
+    std::snprintf(buf, sizeof buf, "| %-82s|\n", line.substr(0, 82).c_str());
+    out += buf;
+    if (!t.asleep) continue;
+    const std::string sleep = "  asleep (" +
+                              std::string(t.mode == SleepMode::offload ? "offload" : "discard") +
+                              "): " + detail::format_size(t.asleep_bytes) + " given back, " +
+                              detail::format_size(t.offloaded_bytes) + " kept in host memory";
+    std::snprintf(buf, sizeof buf, "| %-82s|\n", sleep.substr(0, 82).c_str());
+    out += buf;
+  }
   // Who else holds memory on the device (NVML on CUDA), as the OOM report lists it.
   std::snprintf(buf, sizeof buf, "| %-82s|\n", "Processes using the device:");
   out += buf;

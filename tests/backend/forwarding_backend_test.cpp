@@ -138,6 +138,17 @@ class Probe final : public Backend {
                           int count) override {
     return hit("set_access", device, ptr, size, devices[0], count);
   }
+  DeviceStatus allocate_host(int device, std::size_t size, void** ptr) override {
+    *ptr = kOut;
+    return hit("allocate_host", device, size);
+  }
+  DeviceStatus free_host(int device, void* ptr) override { return hit("free_host", device, ptr); }
+  DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override {
+    return hit("copy_to_host", device, dst, src, bytes);
+  }
+  DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override {
+    return hit("copy_to_device", device, dst, src, bytes);
+  }
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override {
     handle->bytes[0] = 0x77;
     return hit("export_ipc", device, base);
@@ -241,6 +252,7 @@ std::string answer(DeviceStatus status, const T& out) {
 }
 
 void* const kPtr = reinterpret_cast<void*>(0x5000);
+void* const kHost = reinterpret_cast<void*>(0x6000);
 constexpr int kDevice = 3;
 const int kPeers[] = {1, 2};
 
@@ -331,6 +343,16 @@ const std::vector<Call>& calls() {
       {"unmap", [](Backend& b) { return answer(b.unmap(kDevice, kPtr, 4096)); }},
       {"set_access",
        [](Backend& b) { return answer(b.set_access(kDevice, kPtr, 4096, kPeers, 2)); }},
+      {"allocate_host",
+       [](Backend& b) {
+         void* p = nullptr;
+         return answer(b.allocate_host(kDevice, 12288, &p), p);
+       }},
+      {"free_host", [](Backend& b) { return answer(b.free_host(kDevice, kHost)); }},
+      {"copy_to_host",
+       [](Backend& b) { return answer(b.copy_to_host(kDevice, kHost, kPtr, 1536)); }},
+      {"copy_to_device",
+       [](Backend& b) { return answer(b.copy_to_device(kDevice, kPtr, kHost, 2560)); }},
       {"export_ipc",
        [](Backend& b) {
          IpcHandle h;

@@ -146,6 +146,10 @@ TEST(SimBackend, InvalidDeviceIsAnErrorEverywhere) {
       sim.set_access(3, p, 2 * MiB, &zero, 1),
       sim.can_access_peer(3, 0, &can),
       sim.enable_peer_access(0, 3),
+      sim.allocate_host(3, 512, &p),
+      sim.free_host(3, p),
+      sim.copy_to_host(3, &zero, p, sizeof zero),
+      sim.copy_to_device(3, p, &zero, sizeof zero),
   };
   for (DeviceStatus answer : answers) EXPECT_EQ(answer, kError);
   EXPECT_EQ(sim.last_error(), message);
@@ -813,6 +817,303 @@ TEST(SimVmm, HostBackedMappingsAreWritable) {
   EXPECT_EQ(sim.release_address_range(0, v.r, 8 * MiB), kOk);
 }
 
+// ---- Host memory and copies ----------------------------------------------------------
+
+std::vector<unsigned char> pattern(std::size_t size, unsigned seed) {
+  std::vector<unsigned char> out(size);
+  for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<unsigned char>((i * 131 + seed) >> 3);
+  return out;
+}
+
+// Not overridden: the seam's defaults.
+class Bare final : public Backend {
+ public:
+  const char* name() const noexcept override { return "bare"; }
+  DeviceStatus device_count(int*) override { return kOk; }
+  DeviceStatus current_device(int*) override { return kOk; }
+  DeviceStatus memory_info(int, MemoryInfo*) override { return kOk; }
+  DeviceStatus allocate(int, std::size_t, void**) override { return kOk; }
+  DeviceStatus deallocate(int, void*, std::size_t) override { return kOk; }
+  DeviceStatus create_event(int, EventHandle*) override { return kOk; }
+  DeviceStatus destroy_event(int, EventHandle) override { return kOk; }
+  DeviceStatus record_event(int, EventHandle, StreamHandle) override { return kOk; }
+  DeviceStatus query_event(int, EventHandle) override { return kOk; }
+  DeviceStatus synchronize_event(int, EventHandle) override { return kOk; }
+  DeviceStatus synchronize_stream(int, StreamHandle) override { return kOk; }
+  DeviceStatus synchronize_device(int) override { return kOk; }
+};
+
+TEST(BackendDefaults, HostMemoryAndCopiesAreUnsupported) {
+  Bare bare;
+  void* p = nullptr;
+  char host[16] = {};
+  EXPECT_EQ(bare.allocate_host(0, 4096, &p), DeviceStatus::unsupported);
+  EXPECT_EQ(bare.last_error(), "allocate_host: not supported by this backend");
+  EXPECT_EQ(p, nullptr);
+  EXPECT_EQ(bare.free_host(0, host), DeviceStatus::unsupported);
+  EXPECT_EQ(bare.last_error(), "free_host: not supported by this backend");
+  EXPECT_EQ(bare.copy_to_host(0, host, p, sizeof host), DeviceStatus::unsupported);
+  EXPECT_EQ(bare.last_error(), "copy_to_host: not supported by this backend");
+  EXPECT_EQ(bare.copy_to_device(0, p, host, sizeof host), DeviceStatus::unsupported);
+  EXPECT_EQ(bare.last_error(), "copy_to_device: not supported by this backend");
+}
+
+// Host-backed: the bytes travel both ways, through a range of two mappings and a
+// segment's middle.
+TEST(SimHostCopies, HostBackedCopiesRoundTrip) {
+  Vmm v(16 * MiB, true);
+  SimBackend& sim = v.sim;
+  const PhysicalHandle a = v.create(2 * MiB);
+  const PhysicalHandle b = v.create(2 * MiB);
+  ASSERT_EQ(sim.map(0, v.r, 2 * MiB, a), kOk);
+  ASSERT_EQ(sim.map(0, at(v.r, 2 * MiB), 2 * MiB, b), kOk);
+  const int self = 0;
+  ASSERT_EQ(sim.set_access(0, v.r, 4 * MiB, &self, 1), kOk) << sim.last_error();
+  const std::size_t n = 3 * MiB + 100;  // across the two mappings
+  void* device = at(v.r, 512 * KiB);
+  const auto first = pattern(n, 1);
+  std::memcpy(device, first.data(), n);
+
+  void* host = nullptr;
+  ASSERT_EQ(sim.allocate_host(0, n, &host), kOk) << sim.last_error();
+  ASSERT_NE(host, nullptr);
+  EXPECT_EQ(addr(host) % 4096, 0u) << "page-aligned, as pinned memory is";
+  EXPECT_EQ(sim.live_host_allocations(), 1u);
+  ASSERT_EQ(sim.copy_to_host(0, host, device, n), kOk) << sim.last_error();
+  EXPECT_EQ(std::memcmp(host, first.data(), n), 0);
+
+  const auto second = pattern(n, 77);
+  std::memcpy(host, second.data(), n);
+  ASSERT_EQ(sim.copy_to_device(0, device, host, n), kOk) << sim.last_error();
+  EXPECT_EQ(std::memcmp(device, second.data(), n), 0);
+
+  // An ordinary segment: a part in its middle.
+  void* segment = alloc(sim, 64 * KiB);
+  const auto third = pattern(10 * KiB, 5);
+  ASSERT_EQ(sim.copy_to_device(0, at(segment, 1000), third.data(), third.size()), kOk)
+      << sim.last_error();
+  std::vector<unsigned char> back(third.size());
+  ASSERT_EQ(sim.copy_to_host(0, back.data(), at(segment, 1000), back.size()), kOk)
+      << sim.last_error();
+  EXPECT_EQ(back, third);
+
+  EXPECT_EQ(sim.free_host(0, host), kOk) << sim.last_error();
+  EXPECT_EQ(sim.live_host_allocations(), 0u);
+  ASSERT_EQ(sim.unmap(0, v.r, 4 * MiB), kOk);
+  EXPECT_EQ(sim.release_physical(0, a), kOk);
+  EXPECT_EQ(sim.release_physical(0, b), kOk);
+}
+
+// The device range must be memory the device reaches; a refused copy touches nothing.
+TEST(SimHostCopies, TheDeviceRangeMustBeMappedDeviceMemory) {
+  Vmm v(16 * MiB, true);
+  SimBackend& sim = v.sim;
+  const PhysicalHandle a = v.create(2 * MiB);
+  ASSERT_EQ(sim.map(0, v.r, 2 * MiB, a), kOk);
+  std::vector<unsigned char> host(4 * KiB, 0x42);
+  // Mapped, but no access granted yet.
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), v.r, host.size()), kError);
+  const std::string prefix = "sim: copy_to_host: [" + sim::hex(addr(v.r)) + ", " +
+                             sim::hex(addr(v.r) + host.size()) +
+                             ") is not mapped device memory of device 0: ";
+  EXPECT_EQ(sim.last_error().rfind(prefix, 0), 0u) << sim.last_error();
+  EXPECT_NE(sim.last_error().find("set_access"), std::string::npos) << sim.last_error();
+  const int self = 0;
+  ASSERT_EQ(sim.set_access(0, v.r, 2 * MiB, &self, 1), kOk);
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), v.r, host.size()), kOk) << sim.last_error();
+
+  // Past the mapping's end (the rest of the reservation is unmapped).
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), at(v.r, 2 * MiB - 1024), host.size()), kError);
+  EXPECT_NE(sim.last_error().find("is not mapped device memory"), std::string::npos)
+      << sim.last_error();
+  EXPECT_EQ(sim.copy_to_device(0, at(v.r, 2 * MiB), host.data(), host.size()), kError);
+  EXPECT_EQ(sim.last_error().rfind("sim: copy_to_device: [", 0), 0u) << sim.last_error();
+  // Past a segment's end, and host memory posing as device memory.
+  void* segment = alloc(sim, 4 * KiB);
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), segment, 4 * KiB + 512), kError);
+  EXPECT_EQ(sim.copy_to_device(0, host.data(), segment, 16), kError);
+  EXPECT_NE(sim.last_error().find("is not mapped device memory"), std::string::npos)
+      << sim.last_error();
+  EXPECT_EQ(sim.copy_to_host(0, nullptr, segment, 16), kError);
+  EXPECT_EQ(sim.last_error(), "sim: copy_to_host: null dst");
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), segment, 0), kOk) << "nothing to copy";
+
+  // A refused copy changes nothing: no work completes, nothing is counted.
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  ASSERT_EQ(sim.record_event(0, e, 1), kOk);
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), at(v.r, 2 * MiB), 16), kError);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  const SimCounters c = sim.counters();
+  EXPECT_EQ(c.copies_to_host, 2u);  // the two that succeeded
+  EXPECT_EQ(c.copies_to_device, 0u);
+  EXPECT_EQ(c.bytes_to_host, host.size());
+
+  ASSERT_EQ(sim.unmap(0, v.r, 2 * MiB), kOk);
+  EXPECT_EQ(sim.copy_to_host(0, host.data(), v.r, 16), kError) << "unmapped again";
+  EXPECT_EQ(sim.release_physical(0, a), kOk);
+}
+
+// Without host_backed, contents are not modelled: the copies succeed (after the same
+// checks) without touching memory.
+TEST(SimHostCopies, SyntheticCopiesTouchNoMemory) {
+  SimBackend sim(small());
+  void* segment = alloc(sim, 8 * KiB);
+  void* host = nullptr;
+  ASSERT_EQ(sim.allocate_host(0, 8 * KiB, &host), kOk) << sim.last_error();
+  std::memset(host, 0x77, 8 * KiB);  // real host memory, whatever host_backed says
+  ASSERT_EQ(sim.copy_to_host(0, host, segment, 8 * KiB), kOk) << sim.last_error();
+  EXPECT_EQ(static_cast<unsigned char*>(host)[0], 0x77);
+  EXPECT_EQ(static_cast<unsigned char*>(host)[8 * KiB - 1], 0x77);
+  ASSERT_EQ(sim.copy_to_device(0, segment, host, 8 * KiB), kOk) << sim.last_error();
+  EXPECT_EQ(sim.copy_to_device(0, at(segment, 8 * KiB), host, 512), kError) << "past its end";
+  EXPECT_EQ(sim.free_host(0, host), kOk);
+}
+
+// Each copy waits for the whole device first, as synchronize_device: whatever the
+// completion mode, events recorded before it have completed after it. Like the
+// synchronize calls, a copy is refused while a capture is under way.
+TEST(SimHostCopies, CopiesWaitForTheWholeDevice) {
+  for (SimCompletion mode : {SimCompletion::manual, SimCompletion::host_waits, SimCompletion::paced,
+                             SimCompletion::eager}) {
+    SCOPED_TRACE(to_string(mode));
+    SimOptions o = small();
+    o.completion = mode;
+    SimBackend sim(o);
+    void* segment = alloc(sim, 4 * KiB);
+    char host[64] = {};
+    for (const bool to_host : {true, false}) {
+      EventHandle e1 = 0, e2 = 0;
+      ASSERT_EQ(sim.create_event(0, &e1), kOk);
+      ASSERT_EQ(sim.create_event(0, &e2), kOk);
+      sim.submit_work(1);
+      ASSERT_EQ(sim.record_event(0, e1, 1), kOk);
+      sim.submit_work(2);
+      ASSERT_EQ(sim.record_event(0, e2, 2), kOk);
+      sim.submit_work(2);
+      ASSERT_EQ(to_host ? sim.copy_to_host(0, host, segment, sizeof host)
+                        : sim.copy_to_device(0, segment, host, sizeof host),
+                kOk)
+          << sim.last_error();
+      EXPECT_EQ(sim.pending_events(1), 0u);
+      EXPECT_EQ(sim.pending_events(2), 0u);
+      EXPECT_EQ(sim.completed(2), sim.submitted(2)) << "work after the last event too";
+      EXPECT_EQ(sim.query_event(0, e1), kOk);
+      EXPECT_EQ(sim.query_event(0, e2), kOk);
+      EXPECT_EQ(sim.destroy_event(0, e1), kOk);
+      EXPECT_EQ(sim.destroy_event(0, e2), kOk);
+    }
+    EXPECT_EQ(sim.counters().device_syncs, 0u) << "a copy is not a synchronize_device call";
+
+    sim.submit_work(1);
+    sim.begin_capture(3);
+    EXPECT_EQ(sim.copy_to_host(0, host, segment, sizeof host), kError);
+    EXPECT_EQ(sim.last_error(), "sim: copy_to_host is not permitted while stream 3 is capturing");
+    EXPECT_EQ(sim.copy_to_device(0, segment, host, sizeof host), kError);
+    EXPECT_EQ(sim.capture_violations(), 2u);
+    if (mode != SimCompletion::eager) {
+      EXPECT_EQ(sim.completed(1) + 1, sim.submitted(1)) << "a refused copy waits for nothing";
+    }
+    sim.end_capture(3);
+  }
+}
+
+TEST(SimHostCopies, FreeHostTakesOnlyWhatAllocateHostGave) {
+  SimBackend sim(small());
+  int local = 0;
+  EXPECT_EQ(sim.free_host(0, &local), kError);
+  EXPECT_EQ(sim.last_error(), "sim: free_host: " + sim::hex(addr(&local)) +
+                                  " was not allocated by allocate_host (or was freed already)");
+  void* host = nullptr;
+  ASSERT_EQ(sim.allocate_host(0, 100, &host), kOk);
+  EXPECT_EQ(sim.free_host(0, at(host, 64)), kError) << "not its start";
+  EXPECT_EQ(sim.live_host_allocations(), 1u);
+  EXPECT_EQ(sim.free_host(0, host), kOk);
+  EXPECT_EQ(sim.free_host(0, host), kError) << "freed twice";
+  EXPECT_NE(sim.last_error().find("was not allocated by allocate_host"), std::string::npos);
+  EXPECT_EQ(sim.allocate_host(0, 0, &host), kError);
+  EXPECT_EQ(sim.last_error(), "sim: allocate_host: size 0 or null ptr");
+  EXPECT_EQ(sim.live_host_allocations(), 0u);
+  const SimCounters c = sim.counters();
+  EXPECT_EQ(c.host_allocs, 1u);
+  EXPECT_EQ(c.host_frees, 1u);
+  EXPECT_EQ(c.host_alloc_bytes, 100u);
+}
+
+// Host memory left behind is given back with the backend (no leak under sanitizers).
+TEST(SimHostCopies, HostMemoryLeftBehindGoesWithTheBackend) {
+  SimBackend sim(small());
+  void* host = nullptr;
+  ASSERT_EQ(sim.allocate_host(0, 3 * MiB, &host), kOk);
+  std::memset(host, 1, 3 * MiB);
+  EXPECT_EQ(sim.live_host_allocations(), 1u);
+}
+
+// Each new call takes injected faults like every other: every call, the nth, and the
+// calls after a fault; allocate_host also as out of memory.
+TEST(SimFaults, HostMemoryAndCopiesCanBeMadeToFail) {
+  SimOptions o = small();
+  o.host_backed = true;
+  SimBackend sim(o);
+  void* segment = alloc(sim, 4 * KiB);
+  char host_buffer[256] = {};
+  EXPECT_STREQ(to_string(SimOp::allocate_host), "allocate_host");
+  EXPECT_STREQ(to_string(SimOp::free_host), "free_host");
+  EXPECT_STREQ(to_string(SimOp::copy_to_host), "copy_to_host");
+  EXPECT_STREQ(to_string(SimOp::copy_to_device), "copy_to_device");
+
+  void* host = nullptr;
+  sim.fail_operation(SimOp::allocate_host, kOom);
+  EXPECT_EQ(sim.allocate_host(0, 4096, &host), kOom);
+  EXPECT_EQ(sim.last_error(), "sim: injected out_of_memory in allocate_host");
+  EXPECT_EQ(host, nullptr);
+  EXPECT_EQ(sim.counters().failed_allocs, 0u) << "host memory is not device memory";
+  sim.fail_operation(SimOp::allocate_host, kError);
+  EXPECT_EQ(sim.allocate_host(0, 4096, &host), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in allocate_host");
+  sim.fail_operation(SimOp::allocate_host, kOk);
+  ASSERT_EQ(sim.allocate_host(0, 4096, &host), kOk);
+
+  std::memset(segment, 0x11, 256);
+  for (SimOp op : {SimOp::copy_to_host, SimOp::copy_to_device}) {
+    SCOPED_TRACE(to_string(op));
+    auto copy = [&] {
+      return op == SimOp::copy_to_host ? sim.copy_to_host(0, host_buffer, segment, 256)
+                                       : sim.copy_to_device(0, segment, host_buffer, 256);
+    };
+    sim.fail_operation(op, kError);
+    EXPECT_EQ(copy(), kError);
+    EXPECT_EQ(sim.last_error(), std::string("sim: injected error in ") + to_string(op));
+    sim.fail_operation(op, kOk);
+    sim.fail_operation_number(op, 2, kError);
+    EXPECT_EQ(copy(), kOk);
+    EXPECT_EQ(copy(), kError);
+    EXPECT_EQ(copy(), kOk);
+    EXPECT_EQ(sim.calls(op), 4u);  // failed calls count too
+  }
+  EXPECT_EQ(static_cast<unsigned char>(host_buffer[0]), 0x11);
+
+  // A failing copy, then the free of its buffer failing too (a device that keeps
+  // refusing); the buffer stays until a free succeeds.
+  sim.fail_after_fault(SimOp::free_host, 1, kError);
+  sim.fail_operation_number(SimOp::copy_to_host, 1, kError);
+  EXPECT_EQ(sim.copy_to_host(0, host, segment, 256), kError);
+  EXPECT_EQ(sim.free_host(0, host), kError);
+  EXPECT_EQ(sim.last_error(), "sim: injected error in free_host");
+  EXPECT_EQ(sim.live_host_allocations(), 1u);
+  EXPECT_EQ(sim.free_host(0, host), kOk);
+  EXPECT_EQ(sim.live_host_allocations(), 0u);
+  EXPECT_EQ(sim.calls(SimOp::free_host), 2u);
+  EXPECT_EQ(sim.calls(SimOp::allocate_host), 3u);
+  const SimCounters c = sim.counters();
+  EXPECT_EQ(c.host_allocs, 1u);  // injected failures are not counted
+  EXPECT_EQ(c.host_frees, 1u);
+  EXPECT_EQ(c.copies_to_host, 2u);
+  EXPECT_EQ(c.copies_to_device, 2u);
+  EXPECT_EQ(c.bytes_to_host, 512u);
+  EXPECT_EQ(c.bytes_to_device, 512u);
+}
+
 // ---- Counters, cost model, clock -----------------------------------------------------
 
 TEST(SimCounters, CountCallsAndDeviceTime) {
@@ -864,6 +1165,8 @@ TEST(SimCounters, CountCallsAndDeviceTime) {
   EXPECT_EQ(c.maps, 1u);
   EXPECT_EQ(c.unmaps, 1u);
   EXPECT_EQ(c.reservations, 1u);
+  EXPECT_EQ(c.host_allocs, 0u);
+  EXPECT_EQ(c.copies_to_host + c.copies_to_device, 0u);
   EXPECT_DOUBLE_EQ(c.device_time_us, 10 + 10 + 5 + 2 + 1.5);
   EXPECT_EQ(sim.now_us(), 1000u + 28u);
   sim.advance_clock_us(7);

@@ -248,9 +248,18 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
         }
       }).join();
       if (error) std::rethrow_exception(error);
+    } else if (tag_request_) {
+      TagScope scope(*alloc_, kTag);
+      p = alloc_->allocate(size, stream, current ? -1 : device);
     } else {
       p = alloc_->allocate(size, stream, current ? -1 : device);
     }
+  } catch (const InvalidArgumentError& e) {
+    // The walk's tag asleep on the device: its requests are refused.
+    WALK_CHECK(
+        tag_request_ && tag_asleep_[static_cast<std::size_t>(device)] && size > 0 && size < kOneEiB,
+        std::string("InvalidArgumentError: ") + e.what());
+    return;
   } catch (const OutOfMemoryError& e) {
     if (size >= kOneEiB) {
       WALK_CHECK(ooms_ == ooms, "a >= 1 EiB request walked the ladder");
@@ -294,6 +303,11 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
   // A private pool's block never moves; nor does one that the default pool served
   // under policy:compact during a capture (compact arenas are its expandable segments).
   l.compact = compact_ && l.pool == -1 && (!capture_on(device) || in_compact_arena(l.address));
+  if (tag_request_) {  // the tag's own pool (no route was on): a pool of its own
+    WALK_CHECK(!tag_asleep_[static_cast<std::size_t>(device)], "a sleeping tag served a request");
+    l.tagged = true;
+    l.compact = false;
+  }
   check_disjoint(l);
   shadow_.emplace(l.address, l.address + l.block);
   for_pattern(l.requested, [&](std::size_t o) {
@@ -436,6 +450,8 @@ void Walker::op_empty_cache() {
     bool any = capture_on();  // nothing is released during a capture
     for (const PoolSlot& slot : pools_) any |= slot.exists && slot.device == d;  // in use
     for (const Live& l : live_) any |= l.device == d;
+    // A sleeping tag keeps its address ranges (and its free blocks) for wake.
+    any |= tag_asleep_[static_cast<std::size_t>(d)];
     if (any) continue;
     WALK_CHECK(alloc_->stats(d).reserved_bytes.all().current == 0,
                "device " + std::to_string(d) + " keeps memory after empty_cache");

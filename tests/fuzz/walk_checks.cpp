@@ -40,6 +40,8 @@ void Walker::check_disjoint(const Live& l) {
 }
 
 void Walker::check_pattern(const Live& l) {
+  // Nothing is mapped under a sleeping tag's blocks.
+  if (l.tagged && tag_asleep_[static_cast<std::size_t>(l.device)]) return;
   const auto* bytes = reinterpret_cast<const std::uint8_t*>(l.address);
   for_pattern(l.requested, [&](std::size_t o) {
     WALK_CHECK(

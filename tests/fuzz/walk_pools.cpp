@@ -77,6 +77,7 @@ void Walker::check_capture() {
 }
 
 void Walker::op_pool(std::uint8_t arg) {
+  if ((arg & 0x60) == 0x60) return op_tag(arg);
   const int step = arg & 7;
   const int index = (arg >> 3) & 1;
   PoolSlot& slot = pools_[static_cast<std::size_t>(index)];
@@ -208,6 +209,118 @@ void Walker::pool_restore(PoolSlot& slot, int index) {
     });
     live_.push_back(std::move(l));
   }
+}
+
+// ---------------------------------------------------------------- the walk's tag
+
+void Walker::check_tag_state(int device) {
+  const TagState t = alloc_->tag_state(kTag, device);
+  const auto d = static_cast<std::size_t>(device);
+  WALK_CHECK(t.asleep == tag_asleep_[d], "the tag's state is not the walk's");
+  std::size_t held = 0;
+  for (const Live& l : live_)
+    if (l.tagged && l.device == device) held += l.block;
+  WALK_CHECK(t.allocated_bytes == held, "the tag's allocated bytes are not its live blocks'");
+  if (t.asleep) {
+    WALK_CHECK(held_reported_ || t.reserved_bytes == 0, "a sleeping tag keeps memory mapped");
+    WALK_CHECK(t.offloaded_bytes == (tag_discarded_[d] ? 0 : t.asleep_bytes),
+               "offloaded bytes are not what slept");
+  } else {
+    WALK_CHECK(t.asleep_bytes == 0 && t.offloaded_bytes == 0, "an awake tag has pages asleep");
+  }
+}
+
+void Walker::op_tag(std::uint8_t arg) {
+  const int device = (arg >> 4) & 1;
+  const auto d = static_cast<std::size_t>(device);
+  const int step = arg & 7;
+  if (trace_) std::fprintf(stderr, "  tag step %d on device %d\n", step, device);
+  // Where the engine keeps no pools, tags are refused up front.
+  const bool pools = alloc_->engine_name() == "native";
+  if (step < 4) {  // a request under the tag, when no route would take it first
+    const std::uint8_t a = in_.u8();
+    const std::uint16_t s = in_.u16();
+    if (!pools) {
+      try {
+        TagScope scope(*alloc_, kTag);
+        WALK_CHECK(false, "a tag scope opened where the engine keeps no pools");
+      } catch (const InvalidArgumentError&) {
+      }
+      return;
+    }
+    const bool routed = std::any_of(pools_.begin(), pools_.end(),
+                                    [](const PoolSlot& p) { return p.exists && p.route != 0; });
+    if (routed) return;
+    next_on_thread_ = false;  // the scope is this thread's
+    expandable_seen_ = true;  // the tag's pool is expandable segments (reservations)
+    tag_request_ = true;
+    try {
+      request(size_for(a & 7, s), (a >> 3) & 3, device, false);
+    } catch (...) {
+      tag_request_ = false;
+      throw;
+    }
+    tag_request_ = false;
+    return;
+  }
+  if (!pools) return;
+  bool made = false;
+  for (const Live& l : live_) made = made || l.tagged;
+  if (step == 7) {
+    if (made || tag_asleep_[d]) check_tag_state(device);
+    return;
+  }
+  const bool capturing = capture_on();  // any device's capture makes the engine refuse
+  try {
+    if (step == 6) {
+      alloc_->wake(kTag, device);
+      WALK_CHECK(tag_asleep_[d] && !capturing, "wake succeeded where it must be refused");
+      tag_asleep_[d] = false;
+      // Offloaded contents are back; discarded ones are the program's to write again.
+      for (Live& l : live_) {
+        if (!l.tagged || l.device != device) continue;
+        if (tag_discarded_[d])
+          for_pattern(l.requested, [&](std::size_t o) {
+            reinterpret_cast<std::uint8_t*>(l.address)[o] = pattern_byte(l.id, o);
+          });
+        else
+          check_pattern(l);
+      }
+    } else {
+      const bool discard = step == 5;
+      alloc_->sleep(kTag, discard ? SleepMode::discard : SleepMode::offload, device);
+      WALK_CHECK(!tag_asleep_[d] && !capturing, "sleep succeeded where it must be refused");
+      tag_asleep_[d] = true;
+      tag_discarded_[d] = discard;
+    }
+  } catch (const InvalidArgumentError& e) {
+    const std::string what = e.what();
+    // Never made (a fresh process), asleep already / awake, or a capture under way.
+    WALK_CHECK(capturing || (step == 6) != tag_asleep_[d] ||
+                   what.find("no memory was ever tagged") != std::string::npos,
+               "InvalidArgumentError: " + what);
+    return;
+  } catch (const OutOfMemoryError& e) {
+    WALK_CHECK(step == 6, std::string("OutOfMemoryError from sleep: ") + e.what());
+    // Waking needs room: under a cap or a full device it may have none; still asleep.
+    WALK_CHECK(alloc_->tag_state(kTag, device).asleep, "a failed wake left the tag awake");
+    return;
+  } catch (const DeviceError& e) {
+    WALK_CHECK(device_error_ok_, std::string("DeviceError from sleep or wake: ") + e.what());
+    note_device_error(e);
+    WALK_CHECK(alloc_->tag_state(kTag, device).asleep == tag_asleep_[d],
+               "a failed sleep or wake changed the tag");
+    // A failed discard may have dropped what had gone to sleep before the failure (the
+    // program asked to drop it): the walk writes its blocks again.
+    if (step == 5)
+      for (Live& l : live_)
+        if (l.tagged && l.device == device)
+          for_pattern(l.requested, [&](std::size_t o) {
+            reinterpret_cast<std::uint8_t*>(l.address)[o] = pattern_byte(l.id, o);
+          });
+    return;
+  }
+  check_tag_state(device);
 }
 
 }  // namespace reservoir::fuzz

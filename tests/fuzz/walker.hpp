@@ -97,6 +97,7 @@ struct Live {
   // a free during a capture waits for none of them (the spec takes that work to be in
   // the graph, remove_cudagraph_stream_uses), a free after it for all.
   std::vector<StreamHandle> capture_uses{};
+  bool tagged = false;  // made under the walk's tag (its own pool: sleeps with it)
 };
 
 // A private pool the walk made (walk_pools.cpp). The walk holds one use of it while
@@ -174,6 +175,10 @@ class Walker {
 
   // walk_pools.cpp: private pools (kOpDevice with an argument of 0x80 and up).
   void op_pool(std::uint8_t arg);
+  // walk_pools.cpp: the walk's tag (an op_pool argument with bits 0x60 set): a
+  // request under it, sleep (offload, discard), wake, its figures.
+  void op_tag(std::uint8_t arg);
+  void check_tag_state(int device);
   // The slot whose pool served a block allocated on device and stream.
   // The private pool slot that served a request (-1: the default pools); other_thread:
   // it ran on a thread of its own, which a route of this thread does not cover.
@@ -232,6 +237,10 @@ class Walker {
   bool next_on_thread_ = false;
   bool fault_active_ = false, device_error_ok_ = false, expandable_seen_ = false;
   std::array<PoolSlot, 2> pools_{};
+  // The walk's tag, per device: asleep, and whether its contents were discarded.
+  static constexpr const char* kTag = "fuzz.walk";
+  std::array<bool, kDevices> tag_asleep_{}, tag_discarded_{};
+  bool tag_request_ = false;  // the next request() runs under the tag
   // The ranges a registering tracker holds, by (device, address); the entries that gave
   // back a range never given; false once expandable segments were on (their page runs
   // need not pair). Trackers may run on the walk's request threads: under the mutex.

@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gpu/gpu_kernels.hpp"
 #include "gpu/gpu_test_util.hpp"
@@ -25,6 +27,26 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
   if (text.rfind(prefix, 0) == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << "\"" << text << "\" does not start with \"" << prefix << "\"";
+}
+
+// Whether [ptr, ptr + size) holds tag's pattern, checked by the test's own kernel on
+// stream (after the work already there).
+::testing::AssertionResult holds(void* ptr, std::size_t size, std::uint32_t tag,
+                                 cudaStream_t stream) {
+  DeviceArray<unsigned long long> bad(1);
+  if (bad.status() != cudaSuccess) return cuda_ok(bad.status(), "cudaMalloc");
+  if (auto ok = cuda_ok(verify(Region{ptr, size, tag}, bad.get(), stream), "verify"); !ok)
+    return ok;
+  unsigned long long mismatches = 0;
+  if (auto ok = cuda_ok(cudaMemcpyAsync(&mismatches, bad.get(), sizeof mismatches,
+                                        cudaMemcpyDeviceToHost, stream),
+                        "cudaMemcpyAsync");
+      !ok)
+    return ok;
+  if (auto ok = cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); !ok) return ok;
+  if (mismatches != 0)
+    return ::testing::AssertionFailure() << mismatches << " bytes did not hold the pattern";
+  return ::testing::AssertionSuccess();
 }
 
 // Writes and checks a pattern through the test's own kernels.
@@ -237,6 +259,95 @@ TEST_F(CudaBackendTest, VirtualMemoryMapsUsableMemory) {
       << backend_->last_error();
 }
 
+// allocate_host, copy_to_host and copy_to_device: the bytes travel both ways, between
+// pinned or pageable host memory and a segment or a virtual-memory mapping, and a copy
+// comes after the work already submitted, on a non-blocking stream too (which the
+// legacy default stream does not wait for).
+TEST_F(CudaBackendTest, CopiesToAndFromHostMemory) {
+  Stream stream;
+  DeviceArray<SpinResult> spin(1);
+  ASSERT_CUDA(stream.status());
+  ASSERT_CUDA(spin.status());
+  constexpr std::size_t n = 4 * kMiB;
+  constexpr std::uint32_t kTag = 0xc0de;
+  void* p = nullptr;
+  void* q = nullptr;
+  ASSERT_EQ(backend_->allocate(0, n, &p), DeviceStatus::ok) << backend_->last_error();
+  ASSERT_EQ(backend_->allocate(0, n, &q), DeviceStatus::ok) << backend_->last_error();
+  void* host = nullptr;
+  ASSERT_EQ(backend_->allocate_host(0, n, &host), DeviceStatus::ok) << backend_->last_error();
+  ASSERT_NE(host, nullptr);
+
+  // The fill runs behind a 200 ms kernel on the non-blocking stream.
+  ASSERT_CUDA(spin_then_verify(Region{q, n, 1}, 200'000'000, spin.get(), stream.get()));
+  ASSERT_CUDA(fill(Region{p, n, kTag}, stream.get()));
+  ASSERT_EQ(backend_->copy_to_host(0, host, p, n), DeviceStatus::ok) << backend_->last_error();
+  EXPECT_CUDA(cudaStreamQuery(stream.get()));  // the copy waited for the stream's work
+  // Back into q and checked there by a kernel: the host copy held the pattern.
+  ASSERT_EQ(backend_->copy_to_device(0, q, host, n), DeviceStatus::ok) << backend_->last_error();
+  EXPECT_TRUE(holds(q, n, kTag, stream.get()));
+
+  // Pageable host memory works too (the copy to the device returns once it landed).
+  std::vector<unsigned char> pageable(n);
+  ASSERT_EQ(backend_->copy_to_host(0, pageable.data(), p, n), DeviceStatus::ok)
+      << backend_->last_error();
+  EXPECT_EQ(std::memcmp(pageable.data(), host, n), 0);
+  ASSERT_CUDA(cudaMemsetAsync(q, 0, n, stream.get()));
+  ASSERT_EQ(backend_->copy_to_device(0, q, pageable.data(), n), DeviceStatus::ok)
+      << backend_->last_error();
+  EXPECT_TRUE(holds(q, n, kTag, stream.get()));
+
+  if (backend_->has(kVirtualMemory)) {
+    std::size_t g = 0;
+    ASSERT_EQ(backend_->granularity(0, &g), DeviceStatus::ok) << backend_->last_error();
+    const std::size_t m = 2 * g;  // two physical pieces behind one range
+    void* base = nullptr;
+    ASSERT_EQ(backend_->reserve_address_range(0, m, g, &base), DeviceStatus::ok)
+        << backend_->last_error();
+    PhysicalHandle h1 = 0, h2 = 0;
+    ASSERT_EQ(backend_->create_physical(0, g, &h1), DeviceStatus::ok) << backend_->last_error();
+    ASSERT_EQ(backend_->create_physical(0, g, &h2), DeviceStatus::ok) << backend_->last_error();
+    ASSERT_EQ(backend_->map(0, base, g, h1), DeviceStatus::ok) << backend_->last_error();
+    ASSERT_EQ(backend_->map(0, static_cast<char*>(base) + g, g, h2), DeviceStatus::ok)
+        << backend_->last_error();
+    const int devices[] = {0};
+    ASSERT_EQ(backend_->set_access(0, base, m, devices, 1), DeviceStatus::ok)
+        << backend_->last_error();
+    void* big_host = nullptr;
+    void* segment = nullptr;
+    ASSERT_EQ(backend_->allocate_host(0, m, &big_host), DeviceStatus::ok) << backend_->last_error();
+    ASSERT_EQ(backend_->allocate(0, m, &segment), DeviceStatus::ok) << backend_->last_error();
+    ASSERT_CUDA(fill(Region{base, m, kTag + 1}, stream.get()));
+    ASSERT_EQ(backend_->copy_to_host(0, big_host, base, m), DeviceStatus::ok)
+        << backend_->last_error();
+    ASSERT_EQ(backend_->copy_to_device(0, segment, big_host, m), DeviceStatus::ok)
+        << backend_->last_error();
+    EXPECT_TRUE(holds(segment, m, kTag + 1, stream.get()));
+    // And into the mapping from the host (a pattern the mapping did not hold).
+    ASSERT_CUDA(fill(Region{segment, m, kTag + 2}, stream.get()));
+    ASSERT_EQ(backend_->copy_to_host(0, big_host, segment, m), DeviceStatus::ok)
+        << backend_->last_error();
+    ASSERT_EQ(backend_->copy_to_device(0, base, big_host, m), DeviceStatus::ok)
+        << backend_->last_error();
+    EXPECT_TRUE(holds(base, m, kTag + 2, stream.get()));
+
+    EXPECT_EQ(backend_->deallocate(0, segment, m), DeviceStatus::ok) << backend_->last_error();
+    EXPECT_EQ(backend_->free_host(0, big_host), DeviceStatus::ok) << backend_->last_error();
+    EXPECT_EQ(backend_->unmap(0, base, m), DeviceStatus::ok) << backend_->last_error();
+    EXPECT_EQ(backend_->release_physical(0, h1), DeviceStatus::ok) << backend_->last_error();
+    EXPECT_EQ(backend_->release_physical(0, h2), DeviceStatus::ok) << backend_->last_error();
+    EXPECT_EQ(backend_->release_address_range(0, base, m), DeviceStatus::ok)
+        << backend_->last_error();
+  }
+
+  SpinResult seen{};
+  ASSERT_CUDA(cudaMemcpy(&seen, spin.get(), sizeof seen, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(seen.blocks_done, kSpinBlocks);
+  EXPECT_EQ(backend_->free_host(0, host), DeviceStatus::ok) << backend_->last_error();
+  EXPECT_EQ(backend_->deallocate(0, p, n), DeviceStatus::ok) << backend_->last_error();
+  EXPECT_EQ(backend_->deallocate(0, q, n), DeviceStatus::ok) << backend_->last_error();
+}
+
 TEST_F(CudaBackendTest, ExportsIpcHandles) {
   void* p = nullptr;
   ASSERT_EQ(backend_->allocate(0, 2 * kMiB, &p), DeviceStatus::ok) << backend_->last_error();
@@ -301,6 +412,22 @@ TEST_F(CudaBackendErrors, EachFailureNamesTheCall) {
   EXPECT_TRUE(starts_with(backend_->last_error(), "cuMemFree("));
   EXPECT_NE(backend_->last_error().find("CUDA_ERROR_"), std::string::npos)
       << backend_->last_error();
+
+  // Host memory: more than any host has is out_of_memory (and says so); memory that
+  // cuMemHostAlloc did not give cannot be freed as such.
+  void* host = nullptr;
+  EXPECT_EQ(backend_->allocate_host(0, std::size_t{1} << 50, &host), DeviceStatus::out_of_memory)
+      << backend_->last_error();
+  EXPECT_EQ(host, nullptr);
+  EXPECT_TRUE(
+      starts_with(backend_->last_error(),
+                  "cuMemHostAlloc(1125899906842624 bytes) on device 0: CUDA_ERROR_OUT_OF_MEMORY"));
+  EXPECT_EQ(backend_->free_host(0, &not_ours), DeviceStatus::error);
+  EXPECT_TRUE(starts_with(backend_->last_error(), "cuMemFreeHost("));
+  EXPECT_EQ(backend_->allocate_host(device_count_ + 3, 512, &host), DeviceStatus::error);
+  EXPECT_TRUE(starts_with(backend_->last_error(), "cuMemHostAlloc: invalid device"));
+  EXPECT_EQ(backend_->copy_to_host(-1, &not_ours, &not_ours, sizeof not_ours), DeviceStatus::error);
+  EXPECT_TRUE(starts_with(backend_->last_error(), "cuMemcpyDtoH: invalid device -1"));
 
   // A thread's last_error is its own.
   std::string other_thread = "unset";

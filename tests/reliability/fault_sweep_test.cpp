@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -33,12 +34,16 @@ struct Op {
   // capture: a CUDA graph capture on stream 3 begins (routed to a private pool) or,
   // when one is under way, ends. join: stream waits for `waited` on the device (an
   // event), as a program forks a stream into a capture and joins it back.
-  enum Kind { alloc, free, record, advance, empty_cache, release, capture, join } kind;
-  std::size_t size = 0;     // alloc
+  // sleep / wake: the workload's tag (docs/sleep.md), size 1 for a discard.
+  enum Kind { alloc, free, record, advance, empty_cache, release, capture, join, sleep, wake } kind;
+  std::size_t size = 0;     // alloc; sleep: 1 discard, 0 offload
   StreamHandle stream = 0;  // alloc, record, advance, release, join
   std::size_t slot = 0;     // alloc, free, record
   StreamHandle waited = 0;  // join
+  bool tagged = false;      // alloc: under the workload's tag
 };
+
+constexpr const char* kSweepTag = "fault-sweep";
 
 // A few hundred deterministic operations on streams 1-3: small, medium and large
 // sizes, frees, record_stream across streams, stream progress, empty_cache, and
@@ -49,8 +54,10 @@ struct Op {
 // use first joins the capture (waits for stream 3), and stream 3 joins streams back
 // instead of their progress, so blocks freed in the capture can serve it again
 // (graph_capture_record_stream_reuse). scale multiplies every size (a
-// program of gigabytes: policy:compact's extents then have up to 16 pages).
-std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
+// program of gigabytes: policy:compact's extents then have up to 16 pages). With
+// sleeps, the first six slots' requests are tagged, and the tag sleeps (offload and
+// discard in turn) and wakes every forty operations.
+std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1, bool sleeps = false) {
   std::mt19937_64 rng(7);
   std::vector<Op> ops;
   constexpr std::size_t kSlots = 16;
@@ -63,6 +70,10 @@ std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
     if (captures && i % 37 == 36) {
       ops.push_back({Op::capture});
       capturing = !capturing;
+    } else if (sleeps && i % 40 == 39) {
+      ops.push_back({Op::sleep, static_cast<std::size_t>((i / 40) % 2)});
+    } else if (sleeps && i % 40 == 19 && i > 40) {
+      ops.push_back({Op::wake});
     } else if (i % 97 == 96) {
       ops.push_back({Op::empty_cache});
     } else if (i % 61 == 60) {
@@ -72,7 +83,7 @@ std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1) {
     } else if (r < 45) {
       static constexpr std::size_t kMax[] = {MiB, 10 * MiB, 48 * MiB};
       const std::size_t max = kMax[rng() % 3];
-      ops.push_back({Op::alloc, (1 + rng() % max) * scale, stream, slot});
+      ops.push_back({Op::alloc, (1 + rng() % max) * scale, stream, slot, 0, sleeps && slot < 6});
       last[slot] = ops.back();
     } else if (r < 80) {
       ops.push_back({Op::free, 0, 0, slot});
@@ -127,13 +138,28 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
     void* p = std::exchange(slots[slot], nullptr);
     guarded([&] { rig.a->deallocate(p); });  // nullptr is a no-op
   };
+  bool tagged_ever = false;
+  auto asleep = [&] { return tagged_ever && rig.a->tag_state(kSweepTag, 0).asleep; };
+  auto wake = [&] {
+    const std::uint64_t refused = rig.sim->counters().failed_allocs;
+    try {
+      guarded([&] { rig.a->wake(kSweepTag, 0); });
+    } catch (const OutOfMemoryError&) {
+      ++out.ooms;
+      out.refused_on_every_oom &= rig.sim->counters().failed_allocs > refused;
+    }
+  };
   for (const Op& op : ops) {
     switch (op.kind) {
       case Op::alloc: {
         free_slot(op.slot);
+        if (op.tagged && asleep()) break;  // refused while the tag sleeps
         const std::uint64_t refused = rig.sim->counters().failed_allocs;
         try {
           guarded([&] {
+            std::optional<TagScope> scope;
+            if (op.tagged) scope.emplace(*rig.a, kSweepTag);
+            tagged_ever |= op.tagged;
             slots[op.slot] = rig.a->allocate(op.size, op.stream, 0);
             owner[op.slot] = op.stream;
           });
@@ -143,6 +169,15 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
         }
         break;
       }
+      case Op::sleep:
+        if (tagged_ever && !asleep())
+          guarded([&] {
+            rig.a->sleep(kSweepTag, op.size ? SleepMode::discard : SleepMode::offload, 0);
+          });
+        break;
+      case Op::wake:
+        if (asleep()) wake();
+        break;
       case Op::free:
         free_slot(op.slot);
         break;
@@ -183,6 +218,8 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
     out.counted_after_every_op &= testing_util::counted(rig);
   }
   if (capturing) end_capture();
+  // Awake again before the end (a wake failing for the plan's further calls retried).
+  for (int tries = 0; tries < 5 && asleep(); ++tries) wake();
   for (std::size_t slot = 0; slot < slots.size(); ++slot) free_slot(slot);
   // Its cache back at once (torch.cuda.MemPool's destructor): those device calls swept too.
   if (any_capture) guarded([&] { rig.a->release_pool(pool, 0, /*empty_cache=*/true); });
@@ -270,6 +307,7 @@ struct Plan {
   int errors;
   bool captures = false;  // the workload with captures (make_workload)
   std::size_t scale = 1;  // its sizes multiplied (make_workload), on a device that much larger
+  bool sleeps = false;    // the workload with a tag that sleeps and wakes (make_workload)
 };
 
 constexpr DeviceStatus kError = DeviceStatus::error;
@@ -359,6 +397,28 @@ const Plan kPlans[] = {
      true},
     {"CaptureReuseFollows", kCaptureReuse, SimOp::capture_follows, kError, SimOp::capture_follows,
      2, 0, true},
+    // Sleep and wake of a tag (its own pool of expandable segments, under any policy):
+    // pinned host memory and the copies out, the unmaps and give-backs, then the wake's
+    // maps and copies back; a failure leaves the tag as it was.
+    {"SleepAllocateHost", "", SimOp::allocate_host, kError, SimOp::map, 0, 1, false, 1, true},
+    {"SleepCopyToHost", "", SimOp::copy_to_host, kError, SimOp::map, 0, 1, false, 1, true},
+    {"SleepSynchronizeStream", "", SimOp::synchronize_stream, kError, SimOp::map, 0, 1, false, 1,
+     true},
+    {"SleepUnmapThenUnmap", "", SimOp::unmap, kError, SimOp::unmap, 1, 1, false, 1, true},
+    {"SleepReleasePhysicalThenRetry", "", SimOp::release_physical, kError, SimOp::release_physical,
+     1, 1, false, 1, true},
+    {"WakeCreatePhysicalThenRelease", "", SimOp::create_physical, kError, SimOp::release_physical,
+     1, 1, false, 1, true},
+    {"WakeCreatePhysicalOom", "", SimOp::create_physical, DeviceStatus::out_of_memory, SimOp::map,
+     0, -1, false, 1, true},
+    {"WakeMapThenUnmap", "", SimOp::map, kError, SimOp::unmap, 1, 1, false, 1, true},
+    {"WakeSetAccessThenUnmap", "", SimOp::set_access, kError, SimOp::unmap, 1, 1, false, 1, true},
+    {"WakeCopyToDeviceThenUnmap", "", SimOp::copy_to_device, kError, SimOp::unmap, 1, 1, false, 1,
+     true},
+    {"CompactSleepCopyToHost", kCompact, SimOp::copy_to_host, kError, SimOp::map, 0, 1, false, 1,
+     true},
+    {"CompactWakeCopyToDevice", kCompact, SimOp::copy_to_device, kError, SimOp::unmap, 1, 1, false,
+     1, true},
     // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
     {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
     {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,
@@ -377,7 +437,7 @@ class CallSweep : public ::testing::TestWithParam<Plan> {};
 // (memory, segments, address ranges) and the workload runs again without an error.
 TEST_P(CallSweep, EveryCallFailingKeepsTheBooksAndGivesEverythingBack) {
   const Plan& plan = GetParam();
-  const std::vector<Op> ops = make_workload(plan.captures, plan.scale);
+  const std::vector<Op> ops = make_workload(plan.captures, plan.scale, plan.sleeps);
   const std::size_t capacity = (std::size_t{2} << 30) * plan.scale;
   Rig clean(plan.config, 1, capacity);
   run(clean, ops);

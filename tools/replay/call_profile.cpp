@@ -114,6 +114,10 @@ CallKind kind_of(BackendCall call) noexcept {
     case BackendCall::process_memory:
     case BackendCall::can_access_peer:
     case BackendCall::enable_peer_access:
+    case BackendCall::allocate_host:  // host memory and copies (putting memory to sleep)
+    case BackendCall::free_host:
+    case BackendCall::copy_to_host:
+    case BackendCall::copy_to_device:
     case BackendCall::count_:
       break;
   }

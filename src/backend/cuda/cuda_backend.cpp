@@ -634,6 +634,79 @@ DeviceStatus CudaBackend::set_access(int device, void* ptr, std::size_t size, co
       });
 }
 
+// ---- Host memory and copies ------------------------------------------------------
+
+DeviceStatus CudaBackend::allocate_host(int device, std::size_t size, void** ptr) {
+  State& s = *state_;
+  void* p = nullptr;
+  CUresult result = CUDA_SUCCESS;
+  // Not through drive's soft status: out of memory keeps last_error's description too.
+  const DeviceStatus st = s.drive(
+      device, "cuMemHostAlloc", false,
+      [&] {
+        RelaxedCapture relaxed(s.api);
+        // Flags 0: under unified addressing (every 64-bit Linux device) the memory is
+        // pinned for every context anyway.
+        result = s.api->MemHostAlloc(&p, size, 0);
+        return result;
+      },
+      [&] { return "cuMemHostAlloc(" + std::to_string(size) + " bytes)"; });
+  if (st == DeviceStatus::error && result == CUDA_ERROR_OUT_OF_MEMORY)
+    return DeviceStatus::out_of_memory;
+  if (st == DeviceStatus::ok) *ptr = p;
+  return st;
+}
+
+DeviceStatus CudaBackend::free_host(int device, void* ptr) {
+  return state_->drive(
+      device, "cuMemFreeHost", false, [&] { return state_->api->MemFreeHost(ptr); },
+      [&] { return "cuMemFreeHost(" + hex(ptr) + ")"; });
+}
+
+DeviceStatus CudaBackend::copy_to_host(int device, void* dst, const void* src, std::size_t bytes) {
+  State& s = *state_;
+  // The legacy default stream waits for blocking streams only: synchronize the whole
+  // context so that work on every stream (non-blocking ones too) is done first.
+  bool synchronized = false;
+  return s.drive(
+      device, "cuMemcpyDtoH", false,
+      [&] {
+        CUresult r = s.api->CtxSynchronize();
+        synchronized = r == CUDA_SUCCESS;
+        return synchronized ? s.api->MemcpyDtoH(dst, to_dptr(src), bytes) : r;
+      },
+      [&] {
+        return (synchronized ? "cuMemcpyDtoH(" : "cuCtxSynchronize before cuMemcpyDtoH(") +
+               hex(dst) + " <- " + hex(src) + ", " + std::to_string(bytes) + " bytes)";
+      });
+}
+
+DeviceStatus CudaBackend::copy_to_device(int device, void* dst, const void* src,
+                                         std::size_t bytes) {
+  State& s = *state_;
+  // As copy_to_host; and a copy from pageable memory returns once the bytes are staged,
+  // maybe before they land: wait for the legacy default stream, which ran the copy.
+  enum Step { before, copy, after } step = before;
+  return s.drive(
+      device, "cuMemcpyHtoD", false,
+      [&] {
+        CUresult r = s.api->CtxSynchronize();
+        if (r != CUDA_SUCCESS) return r;
+        step = copy;
+        r = s.api->MemcpyHtoD(to_dptr(dst), src, bytes);
+        if (r != CUDA_SUCCESS) return r;
+        step = after;
+        return s.api->StreamSynchronize(CU_STREAM_LEGACY);
+      },
+      [&] {
+        static constexpr const char* kCall[] = {
+            "cuCtxSynchronize before cuMemcpyHtoD(", "cuMemcpyHtoD(",
+            "cuStreamSynchronize(legacy stream) after cuMemcpyHtoD("};
+        return kCall[step] + hex(dst) + " <- " + hex(src) + ", " + std::to_string(bytes) +
+               " bytes)";
+      });
+}
+
 // ---- IPC ------------------------------------------------------------------------
 
 DeviceStatus CudaBackend::export_ipc(int device, void* base, IpcHandle* handle) {

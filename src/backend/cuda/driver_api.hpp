@@ -56,6 +56,10 @@ namespace reservoir::detail::cuda {
   X(MemMap, cuMemMap)                                                   \
   X(MemUnmap, cuMemUnmap)                                               \
   X(MemSetAccess, cuMemSetAccess)                                       \
+  X(MemHostAlloc, cuMemHostAlloc)                                       \
+  X(MemFreeHost, cuMemFreeHost)                                         \
+  X(MemcpyDtoH, cuMemcpyDtoH_v2)                                        \
+  X(MemcpyHtoD, cuMemcpyHtoD_v2)                                        \
   X(IpcGetMemHandle, cuIpcGetMemHandle)                                 \
   X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2)                            \
   X(IpcCloseMemHandle, cuIpcCloseMemHandle)                             \

@@ -2,11 +2,16 @@
 // device's work may reach (can_reach, copy): its own segments, pool chunks and IPC
 // mappings; a peer's segments and IPC mappings after enable_peer_access; pool memory
 // whose pool granted it access (set_pool_access); virtual-memory mappings that granted
-// it access (set_access), whoever's they are.
+// it access (set_access), whoever's they are. Also host memory (allocate_host,
+// free_host) and the synchronous copies between it and the device (copy_to_host,
+// copy_to_device), whose device range must be memory the device reaches.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "backend/sim/state.hpp"
 
@@ -89,6 +94,97 @@ std::string SimBackend::copy(int device, void* dst, const void* src, std::size_t
   if (!can_reach(device, dst, size, &why)) return "sim: copy: destination: " + why;
   if (state_->options.host_backed) std::memmove(dst, src, size);
   return "";
+}
+
+// ---- Host memory and copies ------------------------------------------------------------
+
+DeviceStatus SimBackend::allocate_host(int device, std::size_t size, void** ptr) {
+  State& s = *state_;
+  return s.call(device, SimOp::allocate_host, [&](State::Device&) {
+    if (size == 0 || ptr == nullptr) return error("sim: allocate_host: size 0 or null ptr");
+    // Page-aligned, as pinned memory is; MAP_NORESERVE: a synthetic device's copies never
+    // touch it, so even buffers the size of the device's memory cost nothing untouched.
+    State::HostAllocation a{device, HostMapping()};
+    if (!a.memory.map(size, 0, PROT_READ | PROT_WRITE)) {
+      return Failer::fail(DeviceStatus::out_of_memory,
+                          "sim: allocate_host: the host has no " + bytes(size) + " to give");
+    }
+    const std::uintptr_t start = a.memory.begin();
+    s.host_allocations.emplace(start, std::move(a));
+    ++s.counters.host_allocs;
+    s.counters.host_alloc_bytes += size;
+    *ptr = reinterpret_cast<void*>(start);
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::free_host(int device, void* ptr) {
+  State& s = *state_;
+  return s.call(device, SimOp::free_host, [&](State::Device&) {
+    auto it = s.host_allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == s.host_allocations.end()) {
+      return error("sim: free_host: " + hex(reinterpret_cast<std::uintptr_t>(ptr)) +
+                   " was not allocated by allocate_host (or was freed already)");
+    }
+    s.host_allocations.erase(it);  // unmaps it
+    ++s.counters.host_frees;
+    return DeviceStatus::ok;
+  });
+}
+
+// copy_to_host (to_host) or copy_to_device: the device range (src, or dst) must be
+// memory the device reaches. Waits for the whole device first, as synchronize_device.
+DeviceStatus SimBackend::State::host_copy(int device, bool to_host, void* dst, const void* src,
+                                          std::size_t bytes) {
+  const SimOp op = to_host ? SimOp::copy_to_host : SimOp::copy_to_device;
+  const char* name = to_string(op);
+  return call(device, op, [&](Device&) {
+    if (auto refused = refused_by_capture(name)) return *refused;
+    if (bytes > 0 && (dst == nullptr || src == nullptr))
+      return error(std::string("sim: ") + name + ": null " + (dst == nullptr ? "dst" : "src"));
+    const auto p = reinterpret_cast<std::uintptr_t>(to_host ? src : dst);
+    if (bytes > 0) {
+      if (std::string why = reach(device, p, bytes); !why.empty()) {
+        std::string message = "sim: ";
+        message += name;
+        message += ": [";
+        message += hex(p);
+        message += ", ";
+        message += hex(p + bytes);
+        message += ") is not mapped device memory of device ";
+        message += std::to_string(device);
+        message += ": ";
+        message += why;
+        return error(message);
+      }
+    }
+    // Ordered after all work submitted so far, on every stream: the host waits for the
+    // whole device, in every completion mode (as synchronize_device). Pools keep what
+    // exceeds their release threshold: the driver trims at the synchronize calls.
+    complete_all();
+    if (options.host_backed && bytes > 0) std::memcpy(dst, src, bytes);
+    if (to_host) {
+      ++counters.copies_to_host;
+      counters.bytes_to_host += bytes;
+    } else {
+      ++counters.copies_to_device;
+      counters.bytes_to_device += bytes;
+    }
+    return DeviceStatus::ok;
+  });
+}
+
+DeviceStatus SimBackend::copy_to_host(int device, void* dst, const void* src, std::size_t bytes) {
+  return state_->host_copy(device, true, dst, src, bytes);
+}
+
+DeviceStatus SimBackend::copy_to_device(int device, void* dst, const void* src, std::size_t bytes) {
+  return state_->host_copy(device, false, dst, src, bytes);
+}
+
+std::size_t SimBackend::live_host_allocations() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->host_allocations.size();
 }
 
 std::size_t SimBackend::open_ipc_mappings() const {

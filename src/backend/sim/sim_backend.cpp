@@ -1,7 +1,7 @@
 // SimBackend: the deterministic simulated device (include/reservoir/sim_backend.hpp):
 // devices, segments, events and streams, virtual memory and the test controls. IPC is
-// in ipc.cpp, stream-ordered pools in pools.cpp, process memory and
-// reachability in reach.cpp; the state they share in state.hpp.
+// in ipc.cpp, stream-ordered pools in pools.cpp, process memory, reachability, host
+// memory and copies in reach.cpp; the state they share in state.hpp.
 //
 // One mutex guards all state; the allocate hook runs outside it. Address layout
 // (synthetic mode): device d owns the window [kBase + d * stride, kBase + (d + 1) *
@@ -49,8 +49,11 @@ constexpr std::array<const char*, kOpCount> kOpNames = {
     "synchronize_event", "create_physical", "map", "unmap", "set_access",
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
     "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
-    "import_shareable", "process_memory", "synchronize_device", "capture_point", "capture_follows"};
+    "import_shareable", "process_memory", "synchronize_device", "capture_point", "capture_follows",
+    "allocate_host", "free_host", "copy_to_host", "copy_to_device"};
 // clang-format on
+// A name left out would be a null pointer at the end (kOpCount counts every SimOp).
+static_assert(kOpNames.back() != nullptr, "a name for every SimOp");
 
 const SimOptions& validated(const SimOptions& o) {
   const std::size_t g = o.granularity;

@@ -1,7 +1,7 @@
 // SimBackend's state (internal), shared by its translation units: sim_backend.cpp
 // (devices, segments, events, virtual memory, test controls), ipc.cpp (IPC and
 // shareable handles), pools.cpp (stream-ordered pools) and reach.cpp
-// (process memory, reachability and copies).
+// (process memory, reachability, copies, host memory).
 //
 // One mutex guards all state. Address layout (synthetic mode): device d owns
 // [kBase + d * stride, kBase + (d + 1) * stride), placed by the driver's placement
@@ -36,7 +36,8 @@ namespace sim {
 inline constexpr std::uintptr_t kBase = 0x7f0000000000;
 inline constexpr std::size_t kSmallAlignment = 512;
 inline constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
-inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::capture_follows) + 1;
+// SimOp's last enumerator + 1 (sim_backend.cpp names every one of them).
+inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::copy_to_device) + 1;
 
 inline std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -218,6 +219,8 @@ struct SimBackend::State {
   void give_chunk(int device, std::uintptr_t address, std::size_t size);
   // Whether device reaches [p, p + size); "" or why not.
   std::string reach(int device, std::uintptr_t p, std::size_t size) const;
+  // copy_to_host (to_host) and copy_to_device (reach.cpp).
+  DeviceStatus host_copy(int device, bool to_host, void* dst, const void* src, std::size_t bytes);
 
   const SimOptions options;
   const std::uint64_t id;
@@ -246,6 +249,13 @@ struct SimBackend::State {
   sim::DriverPlacement imports;              // synthetic addresses of opened IPC mappings
   std::map<std::uintptr_t, OpenIpc> opened;  // by start
   std::set<std::string> open_keys;
+
+  // allocate_host's memory, by start (HostMapping::begin()), until free_host.
+  struct HostAllocation {
+    int device = 0;
+    sim::HostMapping memory;
+  };
+  std::unordered_map<std::uintptr_t, HostAllocation> host_allocations;
 
   std::array<std::uint64_t, sim::kOpCount> calls{};
   std::array<std::optional<DeviceStatus>, sim::kOpCount> persistent{};

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "reservoir/errors.hpp"
+#include "util/checks.hpp"
 #include "util/format.hpp"
 
 namespace reservoir::detail {
@@ -28,8 +29,17 @@ DeviceEngine& CachingAllocator::make_engine(int device) {
   DeviceEngine* e = owned_.back().get();
   e->history().configure(history_enabled_, history_entries_, history_level_, history_recorder_);
   for (auto& t : trackers_) e->history().add_tracker(t);
+  if (tag_scopes_ > 0) e->set_tagging(true);
   slot(device).store(e, std::memory_order_release);
   return *e;
+}
+
+void CachingAllocator::tag_scope(bool open) {
+  std::lock_guard<std::mutex> guard(engines_mutex_);
+  RESERVOIR_ASSERT(open || tag_scopes_ > 0);
+  tag_scopes_ += open ? 1 : -1;
+  if (tag_scopes_ == (open ? 1 : 0))
+    for (auto& e : owned_) e->set_tagging(open);
 }
 
 // ---------------------------------------------------------------- the lookup protocol

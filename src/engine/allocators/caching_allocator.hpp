@@ -94,6 +94,11 @@ class CachingAllocator final : public BlockResource {
 
   void validate();
 
+  // ---- Tags (docs/sleep.md) ----
+  // A tag scope opened (true) or closed (false) on some thread: while any is open,
+  // every engine's requests read their thread's tag (DeviceEngine::set_tagging).
+  void tag_scope(bool open);
+
  private:
   // Several owners: this thread's last segment, then the map (remembered for the
   // next free); out of line, so that the one-owner path stays short.
@@ -129,6 +134,7 @@ class CachingAllocator final : public BlockResource {
   std::vector<TraceTracker> trackers_;
   mutable std::mutex annotations_mutex_;
   std::deque<Annotation> annotations_;  // oldest first, at most history_entries_
+  int tag_scopes_ = 0;                  // under engines_mutex_: open tag scopes (tag_scope)
 };
 
 }  // namespace reservoir::detail

@@ -59,9 +59,11 @@ class SizePolicy {
 
   // Whether serving size bytes from a free block of block_size leaves a remainder
   // worth keeping as a block of its own.
-  bool should_split(PoolIndex pool, std::size_t block_size, std::size_t size) const noexcept {
+  // vmm: the pool's segments are expandable whatever the settings (a tagged pool's).
+  bool should_split(PoolIndex pool, std::size_t block_size, std::size_t size,
+                    bool vmm = false) const noexcept {
     std::size_t remaining = block_size - size;
-    if (pool == kSmallPool || expandable_) return remaining >= kMinBlockSize;
+    if (pool == kSmallPool || expandable_ || vmm) return remaining >= kMinBlockSize;
     return size < max_split_size_ && remaining > kSmallSize;
   }
 

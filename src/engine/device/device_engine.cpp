@@ -157,7 +157,12 @@ std::uintptr_t DeviceEngine::allocate_with_context(std::size_t requested, Stream
   const Context context = history_.active() ? history_.gather(ContextLevel::state) : Context{};
   if (private_registry_.routing())
     if (PoolRegistry::Pool routed = private_registry_.route(stream))
-      return allocate_private(*routed, requested, stream, context);
+      return routed->tag() == kNoTag
+                 ? allocate_private(*routed, requested, stream, context)
+                 : allocate_tagged(routed->tag(), routed.get(), requested, stream, context);
+  if (detours_.load(std::memory_order_relaxed) & kDetourTags)
+    if (const TagId tag = thread_tag_for(&hooks_); tag != kNoTag)
+      return allocate_tagged(tag, nullptr, requested, stream, context);
   if (compact_on_.load(std::memory_order_relaxed))
     return allocate_compact(requested, stream, context);
   return allocate_default(requested, stream, context);
@@ -295,6 +300,8 @@ void DeviceEngine::release_cached_everywhere(bool compact_pages_back) {
     auto pools = pools_snapshot();
     for (const PoolRegistry::Pool& released : private_registry_.released())
       for (StreamPool* p : released->streams()) pools.push_back(p);
+    // Tags' own pools too (no graph holds their addresses; a sleeping one gives nothing).
+    for (StreamPool* p : tag_own_pools()) pools.push_back(p);
     release_caches_locked(pools);
   }
   // The pools share the device: a private pool's request under policy:compact (and a

@@ -32,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,10 @@
 #include "engine/stats/stat_ledger.hpp"
 #include "engine/streams/event_pool.hpp"
 #include "engine/streams/stream_table.hpp"
+#include "engine/tags/tags.hpp"
 #include "reservoir/hooks.hpp"
 #include "reservoir/pools.hpp"
+#include "reservoir/sleep.hpp"
 #include "reservoir/stats.hpp"
 #include "util/compiler.hpp"
 #include "util/lock.hpp"
@@ -164,6 +167,25 @@ class DeviceEngine {
   bool pool_live_allocations_are(PoolId id, const std::vector<void*>& expected);
   bool capture_underway() const noexcept { return capture_.underway(); }
 
+  // ---- Tags: sleep and wake (tag_pools.cpp; docs/sleep.md) ----
+  // A tag scope of this allocator is open (on): requests read their thread's tag
+  // (thread_tag_for(&hooks())) and a tagged one goes to its tag's pool. Off, the
+  // request path never looks (CachingAllocator counts the scopes).
+  void set_tagging(bool on);
+  // Puts the memory of tag on this device to sleep: the tag's own pool and every
+  // private pool carrying it (their free pages given back, the rest unmapped, their
+  // contents kept on the host for offload), addresses kept. Throws
+  // InvalidArgumentError (asleep already, a capture under way, memory that cannot be
+  // unmapped) or DeviceError; either way nothing is asleep then.
+  void sleep(TagId tag, SleepMode mode);
+  // Maps the tag's memory again at the same addresses (offloaded contents copied
+  // back). Throws InvalidArgumentError (not asleep, a capture under way),
+  // OutOfMemoryError or DeviceError; either way the tag stays asleep then.
+  void wake(TagId tag);
+  TagState tag_state(TagId tag);
+  // Every tag that has a pool on this device, in the order of their first use.
+  std::vector<TagState> tag_states();
+
   // The compact pool if policy:compact was ever used (else null).
   CompactPool* compact_if_made() const noexcept {
     return compact_ptr_.load(std::memory_order_acquire);
@@ -195,6 +217,24 @@ class DeviceEngine {
   std::uintptr_t allocate_from_use_on_oom(std::size_t requested, StreamHandle stream,
                                           const Context& context);
   StreamPool& private_stream_pool(PrivatePool& pool, StreamHandle stream);
+  // A tag's state on this device: its own pool (made on first use) and whether it
+  // sleeps. Requests under the tag hold use shared; sleep and wake hold it alone, so
+  // no request is under way in the tag's pools while their pages go or come.
+  struct TagEntry {
+    TagId tag = kNoTag;
+    std::shared_ptr<PrivatePool> pool;
+    std::shared_mutex use;
+    bool asleep = false;  // under use
+    SleepMode mode = SleepMode::offload;
+  };
+  TagEntry& tag_entry(TagId tag);
+  // A request under tag (its own pool, or routed to a private pool carrying it).
+  std::uintptr_t allocate_tagged(TagId tag, PrivatePool* routed, std::size_t requested,
+                                 StreamHandle stream, const Context& context);
+  // The caches of every pool carrying tag (its own pool's and private pools').
+  std::vector<StreamPool*> tag_stream_pools(const TagEntry& entry);
+  TagState tag_state_locked(const TagEntry& entry);  // the caller holds entry.use
+  std::vector<StreamPool*> tag_own_pools();          // the caches of every tag's own pool
   // The registered, unreleased pool (throws InvalidArgumentError).
   PoolRegistry::Pool live_pool(PoolId id, const char* action);
   // Waits for the pools' pending frees, then gives their free segments back. pre: the
@@ -277,9 +317,14 @@ class DeviceEngine {
   std::vector<StreamPool*> spare_;                          // under create_mutex_
   std::atomic<bool> compact_on_{false};                     // policy:compact in force
   // Why a request cannot take the plain path, as bits: one load on the hot path.
-  static constexpr std::uint8_t kDetourCompact = 1, kDetourRouting = 2;
+  static constexpr std::uint8_t kDetourCompact = 1, kDetourRouting = 2, kDetourTags = 4;
   std::atomic<std::uint8_t> detours_{0};
   std::unique_ptr<CompactPool> compact_;  // made on first use, under create_mutex_
+  // Tags (tag_pools.cpp): entries never go while the engine lives; tags_mutex_ guards
+  // the list, sleep_mutex_ lets one sleep or wake run at a time.
+  std::mutex tags_mutex_;
+  std::vector<std::unique_ptr<TagEntry>> tags_;
+  std::mutex sleep_mutex_;
   std::atomic<CompactPool*> compact_ptr_{nullptr};
 };
 

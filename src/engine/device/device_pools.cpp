@@ -30,7 +30,7 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
   StreamPool* made = take_pool_locked(spare_, private_pools_, stream);
-  made->set_private(pool.id(), pool.options().no_split, pool.source());
+  made->set_private(pool.id(), pool.options().no_split, pool.source(), pool.tag() != kNoTag);
   pool.add(made);
   return *made;
 }
@@ -62,7 +62,7 @@ PoolRegistry::Pool DeviceEngine::live_pool(PoolId id, const char* action) {
 
 void DeviceEngine::retain_pool(PoolId id, const PoolOptions& options,
                                std::shared_ptr<SegmentSource> source) {
-  private_registry_.retain(id, options, std::move(source));
+  private_registry_.retain(id, options, std::move(source), thread_tag_for(&hooks_));
 }
 
 void DeviceEngine::release_pool(PoolId id, bool empty_cache) {
@@ -96,7 +96,7 @@ void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool c
     if (CompactPool* c = compact_if_made()) c->wait_for_operations();
   }
   try {
-    private_registry_.begin(id, std::move(filter), capture);
+    private_registry_.begin(id, std::move(filter), capture, thread_tag_for(&hooks_));
   } catch (...) {
     if (capture) capture_.end();
     throw;

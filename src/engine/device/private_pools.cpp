@@ -37,13 +37,13 @@ PoolRegistry::Pool PoolRegistry::find_locked(PoolId id) const {
 }
 
 PoolRegistry::Pool PoolRegistry::retain(PoolId id, const PoolOptions& options,
-                                        std::shared_ptr<SegmentSource> source) {
+                                        std::shared_ptr<SegmentSource> source, TagId tag) {
   std::lock_guard<std::mutex> guard(mutex_);
-  return retain_locked(id, options, std::move(source));
+  return retain_locked(id, options, std::move(source), tag);
 }
 
 PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& options,
-                                               std::shared_ptr<SegmentSource> source) {
+                                               std::shared_ptr<SegmentSource> source, TagId tag) {
   if (id.is_default())
     throw InvalidArgumentError(
         "reservoir: pool id (0, 0) names the default pools, not a private "
@@ -55,7 +55,7 @@ PoolRegistry::Pool PoolRegistry::retain_locked(PoolId id, const PoolOptions& opt
     ++p->use_count;
     return p;
   }
-  pools_.push_back(std::make_shared<PrivatePool>(id, options, std::move(source)));
+  pools_.push_back(std::make_shared<PrivatePool>(id, options, std::move(source), tag));
   if (options.use_on_oom) use_on_oom_.store(true, std::memory_order_relaxed);
   return pools_.back();
 }
@@ -139,7 +139,7 @@ void PoolRegistry::publish(std::shared_ptr<const Routes> routes) {
   routes_ = std::move(routes);
 }
 
-void PoolRegistry::begin(PoolId id, StreamFilter filter, bool capture) {
+void PoolRegistry::begin(PoolId id, StreamFilter filter, bool capture, TagId tag) {
   if (!filter) throw InvalidArgumentError("reservoir: routing to a pool needs a stream filter");
   std::lock_guard<std::mutex> guard(mutex_);
   Pool existing = find_locked(id);
@@ -147,7 +147,7 @@ void PoolRegistry::begin(PoolId id, StreamFilter filter, bool capture) {
                               [&](const Route& r) { return r.pool == existing; }))
     throw InvalidArgumentError("reservoir: already routing allocations to private pool " +
                                pool_name(id) + " (end_allocate_to_pool first)");
-  Pool p = retain_locked(id, PoolOptions{});
+  Pool p = retain_locked(id, PoolOptions{}, nullptr, tag);
   auto next = std::make_shared<Routes>(*routes_);
   next->push_back(Route{std::move(p), std::move(filter), capture});
   publish(std::move(next));

@@ -25,15 +25,20 @@
 #include <vector>
 
 #include "engine/pool/stream_pool.hpp"
+#include "engine/tags/tags.hpp"
 #include "reservoir/pools.hpp"
 
 namespace reservoir::detail {
 
 class PrivatePool {
  public:
-  PrivatePool(PoolId id, const PoolOptions& options, std::shared_ptr<SegmentSource> source)
-      : id_(id), options_(options), source_(std::move(source)) {}
+  PrivatePool(PoolId id, const PoolOptions& options, std::shared_ptr<SegmentSource> source,
+              TagId tag = kNoTag)
+      : id_(id), options_(options), source_(std::move(source)), tag_(tag) {}
   PoolId id() const noexcept { return id_; }
+  // The tag its memory carries (the creating thread's; kNoTag: none). A tagged pool's
+  // segments are expandable, so that it can sleep with its tag.
+  TagId tag() const noexcept { return tag_; }
   const PoolOptions& options() const noexcept { return options_; }
   // Where its segments come from (null: the device).
   const std::shared_ptr<SegmentSource>& source() const noexcept { return source_; }
@@ -48,6 +53,7 @@ class PrivatePool {
   const PoolId id_;
   const PoolOptions options_;
   const std::shared_ptr<SegmentSource> source_;
+  const TagId tag_;
   mutable std::mutex mutex_;
   std::vector<StreamPool*> streams_;
 };
@@ -64,10 +70,10 @@ class PoolRegistry {
   bool any_use_on_oom() const noexcept { return use_on_oom_.load(std::memory_order_relaxed); }
 
   // Creates the pool (use count 1) or adds a use (createOrIncrefPool); options and
-  // source apply when it is created. Throws InvalidArgumentError for a released pool
-  // that is not yet forgotten, or {0, 0}.
+  // source (and tag) apply when it is created. Throws InvalidArgumentError for a
+  // released pool that is not yet forgotten, or {0, 0}.
   Pool retain(PoolId id, const PoolOptions& options,
-              std::shared_ptr<SegmentSource> source = nullptr);
+              std::shared_ptr<SegmentSource> source = nullptr, TagId tag = kNoTag);
   // Drops a use; at 0 the pool is released. Throws InvalidArgumentError for an
   // unknown or already released pool.
   void release(PoolId id);
@@ -82,7 +88,7 @@ class PoolRegistry {
   // Routing. begin retains the pool (creating it) and adds a route; throws
   // InvalidArgumentError when routing to it is already on. end removes the route
   // and returns whether it was a capture route; throws when there was none.
-  void begin(PoolId id, StreamFilter filter, bool capture);
+  void begin(PoolId id, StreamFilter filter, bool capture, TagId tag = kNoTag);
   bool end(PoolId id);
   // The pool of the route begun last whose filter accepts stream, or nullptr. Filters run
   // outside the registry mutex.
@@ -102,7 +108,7 @@ class PoolRegistry {
   using Routes = std::vector<Route>;
   Pool find_locked(PoolId id) const;
   Pool retain_locked(PoolId id, const PoolOptions& options,
-                     std::shared_ptr<SegmentSource> source = nullptr);
+                     std::shared_ptr<SegmentSource> source = nullptr, TagId tag = kNoTag);
   void publish(std::shared_ptr<const Routes> routes);
 
   mutable std::mutex mutex_;

@@ -31,16 +31,13 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
 
 ExpandableSegment::~ExpandableSegment() {
   // Teardown (the engine is going away): errors are ignored, nothing is recorded.
+  for (const Asleep& a : asleep_)
+    if (a.host) (void)backend_.free_host(device_, a.host);
   // Each run of mapped pages is unmapped in one call, then its pages released.
-  for (std::size_t i = 0; i < pages_.size();) {
-    if (!pages_[i]) {
-      ++i;
-      continue;
-    }
-    std::size_t end = i;
-    while (end < pages_.size() && pages_[end]) ++end;
-    (void)backend_.unmap(device_, page_address(i), (end - i) * page_);
-    for (; i < end; ++i) (void)backend_.release_physical(device_, *pages_[i]);
+  for (const auto& [first, count] : mapped_runs()) {
+    (void)backend_.unmap(device_, page_address(first), count * page_);
+    for (std::size_t i = first; i < first + count; ++i)
+      (void)backend_.release_physical(device_, *pages_[i]);
   }
   for (const Held& h : held_) {
     if (h.mapped) (void)backend_.unmap(device_, page_address(h.page), page_);
@@ -48,6 +45,21 @@ ExpandableSegment::~ExpandableSegment() {
   }
   if (!released_)
     (void)backend_.release_address_range(device_, reinterpret_cast<void*>(base_), size_);
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> ExpandableSegment::mapped_runs() const {
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  for (std::size_t i = 0; i < pages_.size();) {
+    if (!pages_[i]) {
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < pages_.size() && pages_[end]) ++end;
+    runs.emplace_back(i, end - i);
+    i = end;
+  }
+  return runs;
 }
 
 std::string ExpandableSegment::give_back(std::size_t page, PhysicalHandle handle, bool mapped) {
@@ -217,6 +229,115 @@ void ExpandableSegment::add_peer(int device) {
     run = i + 1;
   }
   peers_.push_back(device);
+}
+
+std::size_t ExpandableSegment::sleep(bool offload) {
+  std::vector<Asleep> runs;
+  for (const auto& [first, count] : mapped_runs()) runs.push_back(Asleep{first, count, nullptr});
+  auto free_copies = [&](std::size_t from) {
+    for (std::size_t r = from; r < runs.size(); ++r)
+      if (runs[r].host) (void)backend_.free_host(device_, runs[r].host);
+  };
+  // Every copy first: a failure there changes nothing.
+  if (offload)
+    for (Asleep& r : runs) {
+      const std::size_t bytes = r.pages * page_;
+      std::string what;
+      if (backend_.allocate_host(device_, bytes, &r.host) != DeviceStatus::ok) {
+        r.host = nullptr;
+        what = "allocating " + format_size(bytes) + " of pinned host memory";
+      } else if (backend_.copy_to_host(device_, r.host, page_address(r.first), bytes) !=
+                 DeviceStatus::ok) {
+        what = "copying " + format_size(bytes) + " at " + format_pointer(page_address(r.first)) +
+               " to host memory";
+      }
+      if (!what.empty()) {
+        const std::string why = backend_.last_error();
+        free_copies(0);
+        fail(what + " to put it to sleep", why, "");
+      }
+    }
+  std::size_t slept = 0;
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    std::string error;
+    const auto [start, length] =
+        unmap(base_ + runs[r].first * page_, runs[r].pages * page_, &error);
+    (void)start;
+    if (length == 0) {
+      free_copies(r);
+      throw DeviceError("reservoir: putting an expandable segment to sleep failed: " + error);
+    }
+    asleep_.push_back(runs[r]);
+    asleep_pages_ += runs[r].pages;
+    if (runs[r].host) offloaded_pages_ += runs[r].pages;
+    slept += length;
+    // A page the device would not take back is held (counted reserved by the caller).
+  }
+  return slept;
+}
+
+void ExpandableSegment::drop_asleep(std::size_t i) {
+  if (asleep_[i].host) {
+    (void)backend_.free_host(device_, asleep_[i].host);  // nothing to do if it fails
+    offloaded_pages_ -= asleep_[i].pages;
+  }
+  asleep_pages_ -= asleep_[i].pages;
+  asleep_.erase(asleep_.begin() + static_cast<std::ptrdiff_t>(i));
+}
+
+std::string ExpandableSegment::undo_wake(std::size_t runs) {
+  std::string failure;
+  for (std::size_t r = runs; r-- > 0;) {
+    std::string error;
+    const auto [start, length] =
+        unmap(base_ + asleep_[r].first * page_, asleep_[r].pages * page_, &error);
+    (void)start;
+    if (length == 0) {
+      // Still mapped: awake after all, with its contents if they were kept.
+      if (asleep_[r].host)
+        (void)backend_.copy_to_device(device_, page_address(asleep_[r].first), asleep_[r].host,
+                                      asleep_[r].pages * page_);
+      drop_asleep(r);
+    }
+    if (failure.empty()) failure = std::move(error);
+  }
+  return failure;
+}
+
+bool ExpandableSegment::wake() {
+  for (std::size_t r = 0; r < asleep_.size(); ++r) {
+    std::size_t mapped = 0;
+    try {
+      mapped = map(reinterpret_cast<std::uintptr_t>(page_address(asleep_[r].first)),
+                   asleep_[r].pages * page_);
+    } catch (const DeviceError& e) {
+      const std::string undo_failure = undo_wake(r);
+      if (undo_failure.empty()) throw;
+      throw DeviceError(std::string(e.what()) + "; undoing the wake failed too (" + undo_failure +
+                        ")");
+    }
+    if (mapped == 0) {  // out of memory: what this wake mapped goes back
+      const std::string undo_failure = undo_wake(r);
+      if (!undo_failure.empty())
+        throw DeviceError("reservoir: waking an expandable segment on device " +
+                          std::to_string(device_) + " ran out of memory, and undoing it failed (" +
+                          undo_failure + ")");
+      return false;
+    }
+  }
+  for (std::size_t r = 0; r < asleep_.size(); ++r) {
+    if (!asleep_[r].host) continue;
+    const std::size_t bytes = asleep_[r].pages * page_;
+    if (backend_.copy_to_device(device_, page_address(asleep_[r].first), asleep_[r].host, bytes) !=
+        DeviceStatus::ok) {
+      const std::string why = backend_.last_error();
+      fail("copying " + format_size(bytes) + " back to " +
+               format_pointer(page_address(asleep_[r].first)) + " to wake it",
+           why, undo_wake(asleep_.size()));
+    }
+  }
+  while (!asleep_.empty()) drop_asleep(asleep_.size() - 1);
+  return true;
 }
 
 std::vector<PhysicalHandle> ExpandableSegment::handles(std::uintptr_t address, std::size_t bytes,

@@ -20,7 +20,10 @@
 //   held_ lists the device memory whose give-back failed, none of it in pages_:
 //     held_bytes() == page_size * |held_|; a held page with mapped == true still
 //     occupies its address (nothing can be mapped there until it is given back);
-//   after release() succeeded the segment owns nothing on the device.
+//   after release() succeeded the segment owns nothing on the device;
+//   asleep_ lists runs of pages put to sleep (sleep()), none of them in pages_ and no
+//   two overlapping; each run's host copy is non-null iff it was offloaded:
+//   asleep_bytes() == page_size * sum of their pages.
 // Not thread-safe: used under the owning pool's lock.
 #pragma once
 
@@ -96,6 +99,22 @@ class ExpandableSegment {
   // Throws DeviceError; device is then not a peer (a retry grants all pages again).
   void add_peer(int device);
 
+  // ---- Sleep and wake (tagged memory, docs/sleep.md); the caller has synchronized
+  // every user of the pages ----
+  // Copies every mapped page to pinned host memory (offload), then unmaps the pages and
+  // gives their memory back, keeping their places for wake(). Returns the bytes no
+  // longer mapped. Throws DeviceError: a failed host allocation or copy changes
+  // nothing; a failed unmap leaves the runs before it asleep (the caller wakes them).
+  // A page whose memory the device would not take back is held, as by unmap().
+  std::size_t sleep(bool offload);
+  // Maps fresh memory at every page put to sleep and copies the offloaded contents
+  // back: all or nothing. Returns false when the device is out of memory; throws
+  // DeviceError. When it does not succeed nothing asleep is mapped and the host copies
+  // are kept (a run whose undo the device refused is mapped again, awake).
+  bool wake();
+  std::size_t asleep_bytes() const noexcept { return asleep_pages_ * page_; }
+  std::size_t offloaded_bytes() const noexcept { return offloaded_pages_ * page_; }
+
  private:
   // Device memory whose give-back failed.
   struct Held {
@@ -103,6 +122,15 @@ class ExpandableSegment {
     PhysicalHandle handle;  // not released yet
     bool mapped;            // still mapped at page
   };
+  struct Asleep {
+    std::size_t first;  // page index
+    std::size_t pages;
+    void* host;  // the offloaded contents, or nullptr (discarded)
+  };
+  // The runs of mapped pages, in address order: {first page, pages}.
+  std::vector<std::pair<std::size_t, std::size_t>> mapped_runs() const;
+  std::string undo_wake(std::size_t runs);  // unmaps the first runs of asleep_ again
+  void drop_asleep(std::size_t i);          // asleep_[i] is awake: its host copy freed
   void* page_address(std::size_t page) const {
     return reinterpret_cast<void*>(base_ + page * page_);
   }
@@ -126,6 +154,8 @@ class ExpandableSegment {
   std::size_t reach_ = 0;
   std::vector<Held> held_;
   std::vector<int> peers_;
+  std::vector<Asleep> asleep_;
+  std::size_t asleep_pages_ = 0, offloaded_pages_ = 0;
 };
 
 }  // namespace reservoir::detail

@@ -100,7 +100,7 @@ RESERVOIR_INLINE Block* StreamPool::find_free(PoolIndex pool, std::size_t size) 
   auto it = set.lower_bound(size);
   if (it == set.end()) return nullptr;
   if ((*it)->in_expandable) {
-    if (policy().expandable()) {
+    if (expandable()) {
       // Best fit counts the unmapped room after a block of an expandable segment:
       // prefer a block that would not grow into the segment's open end.
       for (auto next = std::next(it);
@@ -184,7 +184,7 @@ std::uintptr_t StreamPool::allocate_after_release(std::size_t requested, const C
 Block* StreamPool::new_segment_block(Guard& guard, std::size_t size, PoolIndex pool, bool retry,
                                      const Context& context) {
   if (retry) DeviceCounters::bump(services_.counters.alloc_retries);
-  if (policy().expandable() && !source_) return allocate_expandable(size, pool, context);
+  if (expandable() && !source_) return allocate_expandable(size, pool, context);
   const std::size_t alloc_size = SizePolicy::segment_size(size);
   if (!services_.budget.reserve(alloc_size)) return nullptr;  // over the memory fraction
   void* ptr = nullptr;
@@ -252,7 +252,7 @@ RESERVOIR_INLINE std::uintptr_t StreamPool::hand_out(Block* b, std::size_t size,
   const bool already_split = b->is_split();
   SplitChange split;
   Block* out;
-  if (!no_split_ && policy().should_split(pool, b->size, size)) {
+  if (!no_split_ && policy().should_split(pool, b->size, size, vmm_)) {
     out = block_list::split_front(block_nodes_, b, size, BlockState::allocated);
     reposition_free(b);
     if (counts_split)
@@ -330,9 +330,9 @@ RESERVOIR_INLINE Block* StreamPool::parked_fit(PoolIndex pool, std::size_t size)
   const std::size_t merged = b->size + (merges ? next->size : 0);
   if (!policy().may_serve(merged, size)) return nullptr;
   // Expandable segments switched off: best fit skips their blocks.
-  if (b->in_expandable && !policy().expandable()) return nullptr;
+  if (b->in_expandable && !expandable()) return nullptr;
   // The merged block would be split exactly at b's end, or b taken whole...
-  if (merges != (!no_split_ && policy().should_split(pool, merged, size))) return nullptr;
+  if (merges != (!no_split_ && policy().should_split(pool, merged, size, vmm_))) return nullptr;
   // ...if best fit picks it: no other free block's key lies between size and its key.
   const FreeIndex& set = free_[pool];
   auto it = set.lower_bound(size);
@@ -619,11 +619,14 @@ bool StreamPool::record_use(std::uintptr_t address, StreamHandle other) {
   return true;
 }
 
-void StreamPool::set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source) {
+void StreamPool::set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source,
+                             bool vmm) {
   Guard guard(*this);
   RESERVOIR_ASSERT(segments_ == nullptr);
   pool_id_ = pool;
   no_split_ = no_split;
+  vmm_ = vmm;
+  asleep_ = false;
   source_ = std::move(source);
   fit_block_ = nullptr;
 }

@@ -141,8 +141,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   static constexpr StreamHandle kNoStream = ~StreamHandle{0} - 0x600d;
   // The private pool this cache serves ({0, 0}: the default pools), its no_split
   // option and its segment source (null: the device). Set while the pool holds no
-  // segment (a new or recycled cache).
-  void set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source);
+  // segment (a new or recycled cache). vmm: its segments are expandable whatever the
+  // settings say (a tagged pool's, which may sleep).
+  void set_private(PoolId pool, bool no_split, std::shared_ptr<SegmentSource> source,
+                   bool vmm = false);
   PoolId pool_id() const noexcept { return pool_id_; }
   Lock& lock() noexcept { return lock_; }
   // The size policy changed (the caller holds the lock): the fit memo no longer holds.
@@ -201,6 +203,26 @@ class alignas(64) StreamPool final : public BlockOwner {
   // none is). Throws DeviceError after trying every block.
   void flush_capture_deferred();
   bool holds_segments();
+
+  // ---- Sleep and wake (stream_pool_sleep.cpp; a tag's pools, docs/sleep.md) ----
+  // Waits for the work on every stream that used the pool's blocks and for its pending
+  // frees, gives its free pages back, then puts every mapped page to sleep (offload:
+  // contents kept in pinned host memory). Returns the bytes put to sleep. Throws
+  // DeviceError (or InvalidArgumentError: segments not its own to unmap), with what
+  // went to sleep asleep and the pool asleep (the caller wakes it).
+  std::size_t sleep(bool offload);
+  // Maps fresh memory at every page put to sleep, contents copied back: all or
+  // nothing. false: out of memory or over the memory fraction (still asleep).
+  bool wake();
+  bool asleep() {
+    Guard guard(*this);
+    return asleep_;
+  }
+  // A tag's figures (TagState) over this pool.
+  struct SleepCounts {
+    std::size_t allocated = 0, reserved = 0, asleep = 0, offloaded = 0;
+  };
+  SleepCounts sleep_counts();
 
   // ---- Checkpoints of a private pool (stream_pool_checkpoint.cpp) ----
   // Appends every segment with its blocks. Throws InvalidArgumentError for pending
@@ -371,6 +393,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   Block* fit_block_ = nullptr;  // the fit memo (the class comment)
   std::uint64_t fit_version_ = 0;
   bool no_split_ = false;         // read by every hand_out: kept on the lock's line
+  bool vmm_ = false;              // expandable segments whatever the settings (set_private)
   bool stream_released_ = false;  // release_stream() was called (unmaps wait for the device)
   // The release fence (release_stream): fenced_ only while the pool serves a released
   // stream and holds segments or blocks; the event is the pool's until recycling.
@@ -398,6 +421,13 @@ class alignas(64) StreamPool final : public BlockOwner {
   std::size_t capture_marked_ = 0;  // of capture_deferred_, those with capture points
   PoolId pool_id_{};
   std::shared_ptr<SegmentSource> source_;  // a private pool's own segments, or null
+  bool asleep_ = false;                    // sleep() .. wake(): nothing is handed out or given back
+  bool sleep_offload_ = false;             // while asleep_: the contents were kept
+  // One segment of a sleep() or wake() (the statistics, budget and counters follow).
+  std::size_t sleep_segment(Segment* segment);
+  bool wake_segment(Segment* segment);
+  // Whether new segments are expandable.
+  bool expandable() const noexcept { return vmm_ || policy().expandable(); }
 };
 
 // ---------------------------------------------------------------- hot inline helpers

@@ -22,6 +22,10 @@ bool StreamPool::share(std::uintptr_t address, SharedBlock* out) {
   Guard guard(*this);
   Block* b = allocated_.find(address);
   if (!b) return false;
+  if (asleep_)
+    throw InvalidArgumentError("reservoir: cannot share " +
+                               format_pointer(reinterpret_cast<void*>(address)) +
+                               ": its tag is asleep (its memory was given back); wake it first");
   const Segment* seg = b->segment;
   out->device = services_.device;
   out->block = b->address;

@@ -12,12 +12,14 @@ namespace reservoir::detail {
 
 std::size_t StreamPool::largest_free_block(PoolIndex pool) {
   Guard guard(*this);
+  if (asleep_) return 0;  // its free blocks have no memory under them until wake
   const FreeIndex& set = free_[pool];
   return set.empty() ? 0 : set.largest()->size;
 }
 
 std::size_t StreamPool::cached_bytes() {
   Guard guard(*this);
+  if (asleep_) return 0;  // as largest_free_block
   std::size_t total = 0;
   for (const FreeIndex& set : free_)
     for (const Block* b : set) total += b->size;

@@ -65,6 +65,7 @@ std::size_t StreamPool::release_cached() {
 }
 
 std::size_t StreamPool::release_cached_locked() {
+  if (asleep_) return 0;  // its pages are asleep, its free blocks kept for wake
   std::size_t released = 0;
   std::vector<Segment*> whole;
   std::vector<Block*> expandable;

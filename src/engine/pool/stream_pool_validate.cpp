@@ -123,8 +123,12 @@ void StreamPool::validate_locked(ValidationTotals* totals) {
       std::size_t mapped = 0;
       for (Block* b = seg->head; b; b = b->next)
         if (b->mapped()) mapped += b->size;
-      RESERVOIR_CHECK(mapped == seg->mapped_bytes && mapped == seg->vm->mapped_bytes(),
+      // Pages put to sleep keep their blocks (free or allocated) for wake.
+      RESERVOIR_CHECK(mapped == seg->mapped_bytes + seg->vm->asleep_bytes() &&
+                          seg->mapped_bytes == seg->vm->mapped_bytes(),
                       "mapped bytes of expandable segment " + at(seg->base) + " disagree");
+      RESERVOIR_CHECK(asleep_ || seg->vm->asleep_bytes() == 0,
+                      "expandable segment " + at(seg->base) + " has pages asleep in a pool awake");
     } else {
       RESERVOIR_CHECK(seg->mapped_bytes == seg->size,
                       "segment " + at(seg->base) + " is not wholly mapped");

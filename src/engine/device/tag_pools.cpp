@@ -1,0 +1,180 @@
+// DeviceEngine: tagged memory — each tag's own pool (a private pool of expandable
+// segments, made on the tag's first request), requests under a tag, and sleep and wake
+// of every pool carrying a tag (docs/sleep.md). Private pools made while their
+// creating thread has a tag (a CUDA graph's, a MemPool's) carry it too.
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+
+#include "engine/device/device_engine.hpp"
+#include "reservoir/errors.hpp"
+#include "util/checks.hpp"
+#include "util/format.hpp"
+
+namespace reservoir::detail {
+
+namespace {
+// A tag's own pool is named (kTagPoolMark, tag) in snapshots and messages: no id
+// PyTorch or MemPool hands out (theirs count up from 1 in one half).
+constexpr std::uint64_t kTagPoolMark = 0x7461670000000000ull;  // "tag"
+
+std::string quoted(TagId tag) {
+  return "'" + TagNames::name(tag) + "'";
+}
+}  // namespace
+
+void DeviceEngine::set_tagging(bool on) {
+  if (on)
+    detours_.fetch_or(kDetourTags, std::memory_order_relaxed);
+  else
+    detours_.fetch_and(static_cast<std::uint8_t>(~kDetourTags), std::memory_order_relaxed);
+}
+
+DeviceEngine::TagEntry& DeviceEngine::tag_entry(TagId tag) {
+  std::lock_guard<std::mutex> guard(tags_mutex_);
+  for (const auto& e : tags_)
+    if (e->tag == tag) return *e;
+  auto e = std::make_unique<TagEntry>();
+  e->tag = tag;
+  e->pool = std::make_shared<PrivatePool>(PoolId{kTagPoolMark, tag}, PoolOptions{}, nullptr, tag);
+  tags_.push_back(std::move(e));
+  return *tags_.back();
+}
+
+std::uintptr_t DeviceEngine::allocate_tagged(TagId tag, PrivatePool* routed, std::size_t requested,
+                                             StreamHandle stream, const Context& context) {
+  TagEntry& e = tag_entry(tag);
+  std::shared_lock<std::shared_mutex> use(e.use);
+  if (e.asleep)
+    throw InvalidArgumentError("reservoir: cannot allocate " + format_size(requested) +
+                               " under tag " + quoted(tag) + " on device " +
+                               std::to_string(device_) + ": the tag is asleep (wake it first)");
+  return allocate_private(routed ? *routed : *e.pool, requested, stream, context);
+}
+
+std::vector<StreamPool*> DeviceEngine::tag_stream_pools(const TagEntry& entry) {
+  std::vector<StreamPool*> out = entry.pool->streams();
+  for (const PoolRegistry::Pool& p : private_registry_.pools())
+    if (p->tag() == entry.tag)
+      for (StreamPool* s : p->streams()) out.push_back(s);
+  return out;
+}
+
+std::vector<StreamPool*> DeviceEngine::tag_own_pools() {
+  std::lock_guard<std::mutex> guard(tags_mutex_);
+  std::vector<StreamPool*> out;
+  for (const auto& e : tags_)
+    for (StreamPool* p : e->pool->streams()) out.push_back(p);
+  return out;
+}
+
+void DeviceEngine::sleep(TagId tag, SleepMode mode) {
+  std::lock_guard<std::mutex> one(sleep_mutex_);
+  if (!(backend_.capabilities() & kVirtualMemory))
+    throw InvalidArgumentError("reservoir: cannot put tag " + quoted(tag) + " to sleep on device " +
+                               std::to_string(device_) + ": " + backend_.name() +
+                               " cannot map memory (sleep needs virtual memory management)");
+  TagEntry& e = tag_entry(tag);
+  std::unique_lock<std::shared_mutex> alone(e.use);
+  if (e.asleep)
+    throw InvalidArgumentError("reservoir: tag " + quoted(tag) + " is asleep already on device " +
+                               std::to_string(device_));
+  if (capture_.underway())
+    throw InvalidArgumentError("reservoir: cannot put tag " + quoted(tag) +
+                               " to sleep during a CUDA graph capture (its pages cannot be "
+                               "unmapped then): end the capture first");
+  History::Delivery delivery(history_);
+  const std::vector<StreamPool*> pools = tag_stream_pools(e);
+  std::size_t done = 0;
+  try {
+    for (; done < pools.size(); ++done) pools[done]->sleep(mode == SleepMode::offload);
+  } catch (...) {
+    // What went to sleep wakes again (the pool that failed too: part of it may sleep).
+    const std::size_t failed = done < pools.size() ? done + 1 : done;
+    for (std::size_t i = 0; i < failed; ++i)
+      if (pools[i]->asleep()) (void)pools[i]->wake();
+    throw;
+  }
+  e.asleep = true;
+  e.mode = mode;
+}
+
+void DeviceEngine::wake(TagId tag) {
+  std::lock_guard<std::mutex> one(sleep_mutex_);
+  TagEntry& e = tag_entry(tag);
+  std::unique_lock<std::shared_mutex> alone(e.use);
+  if (!e.asleep)
+    throw InvalidArgumentError("reservoir: cannot wake tag " + quoted(tag) + " on device " +
+                               std::to_string(device_) + ": it is not asleep");
+  if (capture_.underway())
+    throw InvalidArgumentError("reservoir: cannot wake tag " + quoted(tag) +
+                               " during a CUDA graph capture (its contents are copied back on "
+                               "the device): end the capture first");
+  History::Delivery delivery(history_);
+  const std::vector<StreamPool*> pools = tag_stream_pools(e);
+  const bool offload = e.mode == SleepMode::offload;
+  std::size_t done = 0;
+  auto undo = [&] {
+    for (std::size_t i = 0; i < done; ++i) pools[i]->sleep(offload);
+  };
+  try {
+    for (; done < pools.size(); ++done)
+      if (pools[done]->asleep() && !pools[done]->wake()) {
+        undo();
+        const TagState s = tag_state_locked(e);
+        throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) +
+                               " on device " + std::to_string(device_) + ": " +
+                               format_size(s.asleep_bytes) +
+                               " must be mapped again and the device (or the memory fraction) "
+                               "has no room for it; free memory (empty_cache, or put another tag "
+                               "to sleep) and wake it again");
+      }
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (...) {
+    undo();
+    throw;
+  }
+  e.asleep = false;
+}
+
+TagState DeviceEngine::tag_state(TagId tag) {
+  TagEntry& e = tag_entry(tag);
+  std::shared_lock<std::shared_mutex> use(e.use);
+  return tag_state_locked(e);
+}
+
+std::vector<TagState> DeviceEngine::tag_states() {
+  std::vector<TagEntry*> entries;
+  {
+    std::lock_guard<std::mutex> guard(tags_mutex_);
+    for (const auto& e : tags_) entries.push_back(e.get());  // entries live as long as the engine
+  }
+  std::vector<TagState> out;
+  for (TagEntry* e : entries) {
+    std::shared_lock<std::shared_mutex> use(e->use);
+    out.push_back(tag_state_locked(*e));
+  }
+  return out;
+}
+
+TagState DeviceEngine::tag_state_locked(const TagEntry& e) {
+  TagState s;
+  s.name = TagNames::name(e.tag);
+  s.asleep = e.asleep;
+  s.mode = e.asleep ? e.mode : SleepMode::offload;
+  s.pools = 1;
+  for (const PoolRegistry::Pool& p : private_registry_.pools())
+    if (p->tag() == e.tag) ++s.pools;
+  for (StreamPool* p : tag_stream_pools(e)) {
+    const StreamPool::SleepCounts c = p->sleep_counts();
+    s.allocated_bytes += c.allocated;
+    s.reserved_bytes += c.reserved;
+    s.asleep_bytes += c.asleep;
+    s.offloaded_bytes += c.offloaded;
+  }
+  return s;
+}
+
+}  // namespace reservoir::detail

@@ -1,0 +1,182 @@
+"""Sleep and wake of a Hugging Face causal LM under Reservoir (docs/sleep.md), in a
+fresh process; prints one JSON line of figures and checks.
+
+    python3 sleep_worker.py [--config policy:compact] [--layers 12] [--cycles 100]
+
+Weights are made under the tag "weights"; the KV cache, activations and a
+CUDA-graph-captured decode step (a forward over a fixed window, replayed per token)
+under "kv". Then sleep("weights", offload) and sleep("kv", discard): the process's
+device memory (cudaMemGetInfo) must come back to within 64 MiB of what it was before
+the model was loaded, and another allocation takes it; after wake, greedy generation
+eager (with its KV cache) and by replaying the captured graph (not captured again)
+gives the tokens it gave before. Sleep and wake are timed against a pinned copy of
+the same bytes; --cycles repeats sleep/wake, checking device and host memory do not
+grow. Deterministic: fixed seed, random weights (no download).
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+MiB = 1 << 20
+
+
+def rss_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", default="policy:compact")
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--embd", type=int, default=768)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--cycles", type=int, default=100)
+    args = p.parse_args()
+
+    import reservoir.torch
+
+    reservoir.torch.install(config=args.config or None)
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # the context and Reservoir's first segment
+    torch.cuda.synchronize()
+    free_start, total = torch.cuda.mem_get_info()
+    out = {"device": torch.cuda.get_device_name(), "config": args.config,
+           "torch": torch.__version__}
+
+    config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=12, n_positions=1024,
+                        vocab_size=50257)
+    with reservoir.tag("weights"):
+        model = GPT2LMHeadModel(config).cuda().eval()
+    prompt = torch.randint(0, config.vocab_size, (1, args.window), device="cuda")
+
+    def eager_tokens():
+        with reservoir.tag("kv"), torch.no_grad():
+            ids = model.generate(prompt, max_new_tokens=args.new_tokens, do_sample=False,
+                                 use_cache=True, pad_token_id=0)
+        return ids[0, args.window:].tolist()
+
+    # The decode step, captured: logits of the last position over a window of tokens.
+    with reservoir.tag("kv"):
+        static_in = prompt.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(3):
+                model(static_in, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            static_next = model(static_in, use_cache=False).logits[:, -1].argmax(-1)
+
+    def graph_tokens():
+        window = prompt.clone()
+        tokens = []
+        for _ in range(args.new_tokens):
+            static_in.copy_(window)
+            graph.replay()
+            t = static_next.clone()
+            tokens.append(int(t.item()))
+            window = torch.cat([window[:, 1:], t.view(1, 1)], dim=1)
+        return tokens
+
+    eager_before, graph_before = eager_tokens(), graph_tokens()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    loaded_free = torch.cuda.mem_get_info()[0]
+    states = {t: reservoir.tag_state(t) for t in ("weights", "kv")}
+    out["tags_awake"] = states
+
+    t0 = time.perf_counter()
+    reservoir.sleep("weights", "offload")
+    t1 = time.perf_counter()
+    reservoir.sleep("kv", "discard")
+    t2 = time.perf_counter()
+    torch.cuda.empty_cache()  # untagged memory the program freed goes back too
+    asleep_free = torch.cuda.mem_get_info()[0]
+    out["free_mib"] = {"start": free_start / MiB, "loaded": loaded_free / MiB,
+                       "asleep": asleep_free / MiB}
+    out["asleep_vs_start_mib"] = (free_start - asleep_free) / MiB
+    out["within_64_mib"] = free_start - asleep_free <= 64 * MiB
+    out["tags_asleep"] = {t: reservoir.tag_state(t) for t in ("weights", "kv")}
+
+    # Another allocation takes the memory the tags gave back.
+    taken = int(asleep_free - 256 * MiB)
+    other = torch.empty(taken, dtype=torch.uint8, device="cuda")
+    other.fill_(1)
+    torch.cuda.synchronize()
+    out["other_allocation_mib"] = taken / MiB
+    del other
+    torch.cuda.empty_cache()
+
+    t3 = time.perf_counter()
+    reservoir.wake("weights")
+    t4 = time.perf_counter()
+    reservoir.wake("kv")
+    t5 = time.perf_counter()
+    eager_after, graph_after = eager_tokens(), graph_tokens()
+    out["eager_equal"] = eager_after == eager_before
+    out["graph_equal"] = graph_after == graph_before
+    out["graph_matches_eager"] = graph_before[:4] == eager_before[:4]
+    out["tokens"] = {"eager": eager_before[:8], "graph": graph_before[:8]}
+
+    wbytes = states["weights"]["reserved_bytes"]
+    kbytes = states["kv"]["reserved_bytes"]
+    # A plain pinned copy of the same bytes, both ways, in the same run.
+    dev = torch.empty(wbytes, dtype=torch.uint8, device="cuda")
+    host = torch.empty(wbytes, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    c0 = time.perf_counter()
+    host.copy_(dev)
+    torch.cuda.synchronize()
+    c1 = time.perf_counter()
+    dev.copy_(host)
+    torch.cuda.synchronize()
+    c2 = time.perf_counter()
+    del dev, host
+    torch.cuda.empty_cache()
+    gbs = lambda b, s: b / s / 1e9
+    out["timing"] = {
+        "weights_bytes": wbytes, "kv_bytes": kbytes,
+        "sleep_weights_offload_s": t1 - t0, "sleep_kv_discard_s": t2 - t1,
+        "wake_weights_s": t4 - t3, "wake_kv_s": t5 - t4,
+        "offload_gbs": gbs(wbytes, t1 - t0), "restore_gbs": gbs(wbytes, t4 - t3),
+        "pinned_d2h_gbs": gbs(wbytes, c1 - c0), "pinned_h2d_gbs": gbs(wbytes, c2 - c1)}
+
+    # Cycles: device and host memory must not grow.
+    samples = []
+    for i in range(args.cycles):
+        reservoir.sleep("weights", "offload")
+        reservoir.sleep("kv", "discard")
+        if i in (0, args.cycles - 1):
+            torch.cuda.synchronize()
+            samples.append((torch.cuda.mem_get_info()[0], rss_bytes()))
+        reservoir.wake("weights")
+        reservoir.wake("kv")
+        if i % 25 == 0 or i == args.cycles - 1:
+            graph_tokens()
+    if samples:
+        out["cycles"] = {"n": args.cycles,
+                         "device_free_drift_mib": (samples[0][0] - samples[-1][0]) / MiB,
+                         "host_rss_growth_mib": (samples[-1][1] - samples[0][1]) / MiB}
+    out["after_cycles_equal"] = graph_tokens() == graph_before and eager_tokens() == eager_before
+    out["ok"] = bool(out["within_64_mib"] and out["eager_equal"] and out["graph_equal"]
+                     and out["after_cycles_equal"]
+                     and (not samples or (abs(out["cycles"]["device_free_drift_mib"]) <= 16
+                                          and out["cycles"]["host_rss_growth_mib"] <= 64)))
+    print(json.dumps(out))
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
