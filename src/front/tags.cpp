@@ -28,6 +28,16 @@ detail::TagId existing_tag(std::string_view tag, const char* action) {
   throw InvalidArgumentError("reservoir: cannot " + std::string(action) + " tag '" +
                              std::string(tag.substr(0, 80)) + "': " + why);
 }
+// A capture on any device forbids sleep and wake: their synchronous copies and unmaps
+// are calls a capture in CUDA's global mode refuses from every thread of the process.
+void refuse_during_captures(detail::CachingAllocator& core, std::string_view tag,
+                            const char* action) {
+  for (int d = 0; d < core.device_count(); ++d)
+    if (const detail::DeviceEngine* e = core.engine_if_made(d); e && e->capture_underway())
+      throw InvalidArgumentError("reservoir: cannot " + std::string(action) + " tag '" +
+                                 std::string(tag) + "' during a CUDA graph capture (on device " +
+                                 std::to_string(d) + "): end the capture first");
+}
 }  // namespace
 
 void Allocator::push_tag(std::string_view tag) {
@@ -63,12 +73,16 @@ void Allocator::sleep(std::string_view tag, SleepMode mode, int device) {
     throw InvalidArgumentError("reservoir: sleep mode " + std::to_string(static_cast<int>(mode)) +
                                " is neither offload nor discard");
   const detail::TagId id = existing_tag(tag, "put to sleep");
-  impl_->pool_engine(device).sleep(id, mode);
+  detail::DeviceEngine& e = impl_->pool_engine(device);
+  refuse_during_captures(*impl_->core, tag, "put to sleep");
+  e.sleep(id, mode);
 }
 
 void Allocator::wake(std::string_view tag, int device) {
   const detail::TagId id = existing_tag(tag, "wake");
-  impl_->pool_engine(device).wake(id);
+  detail::DeviceEngine& e = impl_->pool_engine(device);
+  refuse_during_captures(*impl_->core, tag, "wake");
+  e.wake(id);
 }
 
 TagState Allocator::tag_state(std::string_view tag, int device) {

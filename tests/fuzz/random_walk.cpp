@@ -267,7 +267,7 @@ void Walker::request(std::size_t size, StreamHandle stream, int device, bool cur
     }
     // Expandable segments refuse, without asking, a request larger than the device.
     WALK_CHECK(sim_->counters().failed_allocs > refused || fraction_set_ ||
-                   ((alloc_->config().expandable_segments || compact_) &&
+                   ((alloc_->config().expandable_segments || compact_ || tag_request_) &&
                     size > sim_->capacity(device < 0 ? current_device_ : device)),
                std::string("OutOfMemoryError without a refusal by the device: ") + e.what());
     WALK_CHECK(ooms_ == ooms + 1, "the OOM observer was not told exactly once");

@@ -270,7 +270,7 @@ void Walker::op_tag(std::uint8_t arg) {
     if (made || tag_asleep_[d]) check_tag_state(device);
     return;
   }
-  const bool capturing = capture_on();  // any device's capture makes the engine refuse
+  const bool capturing = capture_on();  // a capture on any device refuses sleep and wake
   try {
     if (step == 6) {
       alloc_->wake(kTag, device);

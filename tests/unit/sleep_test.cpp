@@ -381,6 +381,30 @@ TEST(SleepTags, TheSummaryAndTheMetricsListEachTag) {
       std::string::npos);
 }
 
+TEST(SleepBadInput, ACaptureOnAnotherDeviceRefusesSleepToo) {
+  SimOptions o = host_backed();
+  o.device_count = 2;
+  SimAllocator s("", o);
+  void* p;
+  {
+    TagScope scope(s.a, "capture.elsewhere");
+    p = s.a.allocate(MiB, 0, 0);
+  }
+  const PoolId graph = s.a.create_pool({}, 1);
+  s.a.begin_capture_to_pool(graph, 3, 1);
+  s.sim->set_current_device(1);
+  s.sim->begin_capture(3);
+  EXPECT_THROW(s.a.sleep("capture.elsewhere", SleepMode::offload, 0), InvalidArgumentError);
+  s.sim->end_capture(3);
+  s.sim->set_current_device(0);
+  s.a.end_allocate_to_pool(graph, 1);
+  s.a.release_pool(graph, 1);
+  s.a.sleep("capture.elsewhere", SleepMode::offload, 0);
+  s.a.wake("capture.elsewhere", 0);
+  s.a.deallocate(p);
+  s.a.validate();
+}
+
 TEST(SleepTags, ScopesNestAndBelongToTheirAllocator) {
   SimAllocator s("", host_backed());
   SimAllocator other("", host_backed());

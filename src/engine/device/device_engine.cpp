@@ -356,8 +356,9 @@ DeviceStats DeviceEngine::stats() {
   s.num_stream_waits = counters_.stream_waits.load(std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> guard(create_mutex_);
-    for (const auto& p : private_pools_)
-      s.private_pool_reserved_bytes += static_cast<std::int64_t>(p->reserved_bytes());
+    for (const auto& p : private_pools_)  // tags' own pools are not the program's pools
+      if (p->pool_id().first != kTagPoolMark)
+        s.private_pool_reserved_bytes += static_cast<std::int64_t>(p->reserved_bytes());
   }
   s.private_pools = static_cast<std::int64_t>(private_registry_.pools().size());
   std::lock_guard<std::mutex> guard(config_mutex_);

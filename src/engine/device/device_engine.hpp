@@ -228,6 +228,9 @@ class DeviceEngine {
     SleepMode mode = SleepMode::offload;
   };
   TagEntry& tag_entry(TagId tag);
+  // A tag's own pool is named (kTagPoolMark, tag) in snapshots and messages: no id
+  // PyTorch or MemPool hands out (theirs count up from 1 in one half).
+  static constexpr std::uint64_t kTagPoolMark = 0x7461670000000000ull;  // "tag"
   // A request under tag (its own pool, or routed to a private pool carrying it).
   std::uintptr_t allocate_tagged(TagId tag, PrivatePool* routed, std::size_t requested,
                                  StreamHandle stream, const Context& context);

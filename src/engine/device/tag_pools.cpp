@@ -15,10 +15,6 @@
 namespace reservoir::detail {
 
 namespace {
-// A tag's own pool is named (kTagPoolMark, tag) in snapshots and messages: no id
-// PyTorch or MemPool hands out (theirs count up from 1 in one half).
-constexpr std::uint64_t kTagPoolMark = 0x7461670000000000ull;  // "tag"
-
 std::string quoted(TagId tag) {
   return "'" + TagNames::name(tag) + "'";
 }
