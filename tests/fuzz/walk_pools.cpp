@@ -252,7 +252,8 @@ void Walker::op_tag(std::uint8_t arg) {
                                     [](const PoolSlot& p) { return p.exists && p.route != 0; });
     if (routed) return;
     next_on_thread_ = false;  // the scope is this thread's
-    expandable_seen_ = true;  // the tag's pool is expandable segments (reservations)
+    expandable_seen_ = true;  // the tag's pool is expandable segments (reservations),
+    pairs_ = false;           // whose page runs need not pair
     tag_request_ = true;
     try {
       request(size_for(a & 7, s), (a >> 3) & 3, device, false);

@@ -405,6 +405,37 @@ TEST(SleepBadInput, ACaptureOnAnotherDeviceRefusesSleepToo) {
   s.a.validate();
 }
 
+TEST(SleepTags, TrackersHearOfThePagesThatGoAndCome) {
+  SimAllocator s("", host_backed());
+  std::vector<TraceEntry> seen;
+  s.a.attach_trace_tracker([&](const TraceEntry& e) {
+    if (e.action == TraceAction::segment_map || e.action == TraceAction::segment_unmap)
+      seen.push_back(e);
+  });
+  void* p;
+  {
+    TagScope scope(s.a, "tracked.tag");
+    p = s.a.allocate(5 * MiB, 0);
+  }
+  seen.clear();
+  s.a.sleep("tracked.tag", SleepMode::discard, 0);
+  std::size_t unmapped = 0;
+  for (const TraceEntry& e : seen) {
+    EXPECT_EQ(e.action, TraceAction::segment_unmap);
+    unmapped += e.size;
+  }
+  EXPECT_EQ(unmapped, s.a.tag_state("tracked.tag", 0).asleep_bytes);
+  seen.clear();
+  s.a.wake("tracked.tag", 0);
+  std::size_t mapped = 0;
+  for (const TraceEntry& e : seen) {
+    EXPECT_EQ(e.action, TraceAction::segment_map);
+    mapped += e.size;
+  }
+  EXPECT_EQ(mapped, unmapped);
+  s.a.deallocate(p);
+}
+
 TEST(SleepTags, ScopesNestAndBelongToTheirAllocator) {
   SimAllocator s("", host_backed());
   SimAllocator other("", host_backed());

@@ -62,6 +62,19 @@ std::vector<std::pair<std::size_t, std::size_t>> ExpandableSegment::mapped_runs(
   return runs;
 }
 
+std::vector<std::pair<std::uintptr_t, std::size_t>> ExpandableSegment::mapped_ranges() const {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> out;
+  for (const auto& [first, count] : mapped_runs())
+    out.emplace_back(base_ + first * page_, count * page_);
+  return out;
+}
+
+std::vector<std::pair<std::uintptr_t, std::size_t>> ExpandableSegment::asleep_ranges() const {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> out;
+  for (const Asleep& a : asleep_) out.emplace_back(base_ + a.first * page_, a.pages * page_);
+  return out;
+}
+
 std::string ExpandableSegment::give_back(std::size_t page, PhysicalHandle handle, bool mapped) {
   // held_ has room reserved by the caller: recording a failure never allocates.
   if (mapped && backend_.unmap(device_, page_address(page), page_) != DeviceStatus::ok) {

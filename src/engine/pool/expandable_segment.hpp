@@ -113,6 +113,9 @@ class ExpandableSegment {
   // are kept (a run whose undo the device refused is mapped again, awake).
   bool wake();
   std::size_t asleep_bytes() const noexcept { return asleep_pages_ * page_; }
+  // The runs of mapped pages, and of pages asleep, in address order: {address, bytes}.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> mapped_ranges() const;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> asleep_ranges() const;
   std::size_t offloaded_bytes() const noexcept { return offloaded_pages_ * page_; }
 
  private:

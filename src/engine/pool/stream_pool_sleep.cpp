@@ -65,7 +65,15 @@ std::size_t StreamPool::sleep(bool offload) {
 std::size_t StreamPool::sleep_segment(Segment* seg) {
   const std::size_t held = seg->vm->held_bytes();
   const std::size_t before = seg->vm->mapped_bytes();
+  const auto ranges = seg->vm->mapped_ranges();
   auto settle = [&] {
+    // Trackers (a communication library's registrations) hear of each run unmapped.
+    if (tracing()) {
+      const auto asleep = seg->vm->asleep_ranges();
+      for (const auto& r : ranges)
+        if (std::find(asleep.begin(), asleep.end(), r) != asleep.end())
+          trace(TraceAction::segment_unmap, r.first, r.second, seg->context);
+    }
     const std::size_t gone = before - seg->vm->mapped_bytes();
     seg->mapped_bytes -= gone;
     count_held(seg, held, gone);  // pages the device would not take back stay reserved
@@ -88,9 +96,16 @@ bool StreamPool::wake_segment(Segment* seg) {
   if (want == 0) return true;
   if (!services_.budget.reserve(want)) return false;
   const std::size_t held = seg->vm->held_bytes();
+  const auto ranges = seg->vm->asleep_ranges();
   auto settle = [&] {
     // A failed wake maps nothing, but for runs whose undo the device refused (awake).
     const std::size_t mapped = want - seg->vm->asleep_bytes();
+    if (tracing()) {
+      const auto asleep = seg->vm->asleep_ranges();
+      for (const auto& r : ranges)
+        if (std::find(asleep.begin(), asleep.end(), r) == asleep.end())
+          trace(TraceAction::segment_map, r.first, r.second, seg->context);
+    }
     count_held(seg, held, want - mapped);
     seg->mapped_bytes += mapped;
     stats().add<kReservedBytes>(seg->pool, static_cast<std::int64_t>(mapped));

@@ -17,7 +17,6 @@ grow. Deterministic: fixed seed, random weights (no download).
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
