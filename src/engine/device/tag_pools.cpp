@@ -110,27 +110,24 @@ void DeviceEngine::wake(TagId tag) {
   History::Delivery delivery(history_);
   const std::vector<StreamPool*> pools = tag_stream_pools(e);
   const bool offload = e.mode == SleepMode::offload;
+  // All or nothing: on a failure the pools woken so far sleep again.
   std::size_t done = 0;
-  auto undo = [&] {
-    for (std::size_t i = 0; i < done; ++i) pools[i]->sleep(offload);
-  };
+  bool room = true;
   try {
-    for (; done < pools.size(); ++done)
-      if (pools[done]->asleep() && !pools[done]->wake()) {
-        undo();
-        const TagState s = tag_state_locked(e);
-        throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) +
-                               " on device " + std::to_string(device_) + ": " +
-                               format_size(s.asleep_bytes) +
-                               " must be mapped again and the device (or the memory fraction) "
-                               "has no room for it; free memory (empty_cache, or put another tag "
-                               "to sleep) and wake it again");
-      }
-  } catch (const OutOfMemoryError&) {
-    throw;
+    for (; done < pools.size() && room; ++done)
+      room = !pools[done]->asleep() || pools[done]->wake();
   } catch (...) {
-    undo();
+    for (std::size_t i = 0; i < done; ++i) pools[i]->sleep(offload);
     throw;
+  }
+  if (!room) {
+    for (std::size_t i = 0; i + 1 < done; ++i) pools[i]->sleep(offload);
+    throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) + " on device " +
+                           std::to_string(device_) + ": " +
+                           format_size(tag_state_locked(e).asleep_bytes) +
+                           " must be mapped again and the device (or the memory fraction) has no "
+                           "room for it; free memory (empty_cache, or put another tag to sleep) "
+                           "and wake it again");
   }
   e.asleep = false;
 }
