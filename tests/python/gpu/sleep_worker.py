@@ -28,6 +28,25 @@ def rss_bytes():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def driver_alloc(size):
+    """cuMemAlloc and cuMemFree of size bytes in the current context: True on success."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ptr = ctypes.c_uint64(0)
+    if cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(size)) != 0:
+        return False
+    return cuda.cuMemFree_v2(ptr) == 0
+
+
+def tag_lines():
+    """The memory summary's lines on tags."""
+    import reservoir.torch
+
+    return [l.strip("| ").rstrip() for l in reservoir.torch.memory_summary().splitlines()
+            if "Tag '" in l or "asleep (" in l]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--config", default="policy:compact")
@@ -95,6 +114,7 @@ def main():
     loaded_free = torch.cuda.mem_get_info()[0]
     states = {t: reservoir.tag_state(t) for t in ("weights", "kv")}
     out["tags_awake"] = states
+    out["summary_awake"] = tag_lines()
 
     t0 = time.perf_counter()
     reservoir.sleep("weights", "offload")
@@ -117,6 +137,9 @@ def main():
     out["other_allocation_mib"] = taken / MiB
     del other
     torch.cuda.empty_cache()
+    # And a co-tenant outside the allocator: the driver's own cuMemAlloc of the same size.
+    out["driver_allocation_ok"] = driver_alloc(taken)
+    out["summary_asleep"] = tag_lines()
 
     t3 = time.perf_counter()
     reservoir.wake("weights")
@@ -169,7 +192,7 @@ def main():
                          "device_free_drift_mib": (samples[0][0] - samples[-1][0]) / MiB,
                          "host_rss_growth_mib": (samples[-1][1] - samples[0][1]) / MiB}
     out["after_cycles_equal"] = graph_tokens() == graph_before and eager_tokens() == eager_before
-    out["ok"] = bool(out["within_64_mib"] and out["eager_equal"] and out["graph_equal"]
+    out["ok"] = bool(out["within_64_mib"] and out["driver_allocation_ok"] and out["eager_equal"] and out["graph_equal"]
                      and out["after_cycles_equal"]
                      and (not samples or (abs(out["cycles"]["device_free_drift_mib"]) <= 16
                                           and out["cycles"]["host_rss_growth_mib"] <= 64)))

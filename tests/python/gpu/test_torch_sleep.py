@@ -45,6 +45,7 @@ class SleepWakeOnAGpu(unittest.TestCase):
         code, out = run_worker("--config", config)
         print(json.dumps(out, indent=1), file=sys.stderr)
         self.assertTrue(out["within_64_mib"], out["free_mib"])
+        self.assertTrue(out["driver_allocation_ok"])
         self.assertTrue(out["eager_equal"])
         self.assertTrue(out["graph_equal"])
         self.assertTrue(out["after_cycles_equal"])
