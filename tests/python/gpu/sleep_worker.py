@@ -72,7 +72,8 @@ def main():
     out = {"device": torch.cuda.get_device_name(), "config": args.config,
            "torch": torch.__version__}
 
-    config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=12, n_positions=1024,
+    heads = 12 if args.embd % 12 == 0 else 8  # GPT-2's heads must divide the width
+    config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=heads, n_positions=1024,
                         vocab_size=50257)
     with reservoir.tag("weights"):
         model = GPT2LMHeadModel(config).cuda().eval()
