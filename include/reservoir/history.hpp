@@ -81,6 +81,8 @@ struct SegmentInfo {
   bool is_large = false;
   bool is_expandable = false;
   PoolId pool;                    // the private pool owning it ({0, 0}: the default pools)
+  std::string tag;                // the tag its memory carries ("": none; docs/sleep.md)
+  bool asleep = false;            // its tag sleeps: addresses kept, no device memory under them
   Context context;                // where the device allocation was made
   std::vector<BlockInfo> blocks;  // in address order, tiling the segment
 };

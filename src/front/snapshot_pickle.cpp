@@ -297,6 +297,12 @@ class Pickler {
     op(kTuple2);
     key("is_expandable");
     boolean(seg.is_expandable);
+    if (!seg.tag.empty()) {  // tagged memory only, so an untagged snapshot is PyTorch's
+      key("tag");
+      text(seg.tag);  // not memoized: the key table holds views of literals
+      key("asleep");
+      boolean(seg.asleep);
+    }
     key("frames");
     frames(seg.context);
     key("blocks");

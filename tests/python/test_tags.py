@@ -189,6 +189,27 @@ class SleepWakeTest(unittest.TestCase):
         reservoir.empty_cache()  # the tag's free memory goes back as any cache's
         self.assertEqual(reservoir.memory_stats()["tags.%s.reserved_bytes" % name], 0)
 
+    def test_the_snapshot_names_the_tag_of_each_segment(self):
+        import pickle
+
+        name = fresh_tag()
+        ptr = tagged_alloc(name, 3 * MiB)
+        reservoir.sleep(name, "discard")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "snapshot.pickle")
+            reservoir.dump_snapshot(path)
+            with open(path, "rb") as f:
+                segments = pickle.load(f)["segments"]
+        mine = [s for s in segments if s.get("tag") == name]
+        self.assertTrue(mine)
+        self.assertTrue(all(s["asleep"] for s in mine))
+        self.assertEqual(sum(s["total_size"] for s in mine),
+                         reservoir.tag_state(name)["asleep_bytes"])
+        # Untagged segments keep PyTorch's keys only.
+        self.assertTrue(all("asleep" not in s for s in segments if "tag" not in s))
+        reservoir.wake(name)
+        reservoir.raw_free(ptr)
+
     def test_sleep_offload_keeps_the_contents_in_host_memory(self):
         name = fresh_tag()
         ptr = tagged_alloc(name)

@@ -381,6 +381,37 @@ TEST(SleepTags, TheSummaryAndTheMetricsListEachTag) {
       std::string::npos);
 }
 
+TEST(SleepTags, SegmentsNameTheirTagAndWhetherItSleeps) {
+  SimAllocator s("", host_backed());
+  void* plain = s.a.allocate(MiB, 0);
+  void* p;
+  {
+    TagScope scope(s.a, "snapshot.tag");
+    p = s.a.allocate(3 * MiB, 0);
+  }
+  auto tagged = [&](bool asleep) {
+    std::size_t bytes = 0;
+    for (const SegmentInfo& seg : s.a.snapshot().segments) {
+      if (seg.address == reinterpret_cast<std::uintptr_t>(plain)) {
+        EXPECT_EQ(seg.tag, "");
+        EXPECT_FALSE(seg.asleep);
+      }
+      if (seg.tag != "snapshot.tag") continue;
+      EXPECT_EQ(seg.asleep, asleep);
+      EXPECT_TRUE(seg.is_expandable);
+      bytes += seg.total_size;
+    }
+    return bytes;
+  };
+  EXPECT_EQ(tagged(false), s.a.tag_state("snapshot.tag", 0).reserved_bytes);
+  s.a.sleep("snapshot.tag", SleepMode::discard, 0);
+  EXPECT_EQ(tagged(true), s.a.tag_state("snapshot.tag", 0).asleep_bytes);  // the bytes asleep
+  s.a.wake("snapshot.tag", 0);
+  EXPECT_EQ(tagged(false), s.a.tag_state("snapshot.tag", 0).reserved_bytes);
+  s.a.deallocate(p);
+  s.a.deallocate(plain);
+}
+
 TEST(SleepBadInput, ACaptureOnAnotherDeviceRefusesSleepToo) {
   SimOptions o = host_backed();
   o.device_count = 2;

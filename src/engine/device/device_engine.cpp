@@ -329,7 +329,17 @@ std::size_t DeviceEngine::cached_elsewhere(const StreamPool* except) {
 
 void DeviceEngine::snapshot(std::vector<SegmentInfo>* out) {
   std::size_t active = 0;
-  for (StreamPool* p : all_pools_snapshot()) active += p->snapshot(out);
+  for (StreamPool* p : all_pools_snapshot()) {
+    const std::size_t first = out->size();
+    active += p->snapshot(out);
+    const TagId tag = tag_of(*p);
+    if (tag == kNoTag) continue;
+    const std::string name = TagNames::name(tag);
+    for (std::size_t i = first; i < out->size(); ++i) {
+      (*out)[i].tag = name;
+      (*out)[i].asleep = p->asleep();
+    }
+  }
   if (CompactPool* c = compact_if_made()) active += c->snapshot(out);
   if (history_.active()) services_.trace(TraceAction::snapshot, 0, active, 0, nullptr);
 }

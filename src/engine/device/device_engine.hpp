@@ -238,6 +238,7 @@ class DeviceEngine {
   std::vector<StreamPool*> tag_stream_pools(const TagEntry& entry);
   TagState tag_state_locked(const TagEntry& entry);  // the caller holds entry.use
   std::vector<StreamPool*> tag_own_pools();          // the caches of every tag's own pool
+  TagId tag_of(const StreamPool& pool);              // the tag its memory carries (or kNoTag)
   // The registered, unreleased pool (throws InvalidArgumentError).
   PoolRegistry::Pool live_pool(PoolId id, const char* action);
   // Waits for the pools' pending frees, then gives their free segments back. pre: the

@@ -65,6 +65,17 @@ std::vector<StreamPool*> DeviceEngine::tag_own_pools() {
   return out;
 }
 
+TagId DeviceEngine::tag_of(const StreamPool& pool) {
+  const PoolId id = pool.pool_id();
+  if (id.first == kTagPoolMark) return static_cast<TagId>(id.second);
+  if (id == PoolId{}) return kNoTag;
+  for (const PoolRegistry::Pool& p : private_registry_.pools())
+    if (p->id() == id) return p->tag();
+  for (const PoolRegistry::Pool& p : private_registry_.released())
+    if (p->id() == id) return p->tag();
+  return kNoTag;
+}
+
 void DeviceEngine::sleep(TagId tag, SleepMode mode) {
   std::lock_guard<std::mutex> one(sleep_mutex_);
   if (!(backend_.capabilities() & kVirtualMemory))
