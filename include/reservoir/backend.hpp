@@ -187,10 +187,11 @@ class RESERVOIR_API Backend {
   virtual DeviceStatus allocate_host(int device, std::size_t size, void** ptr);
   virtual DeviceStatus free_host(int device, void* ptr);  // ptr from allocate_host
   // Copies bytes from device memory at src to host memory at dst (or the other way),
-  // returning once the copy is done (synchronous with respect to the host; ordered after
-  // all work already submitted to the device, on every stream: cuCtxSynchronize, then
-  // cuMemcpyDtoH / cuMemcpyHtoD on CUDA, since the legacy default stream does not wait
-  // for non-blocking streams). Default: unsupported.
+  // returning once the bytes have landed (synchronous with respect to the host, from
+  // pageable host memory too). Not ordered after other work: the caller has finished
+  // (synchronized) whatever used the device memory. On CUDA an asynchronous copy on a
+  // stream of the backend's own and a wait for that stream alone, so that the copy does
+  // not wait for the whole device. Default: unsupported.
   virtual DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes);
   virtual DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes);
 

@@ -40,9 +40,9 @@
 //   MAP_NORESERVE: only what is touched costs memory), whatever host_backed says;
 //   free_host takes back only what allocate_host gave. copy_to_host / copy_to_device
 //   check that the device range is memory the device reaches (as copy() does: its
-//   segments, pool chunks, IPC mappings, mappings set_access granted it) and first wait
-//   for the whole device as synchronize_device does (all work submitted so far
-//   completes, in every completion mode; refused while a capture is under way). With
+//   segments, pool chunks, IPC mappings, mappings set_access granted it) and wait for
+//   nothing else (no other work completes: the caller synchronized what used the
+//   memory, as on CUDA; refused while a capture is under way). With
 //   host_backed they copy the bytes; without it device contents are not modelled, so a
 //   copy succeeds without touching memory (the host buffer keeps what it held).
 #pragma once

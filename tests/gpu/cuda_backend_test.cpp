@@ -278,11 +278,14 @@ TEST_F(CudaBackendTest, CopiesToAndFromHostMemory) {
   ASSERT_EQ(backend_->allocate_host(0, n, &host), DeviceStatus::ok) << backend_->last_error();
   ASSERT_NE(host, nullptr);
 
-  // The fill runs behind a 200 ms kernel on the non-blocking stream.
-  ASSERT_CUDA(spin_then_verify(Region{q, n, 1}, 200'000'000, spin.get(), stream.get()));
+  // The caller finishes the work that used the memory; the copy then waits for itself
+  // only: a 200 ms kernel on another stream is still running when it returns.
   ASSERT_CUDA(fill(Region{p, n, kTag}, stream.get()));
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
+  ASSERT_CUDA(spin_then_verify(Region{q, n, 1}, 200'000'000, spin.get(), stream.get()));
   ASSERT_EQ(backend_->copy_to_host(0, host, p, n), DeviceStatus::ok) << backend_->last_error();
-  EXPECT_CUDA(cudaStreamQuery(stream.get()));  // the copy waited for the stream's work
+  EXPECT_EQ(cudaStreamQuery(stream.get()), cudaErrorNotReady);  // no host-wide wait
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
   // Back into q and checked there by a kernel: the host copy held the pattern.
   ASSERT_EQ(backend_->copy_to_device(0, q, host, n), DeviceStatus::ok) << backend_->last_error();
   EXPECT_TRUE(holds(q, n, kTag, stream.get()));
@@ -293,6 +296,7 @@ TEST_F(CudaBackendTest, CopiesToAndFromHostMemory) {
       << backend_->last_error();
   EXPECT_EQ(std::memcmp(pageable.data(), host, n), 0);
   ASSERT_CUDA(cudaMemsetAsync(q, 0, n, stream.get()));
+  ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
   ASSERT_EQ(backend_->copy_to_device(0, q, pageable.data(), n), DeviceStatus::ok)
       << backend_->last_error();
   EXPECT_TRUE(holds(q, n, kTag, stream.get()));
@@ -318,6 +322,7 @@ TEST_F(CudaBackendTest, CopiesToAndFromHostMemory) {
     ASSERT_EQ(backend_->allocate_host(0, m, &big_host), DeviceStatus::ok) << backend_->last_error();
     ASSERT_EQ(backend_->allocate(0, m, &segment), DeviceStatus::ok) << backend_->last_error();
     ASSERT_CUDA(fill(Region{base, m, kTag + 1}, stream.get()));
+    ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
     ASSERT_EQ(backend_->copy_to_host(0, big_host, base, m), DeviceStatus::ok)
         << backend_->last_error();
     ASSERT_EQ(backend_->copy_to_device(0, segment, big_host, m), DeviceStatus::ok)
@@ -325,6 +330,7 @@ TEST_F(CudaBackendTest, CopiesToAndFromHostMemory) {
     EXPECT_TRUE(holds(segment, m, kTag + 1, stream.get()));
     // And into the mapping from the host (a pattern the mapping did not hold).
     ASSERT_CUDA(fill(Region{segment, m, kTag + 2}, stream.get()));
+    ASSERT_CUDA(cudaStreamSynchronize(stream.get()));
     ASSERT_EQ(backend_->copy_to_host(0, big_host, segment, m), DeviceStatus::ok)
         << backend_->last_error();
     ASSERT_EQ(backend_->copy_to_device(0, base, big_host, m), DeviceStatus::ok)

@@ -154,6 +154,25 @@ struct CudaBackend::State {
   // Primary contexts, retained on first use. Read without the lock on every call.
   std::unique_ptr<std::atomic<CUcontext>[]> contexts;
   std::mutex retain_mutex;
+  // A non-blocking stream per device for copy_to_host / copy_to_device, so that a copy
+  // waits for itself only, not for the whole context. Made on first use (under
+  // retain_mutex, in the device's context), destroyed with the backend.
+  std::unique_ptr<std::atomic<CUstream>[]> copy_streams;
+
+  // The device's copy stream; its context is current (drive's call).
+  CUresult copy_stream(int device, CUstream* out) {
+    CUstream c = copy_streams[device].load(std::memory_order_acquire);
+    if (c == nullptr) {
+      std::lock_guard<std::mutex> lock(retain_mutex);
+      c = copy_streams[device].load(std::memory_order_relaxed);
+      if (c == nullptr) {
+        if (CUresult r = api->StreamCreate(&c, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) return r;
+        copy_streams[device].store(c, std::memory_order_release);
+      }
+    }
+    *out = c;
+    return CUDA_SUCCESS;
+  }
 
   // "<call> on device N: CUDA_ERROR_X: text", recorded for last_error().
   DeviceStatus error(CUresult r, const std::string& call, int device) const {
@@ -214,6 +233,34 @@ struct CudaBackend::State {
   DeviceStatus drive(int device, const char* name, bool needs_vmm, Call&& call) {
     return drive(device, name, needs_vmm, std::forward<Call>(call),
                  [name] { return std::string(name); });
+  }
+
+  // copy_to_host (to_host) or copy_to_device: an asynchronous copy on the device's copy
+  // stream, then a wait for that stream alone (which also covers a copy from pageable
+  // memory returning once staged). Not ordered after other work: the caller has
+  // synchronized whatever used the memory.
+  DeviceStatus host_copy(int device, bool to_host, void* dst, const void* src, std::size_t bytes) {
+    const char* call = to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync";
+    enum Step { stream, copy, wait } step = stream;
+    return drive(
+        device, call, false,
+        [&] {
+          CUstream st = nullptr;
+          CUresult r = copy_stream(device, &st);
+          if (r != CUDA_SUCCESS) return r;
+          step = copy;
+          r = to_host ? api->MemcpyDtoHAsync(dst, to_dptr(src), bytes, st)
+                      : api->MemcpyHtoDAsync(to_dptr(dst), src, bytes, st);
+          if (r != CUDA_SUCCESS) return r;
+          step = wait;
+          return api->StreamSynchronize(st);
+        },
+        [&] {
+          const std::string what = std::string(call) + "(" + hex(dst) + " <- " + hex(src) + ", " +
+                                   std::to_string(bytes) + " bytes)";
+          if (step == stream) return "cuStreamCreate (a copy stream) for " + what;
+          return step == copy ? what : "cuStreamSynchronize (the copy stream) after " + what;
+        });
   }
 
   DeviceStatus no_vmm(int device, const char* call) const {
@@ -281,6 +328,7 @@ CudaBackend::CudaBackend() : state_(std::make_unique<State>()) {
   s.fabric.resize(s.count);
   s.fabric_refused = std::make_unique<std::atomic<bool>[]>(s.count > 0 ? s.count : 1);
   s.contexts = std::make_unique<std::atomic<CUcontext>[]>(s.count > 0 ? s.count : 1);
+  s.copy_streams = std::make_unique<std::atomic<CUstream>[]>(s.count > 0 ? s.count : 1);
   bool all_vmm = s.count > 0, all_fd = s.count > 0, all_fabric = s.count > 0,
        all_pools = s.count > 0;
   for (int i = 0; i < s.count; ++i) {
@@ -324,6 +372,7 @@ CudaBackend::~CudaBackend() {
   // Balances the retains; errors are ignored (at process exit the driver may
   // already be shut down).
   for (int i = 0; i < s.count; ++i) {
+    if (CUstream c = s.copy_streams[i].load(std::memory_order_acquire)) s.api->StreamDestroy(c);
     if (s.contexts[i].load(std::memory_order_acquire) != nullptr)
       s.api->DevicePrimaryCtxRelease(s.devices[i]);
   }
@@ -664,47 +713,12 @@ DeviceStatus CudaBackend::free_host(int device, void* ptr) {
 }
 
 DeviceStatus CudaBackend::copy_to_host(int device, void* dst, const void* src, std::size_t bytes) {
-  State& s = *state_;
-  // The legacy default stream waits for blocking streams only: synchronize the whole
-  // context so that work on every stream (non-blocking ones too) is done first.
-  bool synchronized = false;
-  return s.drive(
-      device, "cuMemcpyDtoH", false,
-      [&] {
-        CUresult r = s.api->CtxSynchronize();
-        synchronized = r == CUDA_SUCCESS;
-        return synchronized ? s.api->MemcpyDtoH(dst, to_dptr(src), bytes) : r;
-      },
-      [&] {
-        return (synchronized ? "cuMemcpyDtoH(" : "cuCtxSynchronize before cuMemcpyDtoH(") +
-               hex(dst) + " <- " + hex(src) + ", " + std::to_string(bytes) + " bytes)";
-      });
+  return state_->host_copy(device, true, dst, src, bytes);
 }
 
 DeviceStatus CudaBackend::copy_to_device(int device, void* dst, const void* src,
                                          std::size_t bytes) {
-  State& s = *state_;
-  // As copy_to_host; and a copy from pageable memory returns once the bytes are staged,
-  // maybe before they land: wait for the legacy default stream, which ran the copy.
-  enum Step { before, copy, after } step = before;
-  return s.drive(
-      device, "cuMemcpyHtoD", false,
-      [&] {
-        CUresult r = s.api->CtxSynchronize();
-        if (r != CUDA_SUCCESS) return r;
-        step = copy;
-        r = s.api->MemcpyHtoD(to_dptr(dst), src, bytes);
-        if (r != CUDA_SUCCESS) return r;
-        step = after;
-        return s.api->StreamSynchronize(CU_STREAM_LEGACY);
-      },
-      [&] {
-        static constexpr const char* kCall[] = {
-            "cuCtxSynchronize before cuMemcpyHtoD(", "cuMemcpyHtoD(",
-            "cuStreamSynchronize(legacy stream) after cuMemcpyHtoD("};
-        return kCall[step] + hex(dst) + " <- " + hex(src) + ", " + std::to_string(bytes) +
-               " bytes)";
-      });
+  return state_->host_copy(device, false, dst, src, bytes);
 }
 
 // ---- IPC ------------------------------------------------------------------------

@@ -60,6 +60,8 @@ namespace reservoir::detail::cuda {
   X(MemFreeHost, cuMemFreeHost)                                         \
   X(MemcpyDtoH, cuMemcpyDtoH_v2)                                        \
   X(MemcpyHtoD, cuMemcpyHtoD_v2)                                        \
+  X(MemcpyDtoHAsync, cuMemcpyDtoHAsync_v2)                              \
+  X(MemcpyHtoDAsync, cuMemcpyHtoDAsync_v2)                              \
   X(IpcGetMemHandle, cuIpcGetMemHandle)                                 \
   X(IpcOpenMemHandle, cuIpcOpenMemHandle_v2)                            \
   X(IpcCloseMemHandle, cuIpcCloseMemHandle)                             \

@@ -133,7 +133,7 @@ DeviceStatus SimBackend::free_host(int device, void* ptr) {
 }
 
 // copy_to_host (to_host) or copy_to_device: the device range (src, or dst) must be
-// memory the device reaches. Waits for the whole device first, as synchronize_device.
+// memory the device reaches. Waits for nothing else.
 DeviceStatus SimBackend::State::host_copy(int device, bool to_host, void* dst, const void* src,
                                           std::size_t bytes) {
   const SimOp op = to_host ? SimOp::copy_to_host : SimOp::copy_to_device;
@@ -158,10 +158,8 @@ DeviceStatus SimBackend::State::host_copy(int device, bool to_host, void* dst, c
         return error(message);
       }
     }
-    // Ordered after all work submitted so far, on every stream: the host waits for the
-    // whole device, in every completion mode (as synchronize_device). Pools keep what
-    // exceeds their release threshold: the driver trims at the synchronize calls.
-    complete_all();
+    // Not ordered after other work (the caller synchronized what used the memory): the
+    // copy completes nothing else, as CUDA's copy on a stream of its own.
     if (options.host_backed && bytes > 0) std::memcpy(dst, src, bytes);
     if (to_host) {
       ++counters.copies_to_host;
