@@ -168,6 +168,11 @@ class RESERVOIR_API Allocator {
   // Throws InvalidArgumentError (not asleep, no such tag, a capture under way),
   // OutOfMemoryError or DeviceError; the tag stays asleep then.
   void wake(std::string_view tag, int device = -1);
+  // As wake, but the copies back (offload) are enqueued on stream and not waited for:
+  // the tag's memory is usable by work on stream (or work that waits for it) at once;
+  // the host copies are freed once the copies are done (tag_state's offloaded_bytes
+  // counts them until then). The mapping is done when it returns.
+  void wake_async(std::string_view tag, StreamHandle stream, int device = -1);
   TagState tag_state(std::string_view tag, int device = -1);
   // Every tag with memory on device (-1: the current one); none where the engine in
   // force keeps no pools. memory_stats, the summary and the metrics list them.

@@ -194,6 +194,12 @@ class RESERVOIR_API Backend {
   // not wait for the whole device. Default: unsupported.
   virtual DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes);
   virtual DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes);
+  // Enqueues a copy of bytes from host memory at src (from allocate_host) to device
+  // memory at dst on stream and returns without waiting for it: ordered as any work on
+  // stream, so src must stay allocated until work recorded on stream after the copy
+  // (an event) has completed. cuMemcpyHtoDAsync on CUDA. Default: unsupported.
+  virtual DeviceStatus copy_to_device_async(int device, void* dst, const void* src,
+                                            std::size_t bytes, StreamHandle stream);
 
   // ---- IPC (Capability kIpc) ----------------------------------------------------
   // pre: base is the start of a live segment from allocate().

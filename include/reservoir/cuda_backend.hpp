@@ -15,11 +15,11 @@
 // - Segments come from cuMemAlloc; deallocate synchronizes the device first (as
 //   cudaFree does) so that no submitted work still uses the range.
 // - Host memory comes from cuMemHostAlloc (page-locked; portable to every device's
-//   context under unified addressing). copy_to_host / copy_to_device synchronize the
-//   device's context first (cuCtxSynchronize: work on non-blocking streams too, which
-//   the legacy default stream does not wait for), then copy with cuMemcpyDtoH /
-//   cuMemcpyHtoD; copy_to_device also waits for the legacy default stream after, since
-//   a copy from pageable memory may return before its DMA has landed.
+//   context under unified addressing). copy_to_host / copy_to_device copy with
+//   cuMemcpyDtoHAsync / cuMemcpyHtoDAsync on a non-blocking stream of the backend's own
+//   (one per device) and wait for that stream alone: not for other work, which the
+//   caller has synchronized. copy_to_device_async is cuMemcpyHtoDAsync on the given
+//   stream.
 // - Capabilities: kVirtualMemory when every device supports the virtual memory
 //   management API, kIpc (cuIpc* on Linux), kPeerAccess; kShareablePosixFd when every
 //   device exports physical memory as file descriptors, kShareableFabric when every
@@ -93,6 +93,8 @@ class RESERVOIR_API CudaBackend final : public Backend {
   DeviceStatus free_host(int device, void* ptr) override;
   DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    StreamHandle stream) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
   DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
   DeviceStatus close_ipc(int device, void* ptr) override;

@@ -65,6 +65,7 @@ enum class BackendCall : std::uint8_t {
   free_host,
   copy_to_host,
   copy_to_device,
+  copy_to_device_async,
   export_ipc,
   open_ipc,
   close_ipc,
@@ -148,6 +149,8 @@ class RESERVOIR_API ForwardingBackend : public Backend {
   DeviceStatus free_host(int device, void* ptr) override;
   DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    StreamHandle stream) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;
   DeviceStatus open_ipc(int device, const IpcHandle& handle, void** ptr) override;
   DeviceStatus close_ipc(int device, void* ptr) override;

@@ -95,6 +95,10 @@ typedef enum reservoir_sleep_mode {
  * device -1 = current. */
 RESERVOIR_C_API reservoir_status reservoir_sleep(const char* tag, int mode, int device);
 RESERVOIR_C_API reservoir_status reservoir_wake(const char* tag, int device);
+/* As reservoir_wake, the copies back enqueued on stream and not waited for: work on
+ * stream (or work that waits for it) may use the memory at once. */
+RESERVOIR_C_API reservoir_status reservoir_wake_async(const char* tag, uintptr_t stream,
+                                                      int device);
 typedef struct reservoir_tag_state {
   int asleep;
   int mode; /* reservoir_sleep_mode, while asleep */

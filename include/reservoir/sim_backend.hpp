@@ -128,6 +128,7 @@ struct SimCounters {
   std::uint64_t host_alloc_bytes = 0;                      // bytes allocate_host gave
   std::uint64_t copies_to_host = 0, copies_to_device = 0;  // copy_to_host / copy_to_device
   std::uint64_t bytes_to_host = 0, bytes_to_device = 0;    // bytes those copies moved
+  std::uint64_t async_copies_to_device = 0;                // of them by copy_to_device_async
   double device_time_us = 0;                               // the cost model's total
 };
 
@@ -162,6 +163,7 @@ enum class SimOp {
   free_host,
   copy_to_host,
   copy_to_device,
+  copy_to_device_async,
 };
 // The operation's name ("unmap"), as injected failures report it.
 RESERVOIR_API const char* to_string(SimOp op) noexcept;
@@ -212,6 +214,8 @@ class RESERVOIR_API SimBackend final : public Backend {
   DeviceStatus free_host(int device, void* ptr) override;
   DeviceStatus copy_to_host(int device, void* dst, const void* src, std::size_t bytes) override;
   DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override;
+  DeviceStatus copy_to_device_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    StreamHandle stream) override;
   DeviceStatus can_access_peer(int device, int peer, bool* can) override;
   DeviceStatus enable_peer_access(int device, int peer) override;
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override;

@@ -170,6 +170,7 @@ _SIGNATURES = {
     "reservoir_pop_tag": (ctypes.c_int, []),
     "reservoir_sleep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "reservoir_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    "reservoir_wake_async": (ctypes.c_int, [ctypes.c_char_p, _c_uintptr, ctypes.c_int]),
     "reservoir_get_tag_state": (
         ctypes.c_int,
         [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagState)],

@@ -63,13 +63,21 @@ def sleep(tag, mode="offload", device=None):
     _lib.check(_lib.load().reservoir_sleep(text, value, _args.device_index(device)))
 
 
-def wake(tag, device=None):
+def wake(tag, device=None, stream=None):
     """Maps memory under a sleeping tag's blocks again (their contents restored when
-    it slept with "offload"). An unknown tag, one not asleep and a capture under way
-    raise ReservoirInvalidArgumentError (a ValueError); no room on the device raises
-    ReservoirOutOfMemoryError, the tag staying asleep."""
+    it slept with "offload"). With a stream (an int handle, a torch.cuda.Stream or a
+    cupy.cuda.Stream) the copies back are enqueued on it and not waited for: work on
+    that stream, or work that waits for it, may use the memory at once. An unknown
+    tag, one not asleep and a capture under way raise ReservoirInvalidArgumentError (a
+    ValueError); no room on the device raises ReservoirOutOfMemoryError, the tag
+    staying asleep."""
     text = _name(tag)
-    _lib.check(_lib.load().reservoir_wake(text, _args.device_index(device)))
+    lib = _lib.load()
+    if stream is None:
+        _lib.check(lib.reservoir_wake(text, _args.device_index(device)))
+    else:
+        handle = _args.stream_handle(stream)
+        _lib.check(lib.reservoir_wake_async(text, handle, _args.device_index(device)))
 
 
 def tag_state(tag, device=None):

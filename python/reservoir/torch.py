@@ -321,9 +321,11 @@ def sleep(tag, mode="offload", device=None):
     _reservoir.sleep(tag, mode, _torch_device(device))
 
 
-def wake(tag, device=None):
-    """reservoir.wake() on PyTorch's current device by default."""
-    _reservoir.wake(tag, _torch_device(device))
+def wake(tag, device=None, stream=None):
+    """reservoir.wake() on PyTorch's current device by default; stream (a
+    torch.cuda.Stream, e.g. torch.cuda.current_stream()) enqueues the copies back on it
+    without waiting for them."""
+    _reservoir.wake(tag, _torch_device(device), stream)
 
 
 def tag_state(tag, device=None):

@@ -117,6 +117,9 @@ DeviceStatus Backend::copy_to_host(int, void*, const void*, std::size_t) {
 DeviceStatus Backend::copy_to_device(int, void*, const void*, std::size_t) {
   return unsupported("copy_to_device");
 }
+DeviceStatus Backend::copy_to_device_async(int, void*, const void*, std::size_t, StreamHandle) {
+  return unsupported("copy_to_device_async");
+}
 DeviceStatus Backend::export_ipc(int, void*, IpcHandle*) {
   return unsupported("export_ipc");
 }

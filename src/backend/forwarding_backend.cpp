@@ -45,6 +45,7 @@ constexpr const char* kCallNames[] = {"device_count",
                                       "free_host",
                                       "copy_to_host",
                                       "copy_to_device",
+                                      "copy_to_device_async",
                                       "export_ipc",
                                       "open_ipc",
                                       "close_ipc",
@@ -197,6 +198,12 @@ DeviceStatus ForwardingBackend::copy_to_device(int device, void* dst, const void
                                                std::size_t bytes) {
   return pass(BackendCall::copy_to_device,
               [&] { return inner_.copy_to_device(device, dst, src, bytes); });
+}
+
+DeviceStatus ForwardingBackend::copy_to_device_async(int device, void* dst, const void* src,
+                                                     std::size_t bytes, StreamHandle stream) {
+  return pass(BackendCall::copy_to_device_async,
+              [&] { return inner_.copy_to_device_async(device, dst, src, bytes, stream); });
 }
 DeviceStatus ForwardingBackend::export_ipc(int device, void* base, IpcHandle* handle) {
   return pass(BackendCall::export_ipc, [&] { return inner_.export_ipc(device, base, handle); });

@@ -301,6 +301,13 @@ reservoir_status reservoir_wake(const char* tag, int device) {
   });
 }
 
+reservoir_status reservoir_wake_async(const char* tag, uintptr_t stream, int device) {
+  return guarded("reservoir_wake_async", [&] {
+    if (tag == nullptr) throw reservoir::InvalidArgumentError("reservoir_wake_async: tag is NULL");
+    Allocator::instance().wake_async(tag, static_cast<reservoir::StreamHandle>(stream), device);
+  });
+}
+
 reservoir_status reservoir_get_tag_state(const char* tag, int device, reservoir_tag_state* out) {
   return guarded("reservoir_get_tag_state", [&] {
     if (tag == nullptr || out == nullptr)

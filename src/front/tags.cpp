@@ -85,6 +85,13 @@ void Allocator::wake(std::string_view tag, int device) {
   e.wake(id);
 }
 
+void Allocator::wake_async(std::string_view tag, StreamHandle stream, int device) {
+  const detail::TagId id = existing_tag(tag, "wake");
+  detail::DeviceEngine& e = impl_->pool_engine(device);
+  refuse_during_captures(*impl_->core, tag, "wake");
+  e.wake(id, &stream);
+}
+
 TagState Allocator::tag_state(std::string_view tag, int device) {
   const detail::TagId id = existing_tag(tag, "read the state of");
   return impl_->pool_engine(device).tag_state(id);

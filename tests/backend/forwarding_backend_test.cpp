@@ -149,6 +149,10 @@ class Probe final : public Backend {
   DeviceStatus copy_to_device(int device, void* dst, const void* src, std::size_t bytes) override {
     return hit("copy_to_device", device, dst, src, bytes);
   }
+  DeviceStatus copy_to_device_async(int device, void* dst, const void* src, std::size_t bytes,
+                                    StreamHandle stream) override {
+    return hit("copy_to_device_async", device, dst, src, bytes, stream);
+  }
   DeviceStatus export_ipc(int device, void* base, IpcHandle* handle) override {
     handle->bytes[0] = 0x77;
     return hit("export_ipc", device, base);
@@ -353,6 +357,8 @@ const std::vector<Call>& calls() {
        [](Backend& b) { return answer(b.copy_to_host(kDevice, kHost, kPtr, 1536)); }},
       {"copy_to_device",
        [](Backend& b) { return answer(b.copy_to_device(kDevice, kPtr, kHost, 2560)); }},
+      {"copy_to_device_async",
+       [](Backend& b) { return answer(b.copy_to_device_async(kDevice, kPtr, kHost, 3584, 0x57)); }},
       {"export_ipc",
        [](Backend& b) {
          IpcHandle h;

@@ -856,6 +856,8 @@ TEST(BackendDefaults, HostMemoryAndCopiesAreUnsupported) {
   EXPECT_EQ(bare.last_error(), "copy_to_host: not supported by this backend");
   EXPECT_EQ(bare.copy_to_device(0, p, host, sizeof host), DeviceStatus::unsupported);
   EXPECT_EQ(bare.last_error(), "copy_to_device: not supported by this backend");
+  EXPECT_EQ(bare.copy_to_device_async(0, p, host, sizeof host, 0), DeviceStatus::unsupported);
+  EXPECT_EQ(bare.last_error(), "copy_to_device_async: not supported by this backend");
 }
 
 // Host-backed: the bytes travel both ways, through a range of two mappings and a
@@ -902,6 +904,34 @@ TEST(SimHostCopies, HostBackedCopiesRoundTrip) {
   ASSERT_EQ(sim.unmap(0, v.r, 4 * MiB), kOk);
   EXPECT_EQ(sim.release_physical(0, a), kOk);
   EXPECT_EQ(sim.release_physical(0, b), kOk);
+}
+
+// An asynchronous copy is work on its stream: the bytes land (host backed), and an
+// event recorded after it completes only with that stream's work. Its device range is
+// checked as a synchronous copy's; it fails under injection as any call.
+TEST(SimHostCopies, AnAsynchronousCopyIsWorkOnItsStream) {
+  Vmm v(16 * MiB, true);
+  SimBackend& sim = v.sim;
+  void* segment = alloc(sim, 64 * KiB);
+  const auto bytes = pattern(8 * KiB, 9);
+  ASSERT_EQ(sim.copy_to_device_async(0, segment, bytes.data(), bytes.size(), 6), kOk)
+      << sim.last_error();
+  EventHandle e = 0;
+  ASSERT_EQ(sim.create_event(0, &e), kOk);
+  ASSERT_EQ(sim.record_event(0, e, 6), kOk);
+  EXPECT_EQ(sim.query_event(0, e), kNotReady);
+  EXPECT_EQ(sim.submitted(6), 2u);  // the copy, then the event
+  EXPECT_EQ(sim.synchronize_event(0, e), kOk);
+  EXPECT_EQ(std::memcmp(segment, bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(sim.counters().async_copies_to_device, 1u);
+  EXPECT_EQ(sim.counters().copies_to_device, 1u);
+  EXPECT_EQ(sim.copy_to_device_async(0, at(segment, 64 * KiB), bytes.data(), 16, 6), kError);
+  EXPECT_EQ(sim.last_error().rfind("sim: copy_to_device_async: [", 0), 0u) << sim.last_error();
+  sim.fail_operation_number(SimOp::copy_to_device_async, 1, kError);
+  EXPECT_EQ(sim.copy_to_device_async(0, segment, bytes.data(), 16, 6), kError);
+  EXPECT_EQ(sim.copy_to_device_async(0, segment, bytes.data(), 16, 6), kOk);
+  EXPECT_EQ(sim.destroy_event(0, e), kOk);
+  EXPECT_EQ(sim.deallocate(0, segment, 64 * KiB), kOk);
 }
 
 // The device range must be memory the device reaches; a refused copy touches nothing.

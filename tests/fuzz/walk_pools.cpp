@@ -226,7 +226,9 @@ void Walker::check_tag_state(int device) {
     WALK_CHECK(t.offloaded_bytes == (tag_discarded_[d] ? 0 : t.asleep_bytes),
                "offloaded bytes are not what slept");
   } else {
-    WALK_CHECK(t.asleep_bytes == 0 && t.offloaded_bytes == 0, "an awake tag has pages asleep");
+    WALK_CHECK(t.asleep_bytes == 0, "an awake tag has pages asleep");
+    WALK_CHECK(t.offloaded_bytes == 0 || tag_woke_on_stream_[d],
+               "an awake tag keeps host copies without a wake on a stream");
   }
 }
 
@@ -234,7 +236,9 @@ void Walker::op_tag(std::uint8_t arg) {
   const int device = (arg >> 4) & 1;
   const auto d = static_cast<std::size_t>(device);
   const int step = arg & 7;
-  if (trace_) std::fprintf(stderr, "  tag step %d on device %d\n", step, device);
+  if (trace_)
+    std::fprintf(stderr, "  tag step %d on device %d%s\n", step, device,
+                 step == 6 && (arg & 8) ? " (on a stream)" : "");
   // Where the engine keeps no pools, tags are refused up front.
   const bool pools = alloc_->engine_name() == "native";
   if (step < 4) {  // a request under the tag, when no route would take it first
@@ -274,9 +278,14 @@ void Walker::op_tag(std::uint8_t arg) {
   const bool capturing = capture_on();  // a capture on any device refuses sleep and wake
   try {
     if (step == 6) {
-      alloc_->wake(kTag, device);
+      const bool on_stream = (arg & 8) != 0;  // the copies back enqueued on stream 1
+      if (on_stream)
+        alloc_->wake_async(kTag, 1, device);
+      else
+        alloc_->wake(kTag, device);
       WALK_CHECK(tag_asleep_[d] && !capturing, "wake succeeded where it must be refused");
       tag_asleep_[d] = false;
+      tag_woke_on_stream_[d] = on_stream;
       // Offloaded contents are back; discarded ones are the program's to write again.
       for (Live& l : live_) {
         if (!l.tagged || l.device != device) continue;

@@ -240,6 +240,8 @@ class Walker {
   // The walk's tag, per device: asleep, and whether its contents were discarded.
   static constexpr const char* kTag = "fuzz.walk";
   std::array<bool, kDevices> tag_asleep_{}, tag_discarded_{};
+  // Woken on a stream: host copies may be kept until its copies are done.
+  std::array<bool, kDevices> tag_woke_on_stream_{};
   bool tag_request_ = false;  // the next request() runs under the tag
   // The ranges a registering tracker holds, by (device, address); the entries that gave
   // back a range never given; false once expandable segments were on (their page runs

@@ -225,6 +225,24 @@ class SleepWakeTest(unittest.TestCase):
         self.assertEqual(state["reserved_bytes"], reserved)
         reservoir.raw_free(ptr)
 
+    def test_wake_on_a_stream_keeps_the_host_copies_until_its_copies_are_done(self):
+        name = fresh_tag()
+        ptr = tagged_alloc(name)
+        reserved = reservoir.tag_state(name)["reserved_bytes"]
+        reservoir.sleep(name)
+        reservoir.wake(name, stream=7)
+        state = reservoir.tag_state(name)
+        self.assertFalse(state["asleep"])
+        self.assertEqual(state["reserved_bytes"], reserved)
+        self.assertEqual(state["offloaded_bytes"], reserved)  # the copies may still read them
+        reservoir.notify_host_wait(7)  # the simulated stream's work is done
+        self.assertEqual(reservoir.tag_state(name)["offloaded_bytes"], 0)
+        with self.assertRaises(reservoir.ReservoirInvalidArgumentError):
+            reservoir.wake(name, stream=7)  # not asleep
+        with self.assertRaises(ValueError):
+            reservoir.wake(name, stream=-1)
+        reservoir.raw_free(ptr)
+
     def test_allocating_under_a_sleeping_tag_is_refused(self):
         name = fresh_tag()
         ptr = tagged_alloc(name)

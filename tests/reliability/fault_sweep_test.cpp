@@ -34,10 +34,11 @@ struct Op {
   // capture: a CUDA graph capture on stream 3 begins (routed to a private pool) or,
   // when one is under way, ends. join: stream waits for `waited` on the device (an
   // event), as a program forks a stream into a capture and joins it back.
-  // sleep / wake: the workload's tag (docs/sleep.md), size 1 for a discard.
+  // sleep / wake: the workload's tag (docs/sleep.md), size 1 for a discard; a wake
+  // with a stream enqueues its copies back on it (wake_async).
   enum Kind { alloc, free, record, advance, empty_cache, release, capture, join, sleep, wake } kind;
   std::size_t size = 0;     // alloc; sleep: 1 discard, 0 offload
-  StreamHandle stream = 0;  // alloc, record, advance, release, join
+  StreamHandle stream = 0;  // alloc, record, advance, release, join, wake
   std::size_t slot = 0;     // alloc, free, record
   StreamHandle waited = 0;  // join
   bool tagged = false;      // alloc: under the workload's tag
@@ -73,7 +74,7 @@ std::vector<Op> make_workload(bool captures = false, std::size_t scale = 1, bool
     } else if (sleeps && i % 40 == 39) {
       ops.push_back({Op::sleep, static_cast<std::size_t>((i / 40) % 2)});
     } else if (sleeps && i % 40 == 19 && i > 40) {
-      ops.push_back({Op::wake});
+      ops.push_back({Op::wake, 0, (i / 80) % 2 ? StreamHandle{2} : StreamHandle{0}});
     } else if (i % 97 == 96) {
       ops.push_back({Op::empty_cache});
     } else if (i % 61 == 60) {
@@ -140,10 +141,15 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
   };
   bool tagged_ever = false;
   auto asleep = [&] { return tagged_ever && rig.a->tag_state(kSweepTag, 0).asleep; };
-  auto wake = [&] {
+  auto wake = [&](StreamHandle stream) {
     const std::uint64_t refused = rig.sim->counters().failed_allocs;
     try {
-      guarded([&] { rig.a->wake(kSweepTag, 0); });
+      guarded([&] {
+        if (stream)
+          rig.a->wake_async(kSweepTag, stream, 0);
+        else
+          rig.a->wake(kSweepTag, 0);
+      });
     } catch (const OutOfMemoryError&) {
       ++out.ooms;
       out.refused_on_every_oom &= rig.sim->counters().failed_allocs > refused;
@@ -176,7 +182,7 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
           });
         break;
       case Op::wake:
-        if (asleep()) wake();
+        if (asleep()) wake(op.stream);
         break;
       case Op::free:
         free_slot(op.slot);
@@ -219,7 +225,7 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
   }
   if (capturing) end_capture();
   // Awake again before the end (a wake failing for the plan's further calls retried).
-  for (int tries = 0; tries < 5 && asleep(); ++tries) wake();
+  for (int tries = 0; tries < 5 && asleep(); ++tries) wake(0);
   for (std::size_t slot = 0; slot < slots.size(); ++slot) free_slot(slot);
   // Its cache back at once (torch.cuda.MemPool's destructor): those device calls swept too.
   if (any_capture) guarded([&] { rig.a->release_pool(pool, 0, /*empty_cache=*/true); });
@@ -415,10 +421,14 @@ const Plan kPlans[] = {
     {"WakeSetAccessThenUnmap", "", SimOp::set_access, kError, SimOp::unmap, 1, 1, false, 1, true},
     {"WakeCopyToDeviceThenUnmap", "", SimOp::copy_to_device, kError, SimOp::unmap, 1, 1, false, 1,
      true},
+    {"WakeCopyToDeviceAsyncThenUnmap", "", SimOp::copy_to_device_async, kError, SimOp::unmap, 1, 1,
+     false, 1, true},
     {"CompactSleepCopyToHost", kCompact, SimOp::copy_to_host, kError, SimOp::map, 0, 1, false, 1,
      true},
     {"CompactWakeCopyToDevice", kCompact, SimOp::copy_to_device, kError, SimOp::unmap, 1, 1, false,
      1, true},
+    {"CompactWakeCopyToDeviceAsync", kCompact, SimOp::copy_to_device_async, kError, SimOp::unmap, 1,
+     1, false, 1, true},
     // backend:cudaMallocAsync: the pool's calls (its chunks are device memory).
     {"AsyncAllocateFromPool", kAsync, SimOp::allocate_from_pool, kError, SimOp::map, 0, 1},
     {"AsyncAllocateFromPoolOom", kAsync, SimOp::allocate_from_pool, DeviceStatus::out_of_memory,

@@ -272,6 +272,68 @@ TEST_P(Sleep, AFailedCopyOrMapLeavesTheTagAsItWas) {
   s.a.validate();
 }
 
+// A wake on a stream maps at once and enqueues the copies back on the stream: the
+// contents are there for work on it; the host copies stay (counted as offloaded) until
+// an event after the copies completes, and a sleep before then waits for them first.
+// A failed asynchronous copy leaves the tag asleep as a failed wake does.
+TEST_P(Sleep, WakeOnAStreamEnqueuesTheCopiesAndFreesTheHostCopiesOnceDone) {
+  SimAllocator s(GetParam(), host_backed());
+  const std::string tag = tag_for("wake-async", GetParam());
+  constexpr StreamHandle kCopies = 9;
+  void *p, *q;
+  {
+    TagScope scope(s.a, tag);
+    p = s.a.allocate(5 * MiB, 0);
+    q = s.a.allocate(100 * 1024, 0);
+  }
+  fill(p, 5 * MiB, 11);
+  fill(q, 100 * 1024, 12);
+  const std::size_t hosts_before = s.sim->live_host_allocations();
+  s.a.sleep(tag, SleepMode::offload, 0);
+  const std::size_t kept = s.a.tag_state(tag, 0).offloaded_bytes;
+  ASSERT_GT(kept, 0u);
+
+  s.sim->fail_operation_number(SimOp::copy_to_device_async, 2, DeviceStatus::error);
+  EXPECT_THROW(s.a.wake_async(tag, kCopies, 0), DeviceError);
+  s.sim->clear_faults();
+  EXPECT_TRUE(s.a.tag_state(tag, 0).asleep);
+  EXPECT_EQ(s.a.tag_state(tag, 0).offloaded_bytes, kept);
+  s.a.validate();
+
+  const std::uint64_t async_before = s.sim->counters().async_copies_to_device;
+  s.a.wake_async(tag, kCopies, 0);
+  EXPECT_GT(s.sim->counters().async_copies_to_device, async_before);
+  TagState woken = s.a.tag_state(tag, 0);
+  EXPECT_FALSE(woken.asleep);
+  EXPECT_EQ(woken.asleep_bytes, 0u);
+  EXPECT_EQ(woken.offloaded_bytes, kept) << "the copies may still read them";
+  EXPECT_GT(s.sim->live_host_allocations(), hosts_before);
+  EXPECT_TRUE(holds(p, 5 * MiB, 11));
+  EXPECT_TRUE(holds(q, 100 * 1024, 12));
+  s.a.validate();
+  s.sim->advance(kCopies);  // the copies are done
+  EXPECT_EQ(s.a.tag_state(tag, 0).offloaded_bytes, 0u);
+  EXPECT_EQ(s.sim->live_host_allocations(), hosts_before);
+
+  // Asleep again before the copies of a wake on a stream are done: sleep waits.
+  fill(p, 5 * MiB, 13);
+  s.a.sleep(tag, SleepMode::offload, 0);
+  s.a.wake_async(tag, kCopies, 0);
+  s.a.sleep(tag, SleepMode::offload, 0);
+  EXPECT_EQ(s.a.tag_state(tag, 0).offloaded_bytes, kept);
+  s.a.wake(tag, 0);
+  EXPECT_TRUE(holds(p, 5 * MiB, 13));
+  EXPECT_EQ(s.a.tag_state(tag, 0).offloaded_bytes, 0u);
+  // Discarded memory has nothing to copy: nothing waits.
+  s.a.sleep(tag, SleepMode::discard, 0);
+  s.a.wake_async(tag, kCopies, 0);
+  EXPECT_EQ(s.a.tag_state(tag, 0).offloaded_bytes, 0u);
+  s.a.deallocate(p);
+  s.a.deallocate(q);
+  s.a.validate();
+  EXPECT_EQ(s.sim->live_host_allocations(), hosts_before);
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, Sleep,
                          ::testing::Values("", "policy:compact", "expandable_segments:True"),
                          [](const auto& p) {

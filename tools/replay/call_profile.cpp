@@ -118,6 +118,7 @@ CallKind kind_of(BackendCall call) noexcept {
     case BackendCall::free_host:
     case BackendCall::copy_to_host:
     case BackendCall::copy_to_device:
+    case BackendCall::copy_to_device_async:
     case BackendCall::count_:
       break;
   }

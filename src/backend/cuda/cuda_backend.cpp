@@ -721,6 +721,17 @@ DeviceStatus CudaBackend::copy_to_device(int device, void* dst, const void* src,
   return state_->host_copy(device, false, dst, src, bytes);
 }
 
+DeviceStatus CudaBackend::copy_to_device_async(int device, void* dst, const void* src,
+                                               std::size_t bytes, StreamHandle stream) {
+  return state_->drive(
+      device, "cuMemcpyHtoDAsync", false,
+      [&] { return state_->api->MemcpyHtoDAsync(to_dptr(dst), src, bytes, to_stream(stream)); },
+      [&] {
+        return "cuMemcpyHtoDAsync(" + hex(dst) + " <- " + hex(src) + ", " + std::to_string(bytes) +
+               " bytes, stream " + hex(to_stream(stream)) + ")";
+      });
+}
+
 // ---- IPC ------------------------------------------------------------------------
 
 DeviceStatus CudaBackend::export_ipc(int device, void* base, IpcHandle* handle) {

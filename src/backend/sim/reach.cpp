@@ -135,8 +135,10 @@ DeviceStatus SimBackend::free_host(int device, void* ptr) {
 // copy_to_host (to_host) or copy_to_device: the device range (src, or dst) must be
 // memory the device reaches. Waits for nothing else.
 DeviceStatus SimBackend::State::host_copy(int device, bool to_host, void* dst, const void* src,
-                                          std::size_t bytes) {
-  const SimOp op = to_host ? SimOp::copy_to_host : SimOp::copy_to_device;
+                                          std::size_t bytes, const StreamHandle* stream) {
+  const SimOp op = to_host  ? SimOp::copy_to_host
+                   : stream ? SimOp::copy_to_device_async
+                            : SimOp::copy_to_device;
   const char* name = to_string(op);
   return call(device, op, [&](Device&) {
     if (auto refused = refused_by_capture(name)) return *refused;
@@ -160,7 +162,15 @@ DeviceStatus SimBackend::State::host_copy(int device, bool to_host, void* dst, c
     }
     // Not ordered after other work (the caller synchronized what used the memory): the
     // copy completes nothing else, as CUDA's copy on a stream of its own.
+    // The bytes land at once; an asynchronous copy is also work on its stream, so that
+    // what is recorded after it completes only as that stream's work does.
     if (options.host_backed && bytes > 0) std::memcpy(dst, src, bytes);
+    if (stream) {
+      Stream& st = streams[*stream];
+      ++st.submitted;
+      if (eager) st.completed = st.submitted;
+      ++counters.async_copies_to_device;
+    }
     if (to_host) {
       ++counters.copies_to_host;
       counters.bytes_to_host += bytes;
@@ -178,6 +188,11 @@ DeviceStatus SimBackend::copy_to_host(int device, void* dst, const void* src, st
 
 DeviceStatus SimBackend::copy_to_device(int device, void* dst, const void* src, std::size_t bytes) {
   return state_->host_copy(device, false, dst, src, bytes);
+}
+
+DeviceStatus SimBackend::copy_to_device_async(int device, void* dst, const void* src,
+                                              std::size_t bytes, StreamHandle stream) {
+  return state_->host_copy(device, false, dst, src, bytes, &stream);
 }
 
 std::size_t SimBackend::live_host_allocations() const {

@@ -50,7 +50,8 @@ constexpr std::array<const char*, kOpCount> kOpNames = {
     "reserve_address_range", "release_physical", "release_address_range", "synchronize_stream",
     "stream_wait_event", "allocate_from_pool", "free_async", "export_ipc", "open_ipc", "export_shareable",
     "import_shareable", "process_memory", "synchronize_device", "capture_point", "capture_follows",
-    "allocate_host", "free_host", "copy_to_host", "copy_to_device"};
+    "allocate_host", "free_host", "copy_to_host", "copy_to_device",
+    "copy_to_device_async"};
 // clang-format on
 // A name left out would be a null pointer at the end (kOpCount counts every SimOp).
 static_assert(kOpNames.back() != nullptr, "a name for every SimOp");

@@ -37,7 +37,7 @@ inline constexpr std::uintptr_t kBase = 0x7f0000000000;
 inline constexpr std::size_t kSmallAlignment = 512;
 inline constexpr std::size_t kLargeAlignment = std::size_t{2} << 20;
 // SimOp's last enumerator + 1 (sim_backend.cpp names every one of them).
-inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::copy_to_device) + 1;
+inline constexpr std::size_t kOpCount = static_cast<std::size_t>(SimOp::copy_to_device_async) + 1;
 
 inline std::size_t round_up(std::size_t value, std::size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
@@ -219,8 +219,10 @@ struct SimBackend::State {
   void give_chunk(int device, std::uintptr_t address, std::size_t size);
   // Whether device reaches [p, p + size); "" or why not.
   std::string reach(int device, std::uintptr_t p, std::size_t size) const;
-  // copy_to_host (to_host) and copy_to_device (reach.cpp).
-  DeviceStatus host_copy(int device, bool to_host, void* dst, const void* src, std::size_t bytes);
+  // copy_to_host (to_host), copy_to_device and, with a stream, copy_to_device_async
+  // (reach.cpp).
+  DeviceStatus host_copy(int device, bool to_host, void* dst, const void* src, std::size_t bytes,
+                         const StreamHandle* stream = nullptr);
 
   const SimOptions options;
   const std::uint64_t id;

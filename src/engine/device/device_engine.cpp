@@ -47,6 +47,7 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
 }
 
 DeviceEngine::~DeviceEngine() {
+  for (const auto& e : tags_) (void)finish_restoring(*e, true);
   pools_.clear();
   private_pools_.clear();
   compact_.reset();

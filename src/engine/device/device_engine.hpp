@@ -40,6 +40,7 @@
 #include "engine/compact/compact_pool.hpp"
 #include "engine/device/private_pools.hpp"
 #include "engine/pool/device_state.hpp"
+#include "engine/pool/expandable_segment.hpp"
 #include "engine/pool/pool_services.hpp"
 #include "engine/pool/stream_pool.hpp"
 #include "engine/stats/history.hpp"
@@ -180,8 +181,11 @@ class DeviceEngine {
   void sleep(TagId tag, SleepMode mode);
   // Maps the tag's memory again at the same addresses (offloaded contents copied
   // back). Throws InvalidArgumentError (not asleep, a capture under way),
-  // OutOfMemoryError or DeviceError; either way the tag stays asleep then.
-  void wake(TagId tag);
+  // OutOfMemoryError or DeviceError; either way the tag stays asleep then. With a
+  // stream, the copies back are enqueued on it and not waited for (the program orders
+  // its use of the memory after that stream); their host copies are freed once an
+  // event recorded after them has completed.
+  void wake(TagId tag, const StreamHandle* stream = nullptr);
   TagState tag_state(TagId tag);
   // Every tag that has a pool on this device, in the order of their first use.
   std::vector<TagState> tag_states();
@@ -220,13 +224,21 @@ class DeviceEngine {
   // A tag's state on this device: its own pool (made on first use) and whether it
   // sleeps. Requests under the tag hold use shared; sleep and wake hold it alone, so
   // no request is under way in the tag's pools while their pages go or come.
+  // Invariant: restore_event != 0 iff restoring.host is non-empty (the copies of a wake
+  // on a stream may still read them); both under restore_mutex.
   struct TagEntry {
     TagId tag = kNoTag;
     std::shared_ptr<PrivatePool> pool;
     std::shared_mutex use;
     bool asleep = false;  // under use
     SleepMode mode = SleepMode::offload;
+    std::mutex restore_mutex;
+    WakeCopies restoring;
+    EventHandle restore_event = 0;
   };
+  // Frees the host copies of a wake on a stream once its copies are done: waiting for
+  // them (wait), or only if they are. Returns the bytes still held.
+  std::size_t finish_restoring(TagEntry& entry, bool wait) noexcept;
   TagEntry& tag_entry(TagId tag);
   // A tag's own pool is named (kTagPoolMark, tag) in snapshots and messages: no id
   // PyTorch or MemPool hands out (theirs count up from 1 in one half).
@@ -236,9 +248,9 @@ class DeviceEngine {
                                  StreamHandle stream, const Context& context);
   // The caches of every pool carrying tag (its own pool's and private pools').
   std::vector<StreamPool*> tag_stream_pools(const TagEntry& entry);
-  TagState tag_state_locked(const TagEntry& entry);  // the caller holds entry.use
-  std::vector<StreamPool*> tag_own_pools();          // the caches of every tag's own pool
-  TagId tag_of(const StreamPool& pool);              // the tag its memory carries (or kNoTag)
+  TagState tag_state_locked(TagEntry& entry);  // the caller holds entry.use
+  std::vector<StreamPool*> tag_own_pools();    // the caches of every tag's own pool
+  TagId tag_of(const StreamPool& pool);        // the tag its memory carries (or kNoTag)
   // The registered, unreleased pool (throws InvalidArgumentError).
   PoolRegistry::Pool live_pool(PoolId id, const char* action);
   // Waits for the pools' pending frees, then gives their free segments back. pre: the

@@ -91,6 +91,8 @@ void DeviceEngine::sleep(TagId tag, SleepMode mode) {
     throw InvalidArgumentError("reservoir: cannot put tag " + quoted(tag) +
                                " to sleep during a CUDA graph capture (its pages cannot be "
                                "unmapped then): end the capture first");
+  // The copies of a wake on a stream land before the pages are copied or unmapped.
+  (void)finish_restoring(e, true);
   History::Delivery delivery(history_);
   const std::vector<StreamPool*> pools = tag_stream_pools(e);
   std::size_t done = 0;
@@ -107,7 +109,7 @@ void DeviceEngine::sleep(TagId tag, SleepMode mode) {
   e.mode = mode;
 }
 
-void DeviceEngine::wake(TagId tag) {
+void DeviceEngine::wake(TagId tag, const StreamHandle* stream) {
   std::lock_guard<std::mutex> one(sleep_mutex_);
   TagEntry& e = tag_entry(tag);
   std::unique_lock<std::shared_mutex> alone(e.use);
@@ -121,18 +123,33 @@ void DeviceEngine::wake(TagId tag) {
   History::Delivery delivery(history_);
   const std::vector<StreamPool*> pools = tag_stream_pools(e);
   const bool offload = e.mode == SleepMode::offload;
-  // All or nothing: on a failure the pools woken so far sleep again.
+  WakeCopies restoring;
+  WakeCopies* async = nullptr;
+  if (stream && offload) {
+    restoring.stream = *stream;
+    async = &restoring;
+  }
+  // All or nothing: on a failure the pools woken so far sleep again, once the copies
+  // back have landed (their host copies then freed: sleep makes new ones).
+  auto undo = [&](std::size_t woken) {
+    if (!restoring.host.empty()) {
+      (void)backend_.synchronize_stream(device_, restoring.stream);
+      for (void* h : restoring.host) (void)backend_.free_host(device_, h);
+      restoring.host.clear();
+    }
+    for (std::size_t i = 0; i < woken; ++i) pools[i]->sleep(offload);
+  };
   std::size_t done = 0;
   bool room = true;
   try {
     for (; done < pools.size() && room; ++done)
-      room = !pools[done]->asleep() || pools[done]->wake();
+      room = !pools[done]->asleep() || pools[done]->wake(async);
   } catch (...) {
-    for (std::size_t i = 0; i < done; ++i) pools[i]->sleep(offload);
+    undo(done);
     throw;
   }
   if (!room) {
-    for (std::size_t i = 0; i + 1 < done; ++i) pools[i]->sleep(offload);
+    undo(done - 1);
     throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) + " on device " +
                            std::to_string(device_) + ": " +
                            format_size(tag_state_locked(e).asleep_bytes) +
@@ -141,6 +158,45 @@ void DeviceEngine::wake(TagId tag) {
                            "and wake it again");
   }
   e.asleep = false;
+  if (restoring.host.empty()) return;
+  // The host copies are freed once an event after the copies has completed; without an
+  // event, now, after waiting for the stream.
+  EventHandle event = 0;
+  try {
+    event = events_.acquire();
+    if (backend_.record_event(device_, event, restoring.stream) != DeviceStatus::ok) {
+      events_.release(event);
+      event = 0;
+    }
+  } catch (const DeviceError&) {
+    event = 0;
+  }
+  if (event == 0) {
+    (void)backend_.synchronize_stream(device_, restoring.stream);
+    for (void* h : restoring.host) (void)backend_.free_host(device_, h);
+    return;
+  }
+  std::lock_guard<std::mutex> guard(e.restore_mutex);
+  e.restoring = std::move(restoring);
+  e.restore_event = event;
+}
+
+std::size_t DeviceEngine::finish_restoring(TagEntry& e, bool wait) noexcept {
+  std::lock_guard<std::mutex> guard(e.restore_mutex);
+  if (e.restore_event == 0) return 0;
+  const DeviceStatus done = wait ? backend_.synchronize_event(device_, e.restore_event)
+                                 : backend_.query_event(device_, e.restore_event);
+  if (done != DeviceStatus::ok) {
+    if (!wait) return e.restoring.bytes;  // not ready (or failing: asked again later)
+    // Cannot wait for the event: wait for the whole device before freeing what the
+    // copies read.
+    (void)backend_.synchronize_device(device_);
+  }
+  for (void* h : e.restoring.host) (void)backend_.free_host(device_, h);
+  e.restoring = WakeCopies{};
+  events_.release(e.restore_event);
+  e.restore_event = 0;
+  return 0;
 }
 
 TagState DeviceEngine::tag_state(TagId tag) {
@@ -163,7 +219,7 @@ std::vector<TagState> DeviceEngine::tag_states() {
   return out;
 }
 
-TagState DeviceEngine::tag_state_locked(const TagEntry& e) {
+TagState DeviceEngine::tag_state_locked(TagEntry& e) {
   TagState s;
   s.name = TagNames::name(e.tag);
   s.asleep = e.asleep;
@@ -178,6 +234,7 @@ TagState DeviceEngine::tag_state_locked(const TagEntry& e) {
     s.asleep_bytes += c.asleep;
     s.offloaded_bytes += c.offloaded;
   }
+  s.offloaded_bytes += finish_restoring(e, false);  // host copies a wake's copies still read
   return s;
 }
 

@@ -317,7 +317,7 @@ std::string ExpandableSegment::undo_wake(std::size_t runs) {
   return failure;
 }
 
-bool ExpandableSegment::wake() {
+bool ExpandableSegment::wake(WakeCopies* restoring) {
   for (std::size_t r = 0; r < asleep_.size(); ++r) {
     std::size_t mapped = 0;
     try {
@@ -341,14 +341,27 @@ bool ExpandableSegment::wake() {
   for (std::size_t r = 0; r < asleep_.size(); ++r) {
     if (!asleep_[r].host) continue;
     const std::size_t bytes = asleep_[r].pages * page_;
-    if (backend_.copy_to_device(device_, page_address(asleep_[r].first), asleep_[r].host, bytes) !=
-        DeviceStatus::ok) {
+    void* at = page_address(asleep_[r].first);
+    const DeviceStatus st =
+        restoring
+            ? backend_.copy_to_device_async(device_, at, asleep_[r].host, bytes, restoring->stream)
+            : backend_.copy_to_device(device_, at, asleep_[r].host, bytes);
+    if (st != DeviceStatus::ok) {
       const std::string why = backend_.last_error();
-      fail("copying " + format_size(bytes) + " back to " +
-               format_pointer(page_address(asleep_[r].first)) + " to wake it",
-           why, undo_wake(asleep_.size()));
+      // Copies enqueued before still write pages the undo unmaps.
+      if (restoring) (void)backend_.synchronize_stream(device_, restoring->stream);
+      fail("copying " + format_size(bytes) + " back to " + format_pointer(at) + " to wake it", why,
+           undo_wake(asleep_.size()));
     }
   }
+  if (restoring)  // the enqueued copies still read them: the caller frees them later
+    for (Asleep& a : asleep_)
+      if (a.host) {
+        restoring->host.push_back(a.host);
+        restoring->bytes += a.pages * page_;
+        offloaded_pages_ -= a.pages;
+        a.host = nullptr;
+      }
   while (!asleep_.empty()) drop_asleep(asleep_.size() - 1);
   return true;
 }

@@ -46,6 +46,15 @@ class NoAddressSpace : public DeviceError {
   using DeviceError::DeviceError;
 };
 
+// The copies back of a wake on a stream (ExpandableSegment::wake): enqueued on stream,
+// not waited for; the host copies they read, for the caller to free once work
+// recorded on stream after them has completed.
+struct WakeCopies {
+  StreamHandle stream = 0;
+  std::vector<void*> host;  // the host copies the enqueued copies read
+  std::size_t bytes = 0;    // their size in all
+};
+
 class ExpandableSegment {
  public:
   // Reserves reserve_bytes (rounded up to pages) of address space. Throws
@@ -111,7 +120,10 @@ class ExpandableSegment {
   // back: all or nothing. Returns false when the device is out of memory; throws
   // DeviceError. When it does not succeed nothing asleep is mapped and the host copies
   // are kept (a run whose undo the device refused is mapped again, awake).
-  bool wake();
+  // With restoring, the copies are enqueued on restoring->stream (copy_to_device_async)
+  // and not waited for: on success the host copies move to restoring->host, for the
+  // caller to free once work recorded on that stream after them has completed.
+  bool wake(WakeCopies* restoring = nullptr);
   std::size_t asleep_bytes() const noexcept { return asleep_pages_ * page_; }
   // The runs of mapped pages, and of pages asleep, in address order: {address, bytes}.
   std::vector<std::pair<std::uintptr_t, std::size_t>> mapped_ranges() const;

@@ -80,6 +80,8 @@
 
 namespace reservoir::detail {
 
+struct WakeCopies;  // engine/pool/expandable_segment.hpp
+
 // "(first, second)": a private pool as error messages name it.
 std::string pool_name(PoolId id);
 
@@ -212,8 +214,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   // went to sleep asleep and the pool asleep (the caller wakes it).
   std::size_t sleep(bool offload);
   // Maps fresh memory at every page put to sleep, contents copied back: all or
-  // nothing. false: out of memory or over the memory fraction (still asleep).
-  bool wake();
+  // nothing. false: out of memory or over the memory fraction (still asleep). With
+  // restoring, the copies go on its stream unwaited (ExpandableSegment::wake); the host
+  // copies of a wake that succeeds join restoring->host.
+  bool wake(WakeCopies* restoring = nullptr);
   bool asleep() {
     Guard guard(*this);
     return asleep_;
@@ -425,7 +429,7 @@ class alignas(64) StreamPool final : public BlockOwner {
   bool sleep_offload_ = false;             // while asleep_: the contents were kept
   // One segment of a sleep() or wake() (the statistics, budget and counters follow).
   std::size_t sleep_segment(Segment* segment);
-  bool wake_segment(Segment* segment);
+  bool wake_segment(Segment* segment, WakeCopies* restoring);
   // Whether new segments are expandable.
   bool expandable() const noexcept { return vmm_ || policy().expandable(); }
 };

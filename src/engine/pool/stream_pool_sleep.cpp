@@ -91,7 +91,7 @@ std::size_t StreamPool::sleep_segment(Segment* seg) {
   return settle();
 }
 
-bool StreamPool::wake_segment(Segment* seg) {
+bool StreamPool::wake_segment(Segment* seg, WakeCopies* restoring) {
   const std::size_t want = seg->vm->asleep_bytes();
   if (want == 0) return true;
   if (!services_.budget.reserve(want)) return false;
@@ -114,7 +114,7 @@ bool StreamPool::wake_segment(Segment* seg) {
   };
   bool ok = false;
   try {
-    ok = seg->vm->wake();
+    ok = seg->vm->wake(restoring);
   } catch (...) {
     settle();
     throw;
@@ -123,19 +123,29 @@ bool StreamPool::wake_segment(Segment* seg) {
   return ok;
 }
 
-bool StreamPool::wake() {
+bool StreamPool::wake(WakeCopies* restoring) {
   Guard guard(*this);
   RESERVOIR_ASSERT(asleep_);
   // All or nothing: a failure puts the segments woken so far back to sleep as they
-  // were (offloaded contents copied out again).
+  // were (offloaded contents copied out again, once the copies back have landed; the
+  // host copies those read are then freed).
   std::vector<Segment*> woken;
+  const std::size_t first_host = restoring ? restoring->host.size() : 0;
+  const std::size_t first_bytes = restoring ? restoring->bytes : 0;
   auto undo = [&] {
+    if (restoring && restoring->host.size() > first_host) {
+      (void)services_.backend.synchronize_stream(services_.device, restoring->stream);
+      for (std::size_t i = first_host; i < restoring->host.size(); ++i)
+        (void)services_.backend.free_host(services_.device, restoring->host[i]);
+      restoring->host.resize(first_host);
+      restoring->bytes = first_bytes;
+    }
     for (Segment* seg : woken) sleep_segment(seg);
   };
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
     bool ok = false;
     try {
-      ok = wake_segment(seg);
+      ok = wake_segment(seg, restoring);
     } catch (...) {
       undo();
       finish_operation();
