@@ -48,6 +48,7 @@ class SleepWakeOnAGpu(unittest.TestCase):
         self.assertTrue(out["driver_allocation_ok"])
         self.assertTrue(out["eager_equal"])
         self.assertTrue(out["graph_equal"])
+        self.assertTrue(out["on_stream_equal"])
         self.assertTrue(out["after_cycles_equal"])
         self.assertLessEqual(abs(out["cycles"]["device_free_drift_mib"]), 16)
         self.assertLessEqual(out["cycles"]["host_rss_growth_mib"], 64)
