@@ -233,7 +233,8 @@ TEST_P(ThreadStress, EightThreadsOnOneStreamAcrossTheSoleOwnersEnd) {
 // Sleep and wake beside working threads: three threads allocate and free under a tag
 // (refused while it sleeps; their frees and record_stream go on), three others
 // allocate untagged and hand blocks to each other, while the main thread puts the tag
-// to sleep and wakes it, offload and discard in turn. Resident tagged blocks, touched
+// to sleep and wakes it, offload and discard in turn (some wakes with their copies on
+// a stream). Resident tagged blocks, touched
 // only while the tag is awake, keep their contents across each offload; nothing is
 // lost or handed out twice; the books hold after each wake.
 TEST_P(ThreadStress, SleepAndWakeBesideThreadsThatAllocate) {
@@ -305,7 +306,12 @@ TEST_P(ThreadStress, SleepAndWakeBesideThreadsThatAllocate) {
       const bool offload = c % 2 == 0;
       a.sleep(tag, offload ? SleepMode::offload : SleepMode::discard, 0);
       std::this_thread::yield();
-      a.wake(tag, 0);
+      if (c % 4 == 2) {  // the copies back on a stream, waited for before the check
+        a.wake_async(tag, 300, 0);
+        EXPECT_EQ(sim->synchronize_stream(0, 300), DeviceStatus::ok);
+      } else {
+        a.wake(tag, 0);
+      }
       for (Block& b : resident) {
         if (offload && !intact(b)) ++corrupted;
         fill(b);
