@@ -97,7 +97,8 @@ void DeviceEngine::sleep(TagId tag, SleepMode mode) {
   const std::vector<StreamPool*> pools = tag_stream_pools(e);
   std::size_t done = 0;
   try {
-    for (; done < pools.size(); ++done) pools[done]->sleep(mode == SleepMode::offload);
+    for (; done < pools.size(); ++done)  // a private pool's free blocks are its graphs'
+      pools[done]->sleep(mode == SleepMode::offload, pools[done]->pool_id().first != kTagPoolMark);
   } catch (...) {
     // What went to sleep wakes again (the pool that failed too: part of it may sleep).
     const std::size_t failed = done < pools.size() ? done + 1 : done;
@@ -137,7 +138,8 @@ void DeviceEngine::wake(TagId tag, const StreamHandle* stream) {
       for (void* h : restoring.host) (void)backend_.free_host(device_, h);
       restoring.host.clear();
     }
-    for (std::size_t i = 0; i < woken; ++i) pools[i]->sleep(offload);
+    for (std::size_t i = 0; i < woken; ++i)
+      pools[i]->sleep(offload, pools[i]->pool_id().first != kTagPoolMark);
   };
   std::size_t done = 0;
   bool room = true;

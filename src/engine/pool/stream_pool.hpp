@@ -212,7 +212,9 @@ class alignas(64) StreamPool final : public BlockOwner {
   // contents kept in pinned host memory). Returns the bytes put to sleep. Throws
   // DeviceError (or InvalidArgumentError: segments not its own to unmap), with what
   // went to sleep asleep and the pool asleep (the caller wakes it).
-  std::size_t sleep(bool offload);
+  // keep_free: the free pages sleep too instead of going back to the device (a CUDA
+  // graph's or MemPool's pool: its replays use the memory of blocks freed in capture).
+  std::size_t sleep(bool offload, bool keep_free = false);
   // Maps fresh memory at every page put to sleep, contents copied back: all or
   // nothing. false: out of memory or over the memory fraction (still asleep). With
   // restoring, the copies go on its stream unwaited (ExpandableSegment::wake); the host

@@ -15,7 +15,7 @@
 
 namespace reservoir::detail {
 
-std::size_t StreamPool::sleep(bool offload) {
+std::size_t StreamPool::sleep(bool offload, bool keep_free) {
   Guard guard(*this);
   RESERVOIR_ASSERT(!asleep_);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool)
@@ -48,7 +48,7 @@ std::size_t StreamPool::sleep(bool offload) {
     check(services_.backend.synchronize_stream(services_.device, s),
           "a stream a block was used on");
   if (pending_blocks_ != 0) process_events(true);
-  release_cached_locked();  // free pages go back rather than to sleep
+  if (!keep_free) release_cached_locked();  // free pages go back rather than to sleep
   asleep_ = true;
   sleep_offload_ = offload;
   std::size_t slept = 0;

@@ -74,6 +74,7 @@ def main():
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     free_start, total = torch.cuda.mem_get_info()
+    reserved_start = reservoir.memory_reserved()
     out = {"device": torch.cuda.get_device_name(), "config": args.config,
            "torch": torch.__version__}
 
@@ -132,6 +133,9 @@ def main():
     out["free_mib"] = {"start": free_start / MiB, "loaded": loaded_free / MiB,
                        "asleep": asleep_free / MiB}
     out["asleep_vs_start_mib"] = (free_start - asleep_free) / MiB
+    # How much of that the allocator holds (the rest: the driver's, e.g. kernels loaded).
+    out["reservoir_reserved_mib"] = {"start": reserved_start / MiB,
+                                     "asleep": reservoir.memory_reserved() / MiB}
     out["within_64_mib"] = free_start - asleep_free <= 64 * MiB
     out["tags_asleep"] = {t: reservoir.tag_state(t) for t in ("weights", "kv")}
 
