@@ -239,6 +239,9 @@ class DeviceEngine {
   // Frees the host copies of a wake on a stream once its copies are done: waiting for
   // them (wait), or only if they are. Returns the bytes still held.
   std::size_t finish_restoring(TagEntry& entry, bool wait) noexcept;
+  // Waits for the copies' stream, then frees their host copies.
+  void drop_wake_copies(WakeCopies& copies) noexcept;
+  void sleep_pool(StreamPool& pool, bool offload);  // a pool of a tag, free pages as they go
   TagEntry& tag_entry(TagId tag);
   // A tag's own pool is named (kTagPoolMark, tag) in snapshots and messages: no id
   // PyTorch or MemPool hands out (theirs count up from 1 in one half).

@@ -20,6 +20,19 @@ std::string quoted(TagId tag) {
 }
 }  // namespace
 
+void DeviceEngine::sleep_pool(StreamPool& pool, bool offload) {
+  // Only a tag's own pool gives its free pages back: a private pool's free blocks are
+  // its graphs' (their replays use the memory of blocks freed during the capture).
+  pool.sleep(offload, pool.pool_id().first != kTagPoolMark);
+}
+
+void DeviceEngine::drop_wake_copies(WakeCopies& copies) noexcept {
+  if (copies.host.empty()) return;
+  (void)backend_.synchronize_stream(device_, copies.stream);
+  for (void* h : copies.host) (void)backend_.free_host(device_, h);
+  copies = WakeCopies{};
+}
+
 void DeviceEngine::set_tagging(bool on) {
   if (on)
     detours_.fetch_or(kDetourTags, std::memory_order_relaxed);
@@ -97,8 +110,7 @@ void DeviceEngine::sleep(TagId tag, SleepMode mode) {
   const std::vector<StreamPool*> pools = tag_stream_pools(e);
   std::size_t done = 0;
   try {
-    for (; done < pools.size(); ++done)  // a private pool's free blocks are its graphs'
-      pools[done]->sleep(mode == SleepMode::offload, pools[done]->pool_id().first != kTagPoolMark);
+    for (; done < pools.size(); ++done) sleep_pool(*pools[done], mode == SleepMode::offload);
   } catch (...) {
     // What went to sleep wakes again (the pool that failed too: part of it may sleep).
     const std::size_t failed = done < pools.size() ? done + 1 : done;
@@ -133,13 +145,8 @@ void DeviceEngine::wake(TagId tag, const StreamHandle* stream) {
   // All or nothing: on a failure the pools woken so far sleep again, once the copies
   // back have landed (their host copies then freed: sleep makes new ones).
   auto undo = [&](std::size_t woken) {
-    if (!restoring.host.empty()) {
-      (void)backend_.synchronize_stream(device_, restoring.stream);
-      for (void* h : restoring.host) (void)backend_.free_host(device_, h);
-      restoring.host.clear();
-    }
-    for (std::size_t i = 0; i < woken; ++i)
-      pools[i]->sleep(offload, pools[i]->pool_id().first != kTagPoolMark);
+    drop_wake_copies(restoring);
+    for (std::size_t i = 0; i < woken; ++i) sleep_pool(*pools[i], offload);
   };
   std::size_t done = 0;
   bool room = true;
@@ -174,8 +181,7 @@ void DeviceEngine::wake(TagId tag, const StreamHandle* stream) {
     event = 0;
   }
   if (event == 0) {
-    (void)backend_.synchronize_stream(device_, restoring.stream);
-    for (void* h : restoring.host) (void)backend_.free_host(device_, h);
+    drop_wake_copies(restoring);
     return;
   }
   std::lock_guard<std::mutex> guard(e.restore_mutex);
