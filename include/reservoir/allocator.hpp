@@ -173,6 +173,10 @@ class RESERVOIR_API Allocator {
   // the host copies are freed once the copies are done (tag_state's offloaded_bytes
   // counts them until then). The mapping is done when it returns.
   void wake_async(std::string_view tag, StreamHandle stream, int device = -1);
+  // A wake keeps the pinned host buffers of an offload for the tags' next offload
+  // (pinning is the slow part of one); this frees them on every device (those a tag
+  // asleep still uses stay). DeviceStats::host_kept_bytes counts them.
+  void empty_host_cache();
   TagState tag_state(std::string_view tag, int device = -1);
   // Every tag with memory on device (-1: the current one); none where the engine in
   // force keeps no pools. memory_stats, the summary and the metrics list them.

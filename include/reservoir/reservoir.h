@@ -110,6 +110,10 @@ typedef struct reservoir_tag_state {
 } reservoir_tag_state;
 RESERVOIR_C_API reservoir_status reservoir_get_tag_state(const char* tag, int device,
                                                          reservoir_tag_state* out);
+/* A wake keeps the pinned host buffers of an offload for the next offload (pinning is
+ * its slow part); this frees them on every device, but those a tag asleep still uses
+ * (stats key host_kept_bytes). */
+RESERVOIR_C_API reservoir_status reservoir_empty_host_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_empty_cache(void);
 RESERVOIR_C_API reservoir_status reservoir_set_memory_fraction(double fraction, int device);
 RESERVOIR_C_API reservoir_status reservoir_get_memory_fraction(int device, double* fraction);

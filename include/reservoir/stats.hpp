@@ -57,6 +57,9 @@ struct DeviceStats {
   // how many pools exist (released ones too, until their last segment is returned).
   std::int64_t private_pool_reserved_bytes = 0;
   std::int64_t private_pools = 0;
+  // Pinned host memory kept after a wake for the next offload (sleep); given back by
+  // empty_host_cache (docs/sleep.md).
+  std::int64_t host_kept_bytes = 0;
 };
 
 // What Allocator::summary(device, options) shows besides its default table.

@@ -31,7 +31,7 @@ from ._pools import (
     retain_pool,
     use_mem_pool,
 )
-from ._tags import sleep, tag, tag_state, wake
+from ._tags import empty_host_cache, sleep, tag, tag_state, wake
 from ._lib import (
     ReservoirConfigError,
     ReservoirDeviceError,
@@ -81,6 +81,7 @@ __all__ = [
     "device_count",
     "dump_snapshot",
     "empty_cache",
+    "empty_host_cache",
     "engine_summary",
     "get_memory_fraction",
     "largest_cached_block",

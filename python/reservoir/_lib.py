@@ -171,6 +171,7 @@ _SIGNATURES = {
     "reservoir_sleep": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]),
     "reservoir_wake": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
     "reservoir_wake_async": (ctypes.c_int, [ctypes.c_char_p, _c_uintptr, ctypes.c_int]),
+    "reservoir_empty_host_cache": (ctypes.c_int, []),
     "reservoir_get_tag_state": (
         ctypes.c_int,
         [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(TagState)],

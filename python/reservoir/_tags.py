@@ -80,6 +80,14 @@ def wake(tag, device=None, stream=None):
         _lib.check(lib.reservoir_wake_async(text, handle, _args.device_index(device)))
 
 
+def empty_host_cache():
+    """Frees the pinned host memory that wakes keep for the next offload (pinning is
+    the slow part of an offload, so a tag that sleeps again reuses it), on every
+    device; what a tag asleep still holds stays. memory_stats()["host_kept_bytes"]
+    counts it."""
+    _lib.check(_lib.load().reservoir_empty_host_cache())
+
+
 def tag_state(tag, device=None):
     """The tag's state on a device as a dict: name, asleep (bool), mode ("offload" or
     "discard" while asleep, else None), allocated_bytes and reserved_bytes (mapped

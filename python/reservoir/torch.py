@@ -328,6 +328,9 @@ def wake(tag, device=None, stream=None):
     _reservoir.wake(tag, _torch_device(device), stream)
 
 
+empty_host_cache = _reservoir.empty_host_cache
+
+
 def tag_state(tag, device=None):
     """reservoir.tag_state() on PyTorch's current device by default."""
     return _reservoir.tag_state(tag, _torch_device(device))

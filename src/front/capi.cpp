@@ -328,6 +328,10 @@ reservoir_status reservoir_empty_cache(void) {
   return guarded("reservoir_empty_cache", [] { Allocator::instance().empty_cache(); });
 }
 
+reservoir_status reservoir_empty_host_cache(void) {
+  return guarded("reservoir_empty_host_cache", [] { Allocator::instance().empty_host_cache(); });
+}
+
 reservoir_status reservoir_set_memory_fraction(double fraction, int device) {
   constexpr const char* kFn = "reservoir_set_memory_fraction";
   return guarded(kFn, [&] {
@@ -485,9 +489,13 @@ reservoir_status reservoir_stats_text(int device, char* buffer, size_t capacity,
   constexpr const char* kFn = "reservoir_stats_text";
   return guarded(kFn, [&] {
     Allocator& a = Allocator::instance();
-    std::string text = stats_text(a.stats(device));
-    // Per tag (docs/sleep.md): tags.NAME.allocated_bytes, ... (not PyTorch's keys).
-    for (const reservoir::TagState& t : a.tag_states(device)) {
+    const reservoir::DeviceStats stats = a.stats(device);
+    std::string text = stats_text(stats);
+    // Per tag (docs/sleep.md): tags.NAME.allocated_bytes, ... and the pinned host
+    // memory kept for offloads, where tags exist (not PyTorch's keys).
+    const std::vector<reservoir::TagState> tags = a.tag_states(device);
+    if (!tags.empty()) write_value(text, "host_kept_bytes", stats.host_kept_bytes);
+    for (const reservoir::TagState& t : tags) {
       const std::string key = "tags." + t.name + ".";
       write_value(text, key + "allocated_bytes", static_cast<std::int64_t>(t.allocated_bytes));
       write_value(text, key + "reserved_bytes", static_cast<std::int64_t>(t.reserved_bytes));

@@ -156,6 +156,12 @@ std::string Allocator::metrics_prometheus() {
       sample(out, "reservoir_tag_bytes", labels + "offloaded\"",
              static_cast<std::int64_t>(t.offloaded_bytes));
     }
+  header(out, "reservoir_host_kept_bytes",
+         "Pinned host memory kept after a wake for the next offload (empty_host_cache frees "
+         "it).",
+         "gauge");
+  for (const DeviceMetrics& d : devices)
+    sample(out, "reservoir_host_kept_bytes", device_label(d.device), d.stats.host_kept_bytes);
   header(out, "reservoir_tag_asleep", "1 while the tag sleeps.", "gauge");
   for (const DeviceMetrics& d : devices)
     for (const TagState& t : d.tags)
@@ -191,6 +197,7 @@ std::string Allocator::metrics_json() {
       out += ",\"" + std::string(m.json_name) + "\":" + std::to_string(d.stats.*(m.member));
     out += ",\"max_split_size\":" + std::to_string(d.stats.max_split_size);
     out += ",\"largest_cached_block\":" + std::to_string(d.largest_cached_block);
+    out += ",\"host_kept_bytes\":" + std::to_string(d.stats.host_kept_bytes);
     out += ",\"reserved_unallocated_bytes\":{";
     for (int pool = 0; pool < kPoolKinds; ++pool)
       out += std::string(pool ? ",\"" : "\"") + kPools[pool] +

@@ -127,6 +127,13 @@ std::string Allocator::summary(int device, const SummaryOptions& options) {
     std::snprintf(buf, sizeof buf, "| %-82s|\n", sleep.substr(0, 82).c_str());
     out += buf;
   }
+  if (s.host_kept_bytes > 0) {
+    const std::string kept = "Pinned host memory kept for the next offload: " +
+                             detail::format_size(static_cast<std::uint64_t>(s.host_kept_bytes)) +
+                             " (empty_host_cache)";
+    std::snprintf(buf, sizeof buf, "| %-82s|\n", kept.substr(0, 82).c_str());
+    out += buf;
+  }
   // Who else holds memory on the device (NVML on CUDA), as the OOM report lists it.
   std::snprintf(buf, sizeof buf, "| %-82s|\n", "Processes using the device:");
   out += buf;

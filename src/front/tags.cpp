@@ -92,6 +92,13 @@ void Allocator::wake_async(std::string_view tag, StreamHandle stream, int device
   e.wake(id, &stream);
 }
 
+void Allocator::empty_host_cache() {
+  Impl& im = *impl_;
+  if (!im.base->traits().pool_refusal.empty()) return;  // no pools, nothing offloaded
+  for (int d = 0; d < im.device_count; ++d)
+    if (detail::DeviceEngine* e = im.core->engine_if_made(d)) (void)e->empty_host_cache();
+}
+
 TagState Allocator::tag_state(std::string_view tag, int device) {
   const detail::TagId id = existing_tag(tag, "read the state of");
   return impl_->pool_engine(device).tag_state(id);

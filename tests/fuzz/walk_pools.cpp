@@ -238,7 +238,9 @@ void Walker::op_tag(std::uint8_t arg) {
   const int step = arg & 7;
   if (trace_)
     std::fprintf(stderr, "  tag step %d on device %d%s\n", step, device,
-                 step == 6 && (arg & 8) ? " (on a stream)" : "");
+                 step == 6 && (arg & 8)   ? " (on a stream)"
+                 : step == 7 && (arg & 8) ? " (host cache emptied)"
+                                          : "");
   // Where the engine keeps no pools, tags are refused up front.
   const bool pools = alloc_->engine_name() == "native";
   if (step < 4) {  // a request under the tag, when no route would take it first
@@ -272,6 +274,11 @@ void Walker::op_tag(std::uint8_t arg) {
   bool made = false;
   for (const Live& l : live_) made = made || l.tagged;
   if (step == 7) {
+    if (arg & 8) {  // the pinned host memory wakes keep for the next offload goes back
+      alloc_->empty_host_cache();
+      WALK_CHECK(alloc_->stats(device).host_kept_bytes == 0,
+                 "empty_host_cache left pinned host memory kept");
+    }
     if (made || tag_asleep_[d]) check_tag_state(device);
     return;
   }

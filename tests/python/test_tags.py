@@ -225,6 +225,23 @@ class SleepWakeTest(unittest.TestCase):
         self.assertEqual(state["reserved_bytes"], reserved)
         reservoir.raw_free(ptr)
 
+    def test_a_wake_keeps_the_pinned_host_memory_for_the_next_offload(self):
+        name = fresh_tag()
+        ptr = tagged_alloc(name)
+        reservoir.empty_host_cache()
+        reservoir.sleep(name)
+        offloaded = reservoir.tag_state(name)["offloaded_bytes"]
+        self.assertEqual(reservoir.memory_stats()["host_kept_bytes"], 0)  # in use
+        reservoir.wake(name)
+        self.assertEqual(reservoir.memory_stats()["host_kept_bytes"], offloaded)
+        self.assertIn("Pinned host memory kept for the next offload", reservoir.memory_summary())
+        reservoir.sleep(name)  # takes it again
+        self.assertEqual(reservoir.memory_stats()["host_kept_bytes"], 0)
+        reservoir.wake(name)
+        reservoir.empty_host_cache()
+        self.assertEqual(reservoir.memory_stats()["host_kept_bytes"], 0)
+        reservoir.raw_free(ptr)
+
     def test_wake_on_a_stream_keeps_the_host_copies_until_its_copies_are_done(self):
         name = fresh_tag()
         ptr = tagged_alloc(name)
@@ -369,6 +386,7 @@ class TagArgumentTest(unittest.TestCase):
         import reservoir.torch as rtorch
 
         self.assertIs(rtorch.tag, reservoir.tag)
+        self.assertIs(rtorch.empty_host_cache, reservoir.empty_host_cache)
         name = fresh_tag()
         with rtorch.tag(name):
             ptr = reservoir.raw_alloc(MiB)

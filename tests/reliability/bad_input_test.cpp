@@ -310,6 +310,28 @@ TEST(BadInputC, NullConfigText) {
 
 // ---- the C API (process-wide allocator on the simulated device) ----
 
+// Every tag call with a NULL tag or out-pointer, or a tag never made; and emptying a
+// host cache that holds nothing.
+TEST(BadInputC, NullAndUnknownTags) {
+  auto refused = [](reservoir_status status, const char* words) {
+    EXPECT_EQ(status, RESERVOIR_ERROR_INVALID_ARGUMENT) << words;
+    EXPECT_NE(std::string(reservoir_last_error()).find(words), std::string::npos)
+        << reservoir_last_error();
+  };
+  refused(reservoir_push_tag(nullptr), "reservoir_push_tag: tag is NULL");
+  refused(reservoir_sleep(nullptr, RESERVOIR_SLEEP_OFFLOAD, 0), "reservoir_sleep: tag is NULL");
+  refused(reservoir_wake(nullptr, 0), "reservoir_wake: tag is NULL");
+  refused(reservoir_wake_async(nullptr, 1, 0), "reservoir_wake_async: tag is NULL");
+  reservoir_tag_state state{};
+  refused(reservoir_get_tag_state(nullptr, 0, &state), "tag");
+  refused(reservoir_get_tag_state("c.never-tagged", 0, nullptr), "out");
+  refused(reservoir_wake_async("c.never-tagged", 1, 0), "no memory was ever tagged");
+  refused(reservoir_sleep("c.never-tagged", 9, 0), "mode 9");
+  const std::string before = c_stats();
+  EXPECT_EQ(reservoir_empty_host_cache(), RESERVOIR_OK);
+  EXPECT_EQ(c_stats(), before);
+}
+
 TEST(BadInputC, NegativeAndOverflowingSizes) {
   const std::string before = c_stats();
   struct Row {

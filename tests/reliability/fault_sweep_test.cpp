@@ -206,6 +206,7 @@ Outcome run(Rig& rig, const std::vector<Op>& ops, bool device_errors_allowed = f
       }
       case Op::empty_cache:
         guarded([&] { rig.a->empty_cache(); });
+        rig.a->empty_host_cache();  // the pinned host memory wakes keep (frees never throw)
         break;
       case Op::release:
         guarded([&] { rig.a->release_stream(op.stream, 0); });
@@ -408,6 +409,14 @@ const Plan kPlans[] = {
     // maps and copies back; a failure leaves the tag as it was.
     {"SleepAllocateHost", "", SimOp::allocate_host, kError, SimOp::map, 0, 1, false, 1, true},
     {"SleepCopyToHost", "", SimOp::copy_to_host, kError, SimOp::map, 0, 1, false, 1, true},
+    // The host out of memory: the pinned memory kept from earlier wakes goes back and the
+    // host is asked again (recovered when some was kept); a refused free is ignored.
+    {"SleepAllocateHostOom", "", SimOp::allocate_host, DeviceStatus::out_of_memory, SimOp::map, 0,
+     -1, false, 1, true},
+    {"SleepAllocateHostOomTwice", "", SimOp::allocate_host, DeviceStatus::out_of_memory,
+     SimOp::allocate_host, 1, 1, false, 1, true},
+    {"EmptyHostCacheFreeHost", "", SimOp::free_host, kError, SimOp::free_host, 1, 0, false, 1,
+     true},
     {"SleepSynchronizeStream", "", SimOp::synchronize_stream, kError, SimOp::map, 0, 1, false, 1,
      true},
     {"SleepUnmapThenUnmap", "", SimOp::unmap, kError, SimOp::unmap, 1, 1, false, 1, true},

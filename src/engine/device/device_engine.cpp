@@ -37,8 +37,9 @@ DeviceEngine::DeviceEngine(Backend& backend, int device, const Config& config, S
       settings_(config),
       events_(backend, device),
       registry_(segments),
-      services_{backend_, device_, events_,  ledger_,   registry_, budget_, counters_,
-                gc_,      peers_,  history_, settings_, capture_,  waiting_} {
+      host_stash_(backend, device),
+      services_{backend_, device_, events_,  ledger_,   registry_, budget_,  counters_,
+                gc_,      peers_,  history_, settings_, capture_,  waiting_, host_stash_} {
   const bool compact = config.policy == Config::Policy::compact;
   compact_on_.store(compact, std::memory_order_relaxed);
   if (compact) detours_.fetch_or(kDetourCompact, std::memory_order_relaxed);
@@ -365,6 +366,7 @@ DeviceStats DeviceEngine::stats() {
   s.num_device_map = counters_.device_maps.load(std::memory_order_relaxed);
   s.num_device_unmap = counters_.device_unmaps.load(std::memory_order_relaxed);
   s.num_stream_waits = counters_.stream_waits.load(std::memory_order_relaxed);
+  s.host_kept_bytes = static_cast<std::int64_t>(host_stash_.kept_bytes());
   {
     std::lock_guard<std::mutex> guard(create_mutex_);
     for (const auto& p : private_pools_)  // tags' own pools are not the program's pools
@@ -462,6 +464,8 @@ void DeviceEngine::validate() {
                       std::to_string(totals.use_queues) + " use queues");
   const std::string ledger = ledger_.problem();
   RESERVOIR_CHECK(ledger.empty(), ledger);
+  const std::string stash = host_stash_.problem();
+  RESERVOIR_CHECK(stash.empty(), stash);
   // The statistics are the blocks' sums (fixed shards are other engines' books).
   for (int pool = 0; pool < kPoolCount; ++pool)
     for (int kind = 0; kind < kStatKinds; ++kind) {

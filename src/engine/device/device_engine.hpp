@@ -183,9 +183,12 @@ class DeviceEngine {
   // back). Throws InvalidArgumentError (not asleep, a capture under way),
   // OutOfMemoryError or DeviceError; either way the tag stays asleep then. With a
   // stream, the copies back are enqueued on it and not waited for (the program orders
-  // its use of the memory after that stream); their host copies are freed once an
-  // event recorded after them has completed.
+  // its use of the memory after that stream); their host copies go back to the host
+  // stash once an event recorded after them has completed.
   void wake(TagId tag, const StreamHandle* stream = nullptr);
+  // Frees the pinned host buffers kept for the next offload (HostStash); returns their
+  // bytes. Those a tag asleep or a wake's copies still use stay.
+  std::size_t empty_host_cache() noexcept { return host_stash_.release(); }
   TagState tag_state(TagId tag);
   // Every tag that has a pool on this device, in the order of their first use.
   std::vector<TagState> tag_states();
@@ -316,6 +319,7 @@ class DeviceEngine {
   History history_;
   CaptureState capture_;
   WaitingPools waiting_;
+  HostStash host_stash_;  // outlives the pools: their segments give buffers back to it
   PoolServices services_;
 
   mutable std::mutex config_mutex_;  // lock-all operations

@@ -29,7 +29,7 @@ void DeviceEngine::sleep_pool(StreamPool& pool, bool offload) {
 void DeviceEngine::drop_wake_copies(WakeCopies& copies) noexcept {
   if (copies.host.empty()) return;
   (void)backend_.synchronize_stream(device_, copies.stream);
-  for (void* h : copies.host) (void)backend_.free_host(device_, h);
+  for (void* h : copies.host) host_stash_.give(h);
   copies = WakeCopies{};
 }
 
@@ -200,7 +200,7 @@ std::size_t DeviceEngine::finish_restoring(TagEntry& e, bool wait) noexcept {
     // copies read.
     (void)backend_.synchronize_device(device_);
   }
-  for (void* h : e.restoring.host) (void)backend_.free_host(device_, h);
+  for (void* h : e.restoring.host) host_stash_.give(h);
   e.restoring = WakeCopies{};
   events_.release(e.restore_event);
   e.restore_event = 0;

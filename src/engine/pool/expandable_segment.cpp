@@ -8,9 +8,14 @@
 
 namespace reservoir::detail {
 
-ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t page_size,
-                                     std::size_t reserve_bytes, std::vector<int> peers)
-    : backend_(backend), device_(device), page_(page_size), peers_(std::move(peers)) {
+ExpandableSegment::ExpandableSegment(Backend& backend, HostStash& host_stash, int device,
+                                     std::size_t page_size, std::size_t reserve_bytes,
+                                     std::vector<int> peers)
+    : backend_(backend),
+      host_stash_(host_stash),
+      device_(device),
+      page_(page_size),
+      peers_(std::move(peers)) {
   std::size_t pages = (reserve_bytes + page_ - 1) / page_;
   if (pages == 0) pages = 1;
   size_ = pages * page_;
@@ -31,8 +36,7 @@ ExpandableSegment::ExpandableSegment(Backend& backend, int device, std::size_t p
 
 ExpandableSegment::~ExpandableSegment() {
   // Teardown (the engine is going away): errors are ignored, nothing is recorded.
-  for (const Asleep& a : asleep_)
-    if (a.host) (void)backend_.free_host(device_, a.host);
+  for (const Asleep& a : asleep_) host_stash_.give(a.host);
   // Each run of mapped pages is unmapped in one call, then its pages released.
   for (const auto& [first, count] : mapped_runs()) {
     (void)backend_.unmap(device_, page_address(first), count * page_);
@@ -248,15 +252,14 @@ std::size_t ExpandableSegment::sleep(bool offload) {
   std::vector<Asleep> runs;
   for (const auto& [first, count] : mapped_runs()) runs.push_back(Asleep{first, count, nullptr});
   auto free_copies = [&](std::size_t from) {
-    for (std::size_t r = from; r < runs.size(); ++r)
-      if (runs[r].host) (void)backend_.free_host(device_, runs[r].host);
+    for (std::size_t r = from; r < runs.size(); ++r) host_stash_.give(runs[r].host);
   };
   // Every copy first: a failure there changes nothing.
   if (offload)
     for (Asleep& r : runs) {
       const std::size_t bytes = r.pages * page_;
       std::string what;
-      if (backend_.allocate_host(device_, bytes, &r.host) != DeviceStatus::ok) {
+      if (host_stash_.take(bytes, &r.host) != DeviceStatus::ok) {
         r.host = nullptr;
         what = "allocating " + format_size(bytes) + " of pinned host memory";
       } else if (backend_.copy_to_host(device_, r.host, page_address(r.first), bytes) !=
@@ -291,7 +294,7 @@ std::size_t ExpandableSegment::sleep(bool offload) {
 
 void ExpandableSegment::drop_asleep(std::size_t i) {
   if (asleep_[i].host) {
-    (void)backend_.free_host(device_, asleep_[i].host);  // nothing to do if it fails
+    host_stash_.give(asleep_[i].host);  // kept for the next offload
     offloaded_pages_ -= asleep_[i].pages;
   }
   asleep_pages_ -= asleep_[i].pages;

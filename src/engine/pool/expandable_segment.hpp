@@ -34,6 +34,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/pool/host_stash.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/errors.hpp"
 
@@ -60,8 +61,9 @@ class ExpandableSegment {
   // Reserves reserve_bytes (rounded up to pages) of address space. Throws
   // NoAddressSpace when the device's address space has no room for it (the driver's
   // out-of-memory answer), DeviceError when the device fails otherwise.
-  ExpandableSegment(Backend& backend, int device, std::size_t page_size, std::size_t reserve_bytes,
-                    std::vector<int> peers);
+  // Offloads take their host copies from host_stash and give them back to it.
+  ExpandableSegment(Backend& backend, HostStash& host_stash, int device, std::size_t page_size,
+                    std::size_t reserve_bytes, std::vector<int> peers);
   // Gives back whatever release() did not (errors are ignored: teardown).
   ~ExpandableSegment();
   ExpandableSegment(const ExpandableSegment&) = delete;
@@ -159,6 +161,7 @@ class ExpandableSegment {
   bool grant(std::size_t first_page, std::size_t end_page, const std::vector<int>& devices);
 
   Backend& backend_;
+  HostStash& host_stash_;
   int device_;
   std::size_t page_;
   std::uintptr_t base_ = 0;

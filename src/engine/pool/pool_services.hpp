@@ -11,6 +11,7 @@
 #include "engine/books/segment_registry.hpp"
 #include "engine/books/size_policy.hpp"
 #include "engine/pool/device_state.hpp"
+#include "engine/pool/host_stash.hpp"
 #include "engine/stats/history.hpp"
 #include "engine/stats/stat_ledger.hpp"
 #include "engine/streams/event_pool.hpp"
@@ -49,6 +50,7 @@ struct PoolServices {
   const PoolSettings& settings;
   CaptureState& capture;
   WaitingPools& waiting;  // which pools wait on which stream (host waits visit those)
+  HostStash& host_stash;  // pinned host buffers of offloads (sleep)
 
   const SizePolicy& policy() const noexcept { return settings.policy; }
   // A history entry (call only when history.active()).

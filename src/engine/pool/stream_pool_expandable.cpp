@@ -96,7 +96,7 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
   // A request larger than the configured reservation gets a segment of its own size.
   ExpandableSegment* vm = nullptr;
   try {
-    vm = new ExpandableSegment(services_.backend, services_.device, page,
+    vm = new ExpandableSegment(services_.backend, services_.host_stash, services_.device, page,
                                std::max(expandable_reserve(), at_least), services_.peers.list());
   } catch (const NoAddressSpace&) {
     return nullptr;  // out of memory: the ladder releases what it can and retries
@@ -161,9 +161,9 @@ bool StreamPool::unmap_block(Block* b) {
   // Unmapping does not wait for the device: work on this stream may still use the
   // pages (freed blocks are reused in stream order), so wait for it; for the whole
   // device once the program has said it destroys the stream (release_stream).
-  const DeviceStatus synced = stream_released_
-                                  ? services_.backend.synchronize_device(services_.device)
-                                  : services_.backend.synchronize_stream(services_.device, stream());
+  const DeviceStatus synced =
+      stream_released_ ? services_.backend.synchronize_device(services_.device)
+                       : services_.backend.synchronize_stream(services_.device, stream());
   if (synced != DeviceStatus::ok)
     throw DeviceError(std::string("reservoir: synchronizing the ") +
                       (stream_released_ ? "device" : "stream") + " before unmapping on device " +

@@ -136,7 +136,7 @@ bool StreamPool::wake(WakeCopies* restoring) {
     if (restoring && restoring->host.size() > first_host) {
       (void)services_.backend.synchronize_stream(services_.device, restoring->stream);
       for (std::size_t i = first_host; i < restoring->host.size(); ++i)
-        (void)services_.backend.free_host(services_.device, restoring->host[i]);
+        services_.host_stash.give(restoring->host[i]);
       restoring->host.resize(first_host);
       restoring->bytes = first_bytes;
     }

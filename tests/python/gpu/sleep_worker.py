@@ -7,7 +7,8 @@ Weights are made under the tag "weights"; the KV cache, activations and a
 CUDA-graph-captured decode step (a forward over a fixed window, replayed per token)
 under "kv". Then sleep("weights", offload) and sleep("kv", discard): the process's
 device memory (cudaMemGetInfo) must come back to within 64 MiB of what it was before
-the model was loaded, and another allocation takes it; after wake, greedy generation
+the model was loaded (the kernels of such a model loaded first: warm_up), and another
+allocation takes it; after wake, greedy generation
 eager (with its KV cache) and by replaying the captured graph (not captured again)
 gives the tokens it gave before. Sleep and wake are timed against a pinned copy of
 the same bytes; --cycles repeats sleep/wake, checking device and host memory do not
@@ -39,12 +40,57 @@ def driver_alloc(size):
     return cuda.cuMemFree_v2(ptr) == 0
 
 
+def pinning_seconds(size):
+    """Seconds to pin (cuMemHostAlloc) and to unpin (cuMemFreeHost) size bytes: the host
+    side of an offload that a reused pinned buffer does not pay."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    ptr = ctypes.c_void_p(0)
+    t0 = time.perf_counter()
+    if cuda.cuMemHostAlloc(ctypes.byref(ptr), ctypes.c_size_t(size), 0) != 0:
+        return None, None
+    t1 = time.perf_counter()
+    cuda.cuMemFreeHost(ptr)
+    return t1 - t0, time.perf_counter() - t1
+
+
 def tag_lines():
     """The memory summary's lines on tags."""
     import reservoir.torch
 
     return [l.strip("| ").rstrip() for l in reservoir.torch.memory_summary().splitlines()
             if "Tag '" in l or "asleep (" in l]
+
+
+def warm_up(args, heads):
+    """Loads the kernels this kind of model runs (eager generation, a forward, a captured
+    graph and its replay), with a 1-layer model of the same width, then frees it all.
+    Kernel code is the driver's, loaded once per process on first use (lazy loading),
+    and no allocator gives it back: the baseline is the process with its libraries up
+    and no model."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=1, n_embd=args.embd, n_head=heads, n_positions=1024,
+                     vocab_size=50257)
+    model = GPT2LMHeadModel(cfg).cuda().eval()
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.window), device="cuda")
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=2, do_sample=False, use_cache=True,
+                       pad_token_id=0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model(prompt, use_cache=False)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(prompt, use_cache=False).logits[:, -1].argmax(-1)
+        graph.replay()
+    torch.cuda.synchronize()
+    del model, prompt, graph
+    torch.cuda.empty_cache()
 
 
 def main():
@@ -55,6 +101,8 @@ def main():
     p.add_argument("--window", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--cycles", type=int, default=100)
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="take the baseline before a 1-layer model loaded the kernels")
     args = p.parse_args()
 
     import reservoir.torch
@@ -73,17 +121,29 @@ def main():
     del x
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
+    free_strict = torch.cuda.mem_get_info()[0]
+    heads = 12 if args.embd % 12 == 0 else 8  # GPT-2's heads must divide the width
+    if args.warm_up:
+        warm_up(args, heads)
     free_start, total = torch.cuda.mem_get_info()
     reserved_start = reservoir.memory_reserved()
+    # Device memory used since the start that the allocator does not hold (the driver's:
+    # kernels loaded on first use, graphs instantiated, library handles), per stage.
+    outside = {}
+
+    def note_outside(stage):
+        torch.cuda.synchronize()
+        used = free_start - torch.cuda.mem_get_info()[0]
+        outside[stage] = (used - (reservoir.memory_reserved() - reserved_start)) / MiB
     out = {"device": torch.cuda.get_device_name(), "config": args.config,
            "torch": torch.__version__}
 
-    heads = 12 if args.embd % 12 == 0 else 8  # GPT-2's heads must divide the width
     config = GPT2Config(n_layer=args.layers, n_embd=args.embd, n_head=heads, n_positions=1024,
                         vocab_size=50257)
     with reservoir.tag("weights"):
         model = GPT2LMHeadModel(config).cuda().eval()
     prompt = torch.randint(0, config.vocab_size, (1, args.window), device="cuda")
+    note_outside("loaded")
 
     def eager_tokens():
         with reservoir.tag("kv"), torch.no_grad():
@@ -100,9 +160,12 @@ def main():
             for _ in range(3):
                 model(static_in, use_cache=False)
         torch.cuda.current_stream().wait_stream(side)
+        note_outside("warmed")
         graph = torch.cuda.CUDAGraph()
         with torch.no_grad(), torch.cuda.graph(graph):
             static_next = model(static_in, use_cache=False).logits[:, -1].argmax(-1)
+
+    note_outside("captured")
 
     def graph_tokens():
         window = prompt.clone()
@@ -115,7 +178,10 @@ def main():
             window = torch.cat([window[:, 1:], t.view(1, 1)], dim=1)
         return tokens
 
-    eager_before, graph_before = eager_tokens(), graph_tokens()
+    eager_before = eager_tokens()
+    note_outside("eager")
+    graph_before = graph_tokens()
+    note_outside("replayed")
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     loaded_free = torch.cuda.mem_get_info()[0]
@@ -133,9 +199,13 @@ def main():
     out["free_mib"] = {"start": free_start / MiB, "loaded": loaded_free / MiB,
                        "asleep": asleep_free / MiB}
     out["asleep_vs_start_mib"] = (free_start - asleep_free) / MiB
+    out["asleep_vs_start_before_warm_up_mib"] = (free_strict - asleep_free) / MiB
+    out["warm_up"] = args.warm_up
     # How much of that the allocator holds (the rest: the driver's, e.g. kernels loaded).
     out["reservoir_reserved_mib"] = {"start": reserved_start / MiB,
                                      "asleep": reservoir.memory_reserved() / MiB}
+    note_outside("asleep")
+    out["outside_allocator_mib"] = outside
     out["within_64_mib"] = free_start - asleep_free <= 64 * MiB
     out["tags_asleep"] = {t: reservoir.tag_state(t) for t in ("weights", "kv")}
 
@@ -177,13 +247,15 @@ def main():
     c2 = time.perf_counter()
     del dev, host
     torch.cuda.empty_cache()
+    pin_s, unpin_s = pinning_seconds(wbytes)
     gbs = lambda b, s: b / s / 1e9
     out["timing"] = {
         "weights_bytes": wbytes, "kv_bytes": kbytes,
         "sleep_weights_offload_s": t1 - t0, "sleep_kv_discard_s": t2 - t1,
         "wake_weights_s": t4 - t3, "wake_kv_s": t5 - t4,
         "offload_gbs": gbs(wbytes, t1 - t0), "restore_gbs": gbs(wbytes, t4 - t3),
-        "pinned_d2h_gbs": gbs(wbytes, c1 - c0), "pinned_h2d_gbs": gbs(wbytes, c2 - c1)}
+        "pinned_d2h_gbs": gbs(wbytes, c1 - c0), "pinned_h2d_gbs": gbs(wbytes, c2 - c1),
+        "pin_host_s": pin_s, "unpin_host_s": unpin_s}
 
     # A wake whose copies back go on the current stream: the host returns once the
     # pages are mapped; the stream's work sees the contents.
@@ -200,17 +272,31 @@ def main():
     out["on_stream_equal"] = graph_tokens() == graph_before
 
     # Cycles: device and host memory must not grow.
+    # After the first sleep, offloads reuse the pinned host memory that wakes keep.
     samples = []
+    sleep_s, wake_s = [], []
     for i in range(args.cycles):
+        c0 = time.perf_counter()
         reservoir.sleep("weights", "offload")
+        sleep_s.append(time.perf_counter() - c0)
         reservoir.sleep("kv", "discard")
         if i in (0, args.cycles - 1):
             torch.cuda.synchronize()
             samples.append((torch.cuda.mem_get_info()[0], rss_bytes()))
+        c0 = time.perf_counter()
         reservoir.wake("weights")
+        wake_s.append(time.perf_counter() - c0)
         reservoir.wake("kv")
         if i % 25 == 0 or i == args.cycles - 1:
             graph_tokens()
+    if sleep_s:
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        out["timing"].update({"cycle_sleep_weights_median_s": med(sleep_s),
+                              "cycle_wake_weights_median_s": med(wake_s),
+                              "cycle_offload_gbs": gbs(wbytes, med(sleep_s)),
+                              "cycle_restore_gbs": gbs(wbytes, med(wake_s)),
+                              "host_kept_mib": reservoir.memory_stats().get("host_kept_bytes", 0)
+                              / MiB})
     if samples:
         out["cycles"] = {"n": args.cycles,
                          "device_free_drift_mib": (samples[0][0] - samples[-1][0]) / MiB,
