@@ -189,13 +189,7 @@ TEST_P(SleepHost, WhenTheHostHasNoMemoryTheKeptBuffersGoFirst) {
   s.a.validate();
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, SleepHost,
-                         ::testing::Values("", "policy:compact", "expandable_segments:True"),
-                         [](const auto& p) {
-                           return p.param.empty()               ? std::string("Default")
-                                  : p.param == "policy:compact" ? std::string("Compact")
-                                                                : std::string("Expandable");
-                         });
+INSTANTIATE_TEST_SUITE_P(Policies, SleepHost, test::kSleepPolicies, test::sleep_policy_name);
 
 // The stash itself: reuse within a factor of two, the bound, release.
 TEST(HostStash, ReusesWithinTwiceTheSizeAndKeepsNoMoreThanTheMostInUse) {

@@ -319,13 +319,7 @@ TEST_P(Sleep, WakeOnAStreamEnqueuesTheCopiesAndFreesTheHostCopiesOnceDone) {
   EXPECT_EQ(s.sim->live_host_allocations(), hosts_before);
 }
 
-INSTANTIATE_TEST_SUITE_P(Policies, Sleep,
-                         ::testing::Values("", "policy:compact", "expandable_segments:True"),
-                         [](const auto& p) {
-                           return p.param.empty()               ? std::string("Default")
-                                  : p.param == "policy:compact" ? std::string("Compact")
-                                                                : std::string("Expandable");
-                         });
+INSTANTIATE_TEST_SUITE_P(Policies, Sleep, test::kSleepPolicies, test::sleep_policy_name);
 
 TEST(SleepBadInput, EachIsRefusedWithAClearError) {
   SimAllocator s("", host_backed());

@@ -3,6 +3,8 @@
 // pattern written into a block and checked after a wake.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -36,6 +38,16 @@ inline bool holds(const void* p, std::size_t bytes, unsigned seed) {
   std::vector<unsigned char> want(bytes);
   fill(want.data(), bytes, seed);
   return std::memcmp(p, want.data(), bytes) == 0;
+}
+
+// The policies every sleep test runs under (tagged memory is pages under each).
+inline const auto kSleepPolicies =
+    ::testing::Values("", "policy:compact", "expandable_segments:True");
+
+inline std::string sleep_policy_name(const ::testing::TestParamInfo<std::string>& p) {
+  return p.param.empty()               ? std::string("Default")
+         : p.param == "policy:compact" ? std::string("Compact")
+                                       : std::string("Expandable");
 }
 
 }  // namespace reservoir::test
