@@ -159,19 +159,27 @@ struct CudaBackend::State {
   // retain_mutex, in the device's context), destroyed with the backend.
   std::unique_ptr<std::atomic<CUstream>[]> copy_streams;
 
-  // The device's copy stream; its context is current (drive's call).
-  CUresult copy_stream(int device, CUstream* out) {
-    CUstream c = copy_streams[device].load(std::memory_order_acquire);
-    if (c == nullptr) {
+  // The handle in slot, made by make(&handle) on first use: read without the lock once
+  // made, made once under retain_mutex.
+  template <class Handle, class Make>
+  CUresult made_once(std::atomic<Handle>& slot, Handle* out, Make&& make) {
+    Handle h = slot.load(std::memory_order_acquire);
+    if (h == nullptr) {
       std::lock_guard<std::mutex> lock(retain_mutex);
-      c = copy_streams[device].load(std::memory_order_relaxed);
-      if (c == nullptr) {
-        if (CUresult r = api->StreamCreate(&c, CU_STREAM_NON_BLOCKING); r != CUDA_SUCCESS) return r;
-        copy_streams[device].store(c, std::memory_order_release);
+      h = slot.load(std::memory_order_relaxed);
+      if (h == nullptr) {
+        if (CUresult r = make(&h); r != CUDA_SUCCESS) return r;
+        slot.store(h, std::memory_order_release);
       }
     }
-    *out = c;
+    *out = h;
     return CUDA_SUCCESS;
+  }
+
+  // The device's copy stream; its context is current (drive's call).
+  CUresult copy_stream(int device, CUstream* out) {
+    return made_once(copy_streams[device], out,
+                     [&](CUstream* c) { return api->StreamCreate(c, CU_STREAM_NON_BLOCKING); });
   }
 
   // "<call> on device N: CUDA_ERROR_X: text", recorded for last_error().
@@ -188,18 +196,10 @@ struct CudaBackend::State {
   }
 
   DeviceStatus primary_context(int device, CUcontext* ctx) {
-    CUcontext c = contexts[device].load(std::memory_order_acquire);
-    if (c == nullptr) {
-      std::lock_guard<std::mutex> lock(retain_mutex);
-      c = contexts[device].load(std::memory_order_relaxed);
-      if (c == nullptr) {
-        CUresult r = api->DevicePrimaryCtxRetain(&c, devices[device]);
-        if (r != CUDA_SUCCESS) return error(r, "cuDevicePrimaryCtxRetain", device);
-        contexts[device].store(c, std::memory_order_release);
-      }
-    }
-    *ctx = c;
-    return DeviceStatus::ok;
+    const CUresult r = made_once(contexts[device], ctx, [&](CUcontext* c) {
+      return api->DevicePrimaryCtxRetain(c, devices[device]);
+    });
+    return r == CUDA_SUCCESS ? DeviceStatus::ok : error(r, "cuDevicePrimaryCtxRetain", device);
   }
 
   // Validates device and makes its primary context current within scope.
