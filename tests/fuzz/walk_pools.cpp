@@ -275,6 +275,9 @@ void Walker::op_tag(std::uint8_t arg) {
   for (const Live& l : live_) made = made || l.tagged;
   if (step == 7) {
     if (arg & 8) {  // the pinned host memory wakes keep for the next offload goes back
+      if (trace_)
+        std::fprintf(stderr, "  %lld bytes of pinned host memory kept\n",
+                     static_cast<long long>(alloc_->stats(device).host_kept_bytes));
       alloc_->empty_host_cache();
       WALK_CHECK(alloc_->stats(device).host_kept_bytes == 0,
                  "empty_host_cache left pinned host memory kept");
