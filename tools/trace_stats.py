@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What a trace holds (docs/trace_format.md): events, allocations, frees, uses, host
-waits, streams, the peak of live requested bytes and what stays live at the end.
+waits, streams, the peak of live requested bytes (of tags awake) and what stays live
+at the end; for trace v2 also tags, sleeps, wakes and empty_cache calls.
 
     python3 tools/trace_stats.py TRACE... [--json]
 
@@ -39,9 +40,13 @@ def trace_stats(path):
     stats = {"trace": os.path.basename(path), "events": 0, "allocations": 0, "frees": 0,
              "uses": 0, "host_waits": 0, "streams": 0, "bytes_requested": 0,
              "peak_live_bytes": 0, "live_at_end": 0}
-    live = {}  # ID -> size
+    # v2's counts: in the figures only where the trace has such lines.
+    v2 = {"tags": 0, "sleeps": 0, "wakes": 0, "empty_caches": 0}
+    live = {}  # ID -> (size, tag)
     streams = set()
-    live_bytes = 0
+    live_bytes = 0  # of live allocations whose tag is awake
+    tag_bytes = {}  # tag -> its live bytes
+    asleep = set()
     try:
         with _open(path) as f:
             for number, raw in enumerate(f, 1):
@@ -50,11 +55,18 @@ def trace_stats(path):
                     continue
                 fields = line.split(",")
                 tag = fields[0]
-                if tag == "a" and len(fields) == 4:
-                    ident, size, stream = (_num(x, path, number, line) for x in fields[1:])
+                if tag == "a" and len(fields) in (4, 5):
+                    ident, size, stream = (_num(x, path, number, line) for x in fields[1:4])
+                    t = _num(fields[4], path, number, line) if len(fields) == 5 else 0
                     if ident in live:
                         raise TraceStatsError(f"{path}:{number}: ID {ident} is already live")
-                    live[ident] = size
+                    if t and t not in tag_bytes:
+                        raise TraceStatsError(f"{path}:{number}: tag {t} is not declared")
+                    if t in asleep:
+                        raise TraceStatsError(f"{path}:{number}: allocation under a sleeping tag")
+                    live[ident] = (size, t)
+                    if t:
+                        tag_bytes[t] += size
                     live_bytes += size
                     stats["allocations"] += 1
                     stats["bytes_requested"] += size
@@ -64,7 +76,11 @@ def trace_stats(path):
                     ident = _num(fields[1], path, number, line)
                     if ident not in live:
                         raise TraceStatsError(f"{path}:{number}: free of ID {ident}, which is not live")
-                    live_bytes -= live.pop(ident)
+                    size, t = live.pop(ident)
+                    if t:
+                        tag_bytes[t] -= size
+                    if t not in asleep:
+                        live_bytes -= size
                     stats["frees"] += 1
                 elif tag == "u" and len(fields) == 3:
                     ident, stream = (_num(x, path, number, line) for x in fields[1:])
@@ -75,6 +91,35 @@ def trace_stats(path):
                 elif tag == "s" and len(fields) == 2:
                     streams.add(_num(fields[1], path, number, line))
                     stats["host_waits"] += 1
+                elif tag == "n" and len(fields) == 3:
+                    t = _num(fields[1], path, number, line)
+                    if t == 0 or t in tag_bytes:
+                        raise TraceStatsError(f"{path}:{number}: tag {t} declared twice or 0")
+                    tag_bytes[t] = 0
+                    v2["tags"] += 1
+                    continue  # a declaration, not an event
+                elif tag in ("z", "w") and len(fields) in ((3,) if tag == "z" else (2, 3)):
+                    t = _num(fields[1], path, number, line)
+                    if t not in tag_bytes:
+                        raise TraceStatsError(f"{path}:{number}: tag {t} is not declared")
+                    if (t in asleep) == (tag == "z"):
+                        raise TraceStatsError(f"{path}:{number}: tag {t} is "
+                                              + ("asleep already" if tag == "z" else "not asleep"))
+                    if tag == "z":
+                        if fields[2] not in ("offload", "discard"):
+                            raise TraceStatsError(f"{path}:{number}: unknown sleep mode '{line}'")
+                        asleep.add(t)
+                        live_bytes -= tag_bytes[t]
+                        v2["sleeps"] += 1
+                    else:
+                        if len(fields) == 3:
+                            streams.add(_num(fields[2], path, number, line))
+                        asleep.discard(t)
+                        live_bytes += tag_bytes[t]
+                        stats["peak_live_bytes"] = max(stats["peak_live_bytes"], live_bytes)
+                        v2["wakes"] += 1
+                elif tag == "c" and len(fields) == 1:
+                    v2["empty_caches"] += 1
                 else:
                     raise TraceStatsError(f"{path}:{number}: unknown event '{line}'")
                 stats["events"] += 1
@@ -84,6 +129,8 @@ def trace_stats(path):
         raise TraceStatsError(f"{path}: corrupt or truncated: {e}") from e
     stats["streams"] = len(streams)
     stats["live_at_end"] = len(live)
+    if any(v2.values()):
+        stats.update(v2)
     return stats
 
 
@@ -91,7 +138,10 @@ def format_line(s):
     gib = s["peak_live_bytes"] / (1 << 30)
     return (f"{s['trace']}: {s['events']:,} events, {s['allocations']:,} allocations, "
             f"{s['frees']:,} frees, {s['uses']:,} uses, {s['host_waits']:,} host waits, "
-            f"{s['streams']} streams, peak live {gib:.2f} GiB, {s['live_at_end']} live at the end")
+            f"{s['streams']} streams, peak live {gib:.2f} GiB, {s['live_at_end']} live at the end"
+            + (f", {s['tags']} tags, {s['sleeps']:,} sleeps, {s['wakes']:,} wakes"
+               if s.get("tags") else "")
+            + (f", {s['empty_caches']:,} empty_cache" if s.get("empty_caches") else ""))
 
 
 def main(argv=None):

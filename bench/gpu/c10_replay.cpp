@@ -111,6 +111,10 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
       case EventKind::host_wait:
         cudaStreamSynchronize(s);
         break;
+      case EventKind::sleep:
+      case EventKind::wake:
+      case EventKind::empty_cache:
+        break;  // refused at load
     }
     if (!r.ok) break;
     ++r.events;
@@ -215,6 +219,13 @@ int run(const Options& o) {
   }
 #endif
   const Trace t = reservoir::replay::read_trace(o.trace);
+  if (t.sleeps + t.wakes + t.empty_caches > 0) {
+    std::fprintf(stderr,
+                 "reservoir_c10_replay: %s sleeps and wakes tags or empties the cache, which "
+                 "this tool does not replay (reservoir-replay does)\n",
+                 o.trace.c_str());
+    return 2;
+  }
   if (!check(cudaSetDevice(0), "cudaSetDevice") || !check(cudaFree(nullptr), "CUDA init")) return 1;
   std::size_t free_bytes = 0, total = 0;
   if (!check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo")) return 1;

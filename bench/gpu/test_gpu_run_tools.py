@@ -50,6 +50,23 @@ class ToolsTest(unittest.TestCase):
             self.assertEqual(s["peak_live_bytes"], 90001000)
             self.assertEqual(s["bytes_requested"], 170001000)
 
+    def test_trace_stats_counts_tags_sleeps_and_wakes(self):
+        """Trace v2: a sleeping tag's bytes leave the live peak; its lines are counted."""
+        v2 = os.path.join(self.dir.name, "v2.trace")
+        with open(v2, "w") as f:
+            f.write("n,1,weights\na,0,100,0,1\nz,1,offload\na,1,50,0\nf,1\nc\n"
+                    "w,1,2\nf,0\n")
+        p = run(sys.executable, os.path.join(REPO, "tools", "trace_stats.py"), "--json", v2)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        s = json.loads(p.stdout)
+        self.assertEqual((s["events"], s["tags"], s["sleeps"], s["wakes"], s["empty_caches"],
+                          s["streams"], s["peak_live_bytes"]), (7, 1, 1, 1, 1, 2, 100))
+        with open(v2, "w") as f:
+            f.write("n,1,weights\na,0,100,0,1\nz,1,offload\na,1,50,0,1\n")
+        p = run(sys.executable, os.path.join(REPO, "tools", "trace_stats.py"), v2)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn(f"{v2}:4: allocation under a sleeping tag", p.stderr)
+
     def test_trace_stats_names_the_bad_line(self):
         bad = os.path.join(self.dir.name, "bad.trace")
         with open(bad, "w") as f:

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace reservoir {
 
@@ -30,5 +31,9 @@ struct TagState {
   std::size_t offloaded_bytes = 0;      // host copies kept for wake (offload)
   std::size_t pools = 0;                // private pools carrying the tag (its own included)
 };
+
+// Why name cannot be a tag ("" when it can): a tag is 1-63 characters of letters,
+// digits, '_', '-', '.' and ':'.
+std::string tag_name_problem(std::string_view name);
 
 }  // namespace reservoir

@@ -163,11 +163,18 @@ void Allocator::release_stream(StreamHandle stream, int device) {
 // ---------------------------------------------------------------- cache control
 
 void Allocator::empty_cache() {
-  impl_->base->empty_cache(-1);
+  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
+    layer->empty_cache([&] { impl_->base->empty_cache(-1); });
+  else
+    impl_->base->empty_cache(-1);
 }
 
 void Allocator::empty_cache(int device) {
-  impl_->base->empty_cache(impl_->resolve(device));
+  const int d = impl_->resolve(device);
+  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
+    layer->empty_cache([&] { impl_->base->empty_cache(d); });
+  else
+    impl_->base->empty_cache(d);
 }
 
 void Allocator::set_memory_fraction(double fraction, int device) {

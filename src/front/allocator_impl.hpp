@@ -80,6 +80,11 @@ struct Allocator::Impl {
     return top.load(std::memory_order_acquire)->allocate(size, stream, d);
   }
   detail::DeviceEngine& pool_engine(int device);  // throws where the engine has no pools
+  // The recording layer in force, or null (layers are never destroyed before this).
+  detail::TraceRecordingLayer* recording_layer() {
+    std::lock_guard<std::mutex> guard(layers_mutex);
+    return recording;
+  }
 
   // Rebuilds the chain above the recording layer (under layers_mutex).
   void relink(Allocator& owner) {
@@ -97,7 +102,8 @@ struct Allocator::Impl {
   void set_recording(Allocator& owner, const std::string& path) {
     std::lock_guard<std::mutex> guard(layers_mutex);
     std::unique_ptr<detail::TraceRecordingLayer> next;
-    if (!path.empty()) next = std::make_unique<detail::TraceRecordingLayer>(*base, path);
+    if (!path.empty())
+      next = std::make_unique<detail::TraceRecordingLayer>(*base, path, &core->hooks());
     if (recording) recording->close();
     recording = next.get();
     if (next) layers.push_back(std::move(next));

@@ -26,8 +26,9 @@ void unlock_layers() {
 }
 }  // namespace
 
-TraceRecordingLayer::TraceRecordingLayer(MemoryResource& upstream, const std::string& path)
-    : upstream_(upstream), recorder_(std::make_unique<TraceRecorder>(path)) {
+TraceRecordingLayer::TraceRecordingLayer(MemoryResource& upstream, const std::string& path,
+                                         const void* tag_owner)
+    : upstream_(upstream), tag_owner_(tag_owner), recorder_(std::make_unique<TraceRecorder>(path)) {
   // Registered after the recorder's own handlers, so that at a fork the layers are
   // locked first (the order in which requests take them: layer, then file).
   static std::once_flag once;
@@ -44,7 +45,7 @@ TraceRecordingLayer::~TraceRecordingLayer() {
 void* TraceRecordingLayer::allocate(std::size_t size, StreamHandle stream, int device) {
   std::lock_guard<std::mutex> guard(mutex_);
   void* ptr = upstream_.allocate(size, stream, device);
-  if (recorder_) recorder_->on_allocate(ptr, size, stream);
+  if (recorder_) recorder_->on_allocate(ptr, size, stream, thread_tag_for(tag_owner_));
   return ptr;
 }
 
@@ -64,6 +65,25 @@ void TraceRecordingLayer::notify_host_wait(StreamHandle stream, int device) {
   upstream_.notify_host_wait(stream, device);
   std::lock_guard<std::mutex> guard(mutex_);
   if (recorder_) recorder_->on_host_wait(stream);
+}
+
+void TraceRecordingLayer::sleep(TagId tag, SleepMode mode, const std::function<void()>& op) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  op();
+  if (recorder_) recorder_->on_sleep(tag, mode);
+}
+
+void TraceRecordingLayer::wake(TagId tag, const StreamHandle* wake_stream,
+                               const std::function<void()>& op) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  op();
+  if (recorder_) recorder_->on_wake(tag, wake_stream);
+}
+
+void TraceRecordingLayer::empty_cache(const std::function<void()>& op) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  op();
+  if (recorder_) recorder_->on_empty_cache();
 }
 
 void TraceRecordingLayer::close() {

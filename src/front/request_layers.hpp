@@ -1,9 +1,10 @@
 // Layers around the engine's request path (RMM's resource adaptors): each wraps an
 // upstream MemoryResource and adds one concern. The front puts a layer in the chain
 // only while its concern is on, so a program that records nothing pays nothing.
-//   TraceRecordingLayer: writes every request to a trace (record_trace:PATH,
-//     start_trace_recording), serializing requests with their records so a reused
-//     address cannot be recorded out of order.
+//   TraceRecordingLayer: writes every request, with the calling thread's tag, and every
+//     sleep, wake and empty_cache to a trace (record_trace:PATH, start_trace_recording),
+//     serializing them with their records so a reused address cannot be recorded out
+//     of order, nor a request on the wrong side of a sleep.
 //   OomSnapshotLayer: on OutOfMemoryError writes a snapshot for PyTorch's viewer
 //     (oom_snapshot:PATH) and says so in the error; a failed write is reported in the
 //     message and never replaces the out-of-memory error.
@@ -21,19 +22,27 @@ namespace reservoir::detail {
 
 class TraceRecordingLayer final : public MemoryResource {
  public:
-  // Opens path (throws std::runtime_error naming it when it cannot).
-  TraceRecordingLayer(MemoryResource& upstream, const std::string& path);
+  // Opens path (throws std::runtime_error naming it when it cannot). tag_owner: the
+  // allocator's hooks, whose thread tags (thread_tag_for) requests carry.
+  TraceRecordingLayer(MemoryResource& upstream, const std::string& path, const void* tag_owner);
   ~TraceRecordingLayer() override;
   void* allocate(std::size_t size, StreamHandle stream, int device) override;
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, StreamHandle stream) override;
   void notify_host_wait(StreamHandle stream, int device) override;
+  // Runs op, a sleep (mode) or a wake (wake_stream: its stream, or null) of tag, with
+  // no request between it and its record; records it when op returns.
+  void sleep(TagId tag, SleepMode mode, const std::function<void()>& op);
+  void wake(TagId tag, const StreamHandle* wake_stream, const std::function<void()>& op);
+  // Runs op, an empty_cache, the same way.
+  void empty_cache(const std::function<void()>& op);
   // Flushes and closes the trace; later requests pass through unrecorded (threads
   // that entered the layer before it was taken out of the chain may still arrive).
   void close();
 
  private:
   MemoryResource& upstream_;
+  const void* const tag_owner_;
   std::mutex mutex_;
   std::unique_ptr<TraceRecorder> recorder_;  // null once closed
 };

@@ -40,6 +40,10 @@ void refuse_during_captures(detail::CachingAllocator& core, std::string_view tag
 }
 }  // namespace
 
+std::string tag_name_problem(std::string_view name) {
+  return detail::TagNames::invalid_name(name);
+}
+
 void Allocator::push_tag(std::string_view tag) {
   Impl& im = *impl_;
   const std::string_view refusal = im.base->traits().pool_refusal;
@@ -75,21 +79,30 @@ void Allocator::sleep(std::string_view tag, SleepMode mode, int device) {
   const detail::TagId id = existing_tag(tag, "put to sleep");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "put to sleep");
-  e.sleep(id, mode);
+  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
+    layer->sleep(id, mode, [&] { e.sleep(id, mode); });
+  else
+    e.sleep(id, mode);
 }
 
 void Allocator::wake(std::string_view tag, int device) {
   const detail::TagId id = existing_tag(tag, "wake");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "wake");
-  e.wake(id);
+  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
+    layer->wake(id, nullptr, [&] { e.wake(id); });
+  else
+    e.wake(id);
 }
 
 void Allocator::wake_async(std::string_view tag, StreamHandle stream, int device) {
   const detail::TagId id = existing_tag(tag, "wake");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "wake");
-  e.wake(id, &stream);
+  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
+    layer->wake(id, &stream, [&] { e.wake(id, &stream); });
+  else
+    e.wake(id, &stream);
 }
 
 void Allocator::empty_host_cache() {

@@ -286,6 +286,7 @@ void Walker::op_tag(std::uint8_t arg) {
     return;
   }
   const bool capturing = capture_on();  // a capture on any device refuses sleep and wake
+  const std::int64_t syncs_before = alloc_->stats(device).num_sync_all_streams;
   try {
     if (step == 6) {
       const bool on_stream = (arg & 8) != 0;  // the copies back enqueued on stream 1
@@ -322,8 +323,11 @@ void Walker::op_tag(std::uint8_t arg) {
     return;
   } catch (const OutOfMemoryError& e) {
     WALK_CHECK(step == 6, std::string("OutOfMemoryError from sleep: ") + e.what());
-    // Waking needs room: under a cap or a full device it may have none; still asleep.
+    // Waking needs room: under a cap or a full device it may have none; still asleep,
+    // and only once Reservoir's own cache went back to the device.
     WALK_CHECK(alloc_->tag_state(kTag, device).asleep, "a failed wake left the tag awake");
+    WALK_CHECK(alloc_->stats(device).num_sync_all_streams > syncs_before,
+               "a wake ran out of memory without giving Reservoir's cache back");
     return;
   } catch (const DeviceError& e) {
     WALK_CHECK(device_error_ok_, std::string("DeviceError from sleep or wake: ") + e.what());

@@ -62,7 +62,7 @@ class InterpreterEndsTest(unittest.TestCase):
 
     def check_complete(self, path):
         lines = read_trace(path)
-        self.assertTrue(lines[0].startswith("# trace v1"), lines[:1])
+        self.assertTrue(lines[0].startswith("# trace v2"), lines[:1])
         self.assertEqual(count(lines, "a"), 20000)
         self.assertEqual(count(lines, "f"), 20000 - 313)
         self.assertEqual(count(lines, "s"), 200)
@@ -118,6 +118,28 @@ class RecordTraceTest(unittest.TestCase):
             after = reservoir.raw_alloc(4096)
             reservoir.raw_free(after)
             self.assertEqual(read_trace(path)[1:], ["a,0,8192,0", "s,0", "f,0"])
+
+    def test_tags_sleeps_wakes_and_empty_cache_are_recorded(self):
+        """Trace v2: a request's tag, sleep and wake (on a stream too) and empty_cache,
+        each in its place among the requests."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "tags.trace")
+            with reservoir.record_trace(path):
+                with reservoir.tag("capture-weights"):
+                    w = reservoir.raw_alloc(1 << 20)
+                plain = reservoir.raw_alloc(4096)
+                reservoir.sleep("capture-weights", "offload")
+                reservoir.raw_free(plain)
+                reservoir.empty_cache()
+                reservoir.wake("capture-weights", stream=7)
+                reservoir.sleep("capture-weights", "discard")
+                reservoir.wake("capture-weights")
+                reservoir.raw_free(w)
+            self.assertEqual(
+                read_trace(path)[1:],
+                ["n,1,capture-weights", "a,0,1048576,0,1", "a,1,4096,0", "z,1,offload",
+                 "f,1", "c", "w,1,1", "z,1,discard", "w,1", "f,0"],
+            )
 
     def test_exception_in_block_still_closes_the_trace(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -134,6 +134,22 @@ class ReplayCliTest(unittest.TestCase):
         r = self.run_tool(self.trace, "--json", "--config", "per_process_memory_fraction:0.5")
         self.assertEqual(r.returncode, 0, r.stderr)  # without --fit, a setting like any
 
+    def test_a_tagged_trace_is_refused_where_tags_cannot_be(self):
+        tagged = self.write("tagged.trace", "n,1,weights\na,0,1048576,0,1\nz,1,offload\n"
+                                            "a,1,1048576,0\nf,1\nw,1\nf,0\n")
+        r = self.run_tool(tagged, "--config", "", "--config", "backend:cudaMallocAsync")
+        self.assert_error(r, "--config 'backend:cudaMallocAsync': the trace tags its memory "
+                             "(1 sleeps), which this setting cannot: ")
+        r = self.run_tool(tagged, "--config", "policy:compact", "--fit")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("2 allocations, 1 stream, 1 sleeps and 1 wakes of tags;", r.stdout)
+        # A wake without room is named: 1 MiB asleep, its room taken under a 2 MiB device.
+        full = self.write("full.trace", "n,1,weights\na,0,1048576,0,1\nz,1,offload\n"
+                                        "a,1,2097152,0\nw,1\nf,1\nf,0\n")
+        r = self.run_tool(full, "--capacity", "2MiB", "--config", "policy:compact")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(the wake of tag 'weights', 2.00 MiB asleep) failed", r.stdout)
+
     def test_streams_are_counted(self):
         sparse = self.write("sparse.trace", "a,0,4096,3\na,1,4096,65535\nf,0\nf,1\n")
         r = self.run_tool(sparse)

@@ -1,4 +1,4 @@
-// Trace format v1 parser: good lines, every kind of bad line (with its line number),
+// Trace format v1 and v2 parser: good lines, every kind of bad line (with its line number),
 // plain and gzip files, and the real traces shipped in traces/.
 #include "trace_reader.hpp"
 
@@ -113,8 +113,9 @@ TEST_P(TraceReaderBadLine, NamesFileAndLine) {
 INSTANTIATE_TEST_SUITE_P(
     AllKinds, TraceReaderBadLine,
     ::testing::Values(
-        BadLine{"a,1,2,0\na,2,3\n", "traces/x.trace:2: expected a,ID,SIZE,STREAM, got 'a,2,3'"},
-        BadLine{"# c\n\na,1,2,0,9\n", "traces/x.trace:3: expected a,ID,SIZE,STREAM"},
+        BadLine{"a,1,2,0\na,2,3\n",
+                "traces/x.trace:2: expected a,ID,SIZE,STREAM[,TAG], got 'a,2,3'"},
+        BadLine{"# c\n\na,1,2,0,9,9\n", "traces/x.trace:3: expected a,ID,SIZE,STREAM"},
         BadLine{"a,x,2,0\n", "traces/x.trace:1: expected a,ID,SIZE,STREAM"},
         BadLine{"a,1,-2,0\n", "traces/x.trace:1: expected a,ID,SIZE,STREAM"},
         BadLine{"a,1,2,zero\n", "traces/x.trace:1: expected a,ID,SIZE,STREAM"},
@@ -138,8 +139,92 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{"f,5\n", "traces/x.trace:1: free of ID 5, which is not live"},
         BadLine{"a,1,2,0\nf,1\nf,1\n", "traces/x.trace:3: free of ID 1, which is not live"},
         BadLine{"a,1,2,0\nf,1\nu,1,0\n", "traces/x.trace:3: use of ID 1, which is not live"},
-        BadLine{"# trace v2: something else\n",
-                "traces/x.trace:1: trace format v2 is not supported"}));
+        BadLine{"# trace v3: something else\n",
+                "traces/x.trace:1: trace format v3 is not supported (this reader knows v1 and v2)"},
+        // v2: tags, sleep and wake.
+        BadLine{"n,1\n", "traces/x.trace:1: expected n,TAG,NAME, got 'n,1'"},
+        BadLine{"n,0,w\n", "traces/x.trace:1: tag number 0 is out of range (1 to 65535"},
+        BadLine{"n,65536,w\n", "traces/x.trace:1: tag number 65536 is out of range"},
+        BadLine{"n,1,bad name\n", "traces/x.trace:1: tag name 'bad name' cannot be a tag: "},
+        BadLine{"n,1,w\nn,1,x\n", "traces/x.trace:2: tag number 1 is already declared (line 1)"},
+        BadLine{"n,1,w\nn,2,w\n", "traces/x.trace:2: tag 'w' is already number 1 (line 1)"},
+        BadLine{"a,1,2,0,3\n", "traces/x.trace:1: tag 3 is not declared"},
+        BadLine{"a,1,2,0,x\n", "traces/x.trace:1: expected a,ID,SIZE,STREAM[,TAG], got"},
+        BadLine{"n,1,w\nz,1,offload\n",
+                "traces/x.trace:2: sleep of tag 'w' (number 1), which no allocation carried yet"},
+        BadLine{"z,0,offload\n", "traces/x.trace:1: tag 0 is no tag: it cannot sleep or wake"},
+        BadLine{"z,4,offload\n", "traces/x.trace:1: tag 4 is not declared"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,keep\n",
+                "traces/x.trace:3: expected z,TAG,MODE (MODE offload or discard), got 'z,1,keep'"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1\n", "traces/x.trace:3: expected z,TAG,MODE"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,offload\nz,1,discard\n",
+                "traces/x.trace:4: sleep of tag 'w' (number 1), asleep already since line 3"},
+        BadLine{"n,1,w\na,1,2,0,1\nw,1\n",
+                "traces/x.trace:3: wake of tag 'w' (number 1), which is not asleep"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,offload\na,2,2,0,1\n",
+                "traces/x.trace:4: allocation under tag 'w' (number 1), asleep since line 3 "
+                "(requests under a sleeping tag are refused)"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,offload\nw,1,65536\n",
+                "traces/x.trace:4: stream 65536 is too large"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,offload\nw,1,0,0\n",
+                "traces/x.trace:4: expected w,TAG[,STREAM], got 'w,1,0,0'"},
+        BadLine{"n,1,w\na,1,2,0,1\nz,1,offload\nw\n", "traces/x.trace:4: expected w,TAG[,STREAM]"},
+        BadLine{"c,1\n", "traces/x.trace:1: expected c, got 'c,1'"}));
+
+// v2: a tag's blocks need no device memory while it sleeps, so the peak of live bytes
+// (the fit's floor) counts awake tags only; a sleeping tag's blocks may be freed.
+TEST(TraceReader, ParsesTagsSleepsAndWakes) {
+  const Trace t = parse_trace_text(
+      "# trace v2: a,ID,SIZE,STREAM[,TAG] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | "
+      "z,TAG,MODE | w,TAG[,STREAM] | c\n"
+      "n,1,weights\n"
+      "a,0,1000,0,1\n"
+      "n,2,kv\n"
+      "a,1,300,0,2\n"
+      "a,2,50,0\n"     // untagged
+      "a,3,20,0,0\n"   // tag 0: untagged too
+      "z,1,offload\n"  // awake live: 300 + 50 + 20
+      "z,2,discard\n"  // 70
+      "a,4,500,1\n"    // 570
+      "f,1\n"          // kv asleep: still 570
+      "w,2,1\n"        // kv wakes with nothing live, its copies on stream 1
+      "f,4\n"
+      "c\n"    // the program emptied the cache
+      "w,1\n"  // 1070
+      "f,0\n",
+      "t.trace");
+  EXPECT_EQ(t.allocations, 5u);
+  EXPECT_EQ(t.sleeps, 2u);
+  EXPECT_EQ(t.wakes, 2u);
+  EXPECT_EQ(t.tag_names, (std::vector<std::string>{"", "weights", "kv"}));
+  EXPECT_EQ(t.alloc_tags, (std::vector<std::uint16_t>{1, 2, 0, 0, 0}));
+  EXPECT_EQ(t.peak_live_bytes, 1370u);  // before the sleeps; 1070 after
+  EXPECT_EQ(t.streams, 2u);
+  EXPECT_EQ(t.empty_caches, 1u);
+  ASSERT_EQ(t.events.size(), 13u);
+  EXPECT_EQ(t.events[10].kind, EventKind::empty_cache);
+  EXPECT_EQ(t.events[4].kind, EventKind::sleep);
+  EXPECT_EQ(t.events[4].slot, 1u);
+  EXPECT_EQ(t.events[4].size, kSleepOffload);
+  EXPECT_EQ(t.events[5].size, kSleepDiscard);
+  EXPECT_EQ(t.events[8].kind, EventKind::wake);
+  EXPECT_EQ(t.events[8].slot, 2u);
+  EXPECT_EQ(t.events[8].size, kWakeOnStream);
+  EXPECT_EQ(t.events[8].stream, 1u);
+  EXPECT_EQ(t.events[11].size, kWakeOnHost);
+
+  // While weights sleeps, 700 live bytes are awake at most: the floor a fit starts at.
+  const Trace asleep =
+      parse_trace_text("n,1,weights\na,0,1000,0,1\nz,1,offload\na,1,700,0\nf,1\nw,1\n", "s");
+  EXPECT_EQ(asleep.peak_live_bytes, 1000u);
+  const Trace bigger =
+      parse_trace_text("n,1,weights\na,0,1000,0,1\nz,1,offload\na,1,1200,0\nf,1\nw,1\n", "s");
+  EXPECT_EQ(bigger.peak_live_bytes, 1200u);
+  // A trace without tags has none of the tag tables.
+  const Trace plain = parse_trace_text("a,0,8,0\n", "p");
+  EXPECT_TRUE(plain.tag_names.empty());
+  EXPECT_TRUE(plain.alloc_tags.empty());
+}
 
 TEST(TraceReader, ReadsPlainAndGzipFilesAlike) {
   TempDir dir;
@@ -206,7 +291,7 @@ TEST(TraceReader, OverlongLineIsRefusedAtTheLimit) {
   test::write_plain(plain, text);
   test::write_gzip(gz, text);
   const std::string reason =
-      ":3: line longer than 4096 bytes (a trace line has at most 49, "
+      ":3: line longer than 4096 bytes (a trace line has at most 71, "
       "comments at most 4096): '" +
       std::string(60, '7') + "...'";
   for (const std::string& path : {plain, gz}) {

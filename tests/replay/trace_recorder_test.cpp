@@ -44,16 +44,19 @@ void script(TraceRecorder& rec) {
   rec.on_free(fake(0x1000));
 }
 
-constexpr const char* kExpected =
-    "# trace v1: a,ID,SIZE,STREAM | f,ID | u,ID,STREAM | s,STREAM\n"
-    "a,0,100,0\n"
-    "a,1,200,1\n"
-    "a,2,0,0\n"
-    "u,0,2\n"
-    "f,0\n"
-    "s,1\n"
-    "a,3,300,2\n"
-    "f,3\n";
+constexpr const char* kHeader =
+    "# trace v2: a,ID,SIZE,STREAM[,TAG] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | "
+    "z,TAG,MODE | w,TAG[,STREAM] | c\n";
+
+const std::string kExpected = std::string(kHeader) +
+                              "a,0,100,0\n"
+                              "a,1,200,1\n"
+                              "a,2,0,0\n"
+                              "u,0,2\n"
+                              "f,0\n"
+                              "s,1\n"
+                              "a,3,300,2\n"
+                              "f,3\n";
 
 TEST(TraceRecorder, WritesPlainText) {
   TempDir dir;
@@ -86,6 +89,47 @@ TEST(TraceRecorder, WritesGzipWhenNameEndsInGz) {
   EXPECT_EQ(t.allocations, 4u);
   EXPECT_EQ(t.streams, 3u);
   EXPECT_EQ(t.live_at_end, 2u);  // ID 1, and the size-0 ID 2
+}
+
+// Tags are numbered from 1 in order of first use, each named by an n line before it;
+// sleeps and wakes name the tag (and a wake's stream); an empty_cache is a c line.
+TEST(TraceRecorder, WritesTagsSleepsWakesAndEmptyCaches) {
+  TempDir dir;
+  const std::string path = dir.file("tags.trace");
+  const detail::TagId weights = detail::TagNames::intern("recorder-weights");
+  const detail::TagId kv = detail::TagNames::intern("recorder-kv");
+  {
+    TraceRecorder rec(path);
+    rec.on_allocate(fake(0x1000), 100, 7, kv);
+    rec.on_allocate(fake(0x2000), 200, 7, weights);
+    rec.on_allocate(fake(0x3000), 300, 7);  // no tag
+    rec.on_allocate(fake(0x4000), 400, 7, kv);
+    rec.on_sleep(weights, SleepMode::offload);
+    rec.on_sleep(kv, SleepMode::discard);
+    rec.on_free(fake(0x4000));  // a sleeping tag's block may be freed
+    rec.on_empty_cache();
+    rec.on_wake(kv, nullptr);
+    const StreamHandle other = 8;
+    rec.on_wake(weights, &other);
+  }
+  EXPECT_EQ(read_file(path), std::string(kHeader) +
+                                 "n,1,recorder-kv\n"
+                                 "a,0,100,0,1\n"
+                                 "n,2,recorder-weights\n"
+                                 "a,1,200,0,2\n"
+                                 "a,2,300,0\n"
+                                 "a,3,400,0,1\n"
+                                 "z,2,offload\n"
+                                 "z,1,discard\n"
+                                 "f,3\n"
+                                 "c\n"
+                                 "w,1\n"
+                                 "w,2,1\n");
+  const Trace t = read_trace(path);
+  EXPECT_EQ(t.sleeps, 2u);
+  EXPECT_EQ(t.wakes, 2u);
+  EXPECT_EQ(t.empty_caches, 1u);
+  EXPECT_EQ(t.alloc_tags, (std::vector<std::uint16_t>{1, 2, 0, 1}));
 }
 
 TEST(TraceRecorder, UnwritablePathThrowsNamingIt) {

@@ -20,9 +20,12 @@ std::string percent(std::uint64_t part, std::uint64_t whole) {
 
 std::string describe_oom(const OomFacts& o) {
   const std::string device = o.simulated ? "the simulated device" : "the device";
-  std::string m = "event " + with_commas(o.event) + " (an allocation of " +
-                  human_bytes(o.requested) + " on trace stream " + std::to_string(o.stream) +
-                  ") failed";
+  std::string m =
+      "event " + with_commas(o.event) +
+      (o.wake_tag.empty() ? " (an allocation of " + human_bytes(o.requested) + " on trace stream " +
+                                std::to_string(o.stream) + ") failed"
+                          : " (the wake of tag '" + o.wake_tag + "', " + human_bytes(o.requested) +
+                                " asleep) failed");
   if (o.device_request == 0) {
     m += ": the request is larger than any device.";
     return m;

@@ -101,6 +101,8 @@ int run(const CliOptions& opts) {
   } catch (const TraceError& e) {
     return fail(e.what());
   }
+  for (const std::string& c : opts.configs)
+    if (const std::string why = tag_refusal(trace, c); !why.empty()) return fail(why);
   // Nothing to measure: say so rather than print a table of zeros.
   if (trace.allocations == 0) {
     return fail("warning: " + trace.path + " has " +

@@ -88,6 +88,63 @@ struct OomRecorder {
   }
 };
 
+// The replay's thread tag: each allocation's, switched only when it differs from the
+// last one's (one scope open at a time). Tags whose wake failed stay asleep: the
+// allocations under them are refused, and their sleeps have nothing to do.
+class TraceTags {
+ public:
+  TraceTags(Allocator& alloc, const Trace& trace)
+      : alloc_(alloc), trace_(trace), left_asleep_(trace.tag_names.size(), false) {}
+  ~TraceTags() {
+    if (open_ != 0) alloc_.pop_tag();
+  }
+  TraceTags(const TraceTags&) = delete;
+  TraceTags& operator=(const TraceTags&) = delete;
+
+  // Opens the tag of allocation slot; false when that tag could not wake.
+  bool open_for(std::uint32_t slot) {
+    if (trace_.alloc_tags.empty()) return true;
+    const std::uint16_t tag = trace_.alloc_tags[slot];
+    if (tag != open_) {
+      if (open_ != 0) alloc_.pop_tag();
+      open_ = 0;
+      if (tag != 0) alloc_.push_tag(trace_.tag_names[tag]);
+      open_ = tag;
+    }
+    return tag == 0 || !left_asleep_[tag];
+  }
+  void sleep(const Event& ev) {
+    if (left_asleep_[ev.slot]) return;
+    alloc_.sleep(trace_.tag_names[ev.slot],
+                 ev.size == kSleepDiscard ? SleepMode::discard : SleepMode::offload, kDevice);
+  }
+  // Wakes the tag of ev (its copies on stream when the trace says so); false when out
+  // of memory, the tag then left asleep until a later wake succeeds.
+  bool wake(const Event& ev, StreamHandle stream) {
+    const std::string& name = trace_.tag_names[ev.slot];
+    try {
+      if (ev.size == kWakeOnStream)
+        alloc_.wake_async(name, stream, kDevice);
+      else
+        alloc_.wake(name, kDevice);
+    } catch (const OutOfMemoryError&) {
+      left_asleep_[ev.slot] = true;
+      return false;
+    }
+    left_asleep_[ev.slot] = false;
+    return true;
+  }
+  std::uint64_t asleep_bytes(const Event& ev) {
+    return alloc_.tag_state(trace_.tag_names[ev.slot], kDevice).asleep_bytes;
+  }
+
+ private:
+  Allocator& alloc_;
+  const Trace& trace_;
+  std::vector<bool> left_asleep_;  // by tag number
+  std::uint16_t open_ = 0;
+};
+
 // Statistics behind explain_ratio, read at the end of a run (before the blocks the
 // trace never freed are returned).
 CacheFacts cache_facts(Allocator& alloc, const DeviceStats& s) {
@@ -110,6 +167,21 @@ CacheFacts cache_facts(Allocator& alloc, const DeviceStats& s) {
 }
 
 }  // namespace
+
+std::string tag_refusal(const Trace& trace, const std::string& config) {
+  if (trace.alloc_tags.empty()) return "";
+  const auto named = std::find_if(trace.tag_names.begin(), trace.tag_names.end(),
+                                  [](const std::string& n) { return !n.empty(); });
+  Allocator probe(std::make_shared<SimBackend>(), Config::parse(config));
+  try {
+    probe.push_tag(*named);
+  } catch (const InvalidArgumentError& e) {
+    return "--config '" + config + "': the trace tags its memory (" + std::to_string(trace.sleeps) +
+           " sleeps), which this setting cannot: " + e.what();
+  }
+  probe.pop_tag();
+  return "";
+}
 
 ReplayResult replay_trace(const Trace& trace, const std::string& config,
                           const ReplayOptions& options) {
@@ -158,6 +230,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   // Dense slot -> pointer; nullptr for a slot not allocated yet, freed, of size 0,
   // or whose allocation failed (its later frees and uses are then skipped).
   std::vector<void*> ptrs(trace.allocations, nullptr);
+  TraceTags tags(alloc, trace);
   TimelineSampler sampler(trace.events.size(), options.timeline_points, &result.timeline);
   const std::size_t total = trace.events.size();
   std::size_t done = 0;
@@ -168,10 +241,27 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
     if (options.progress && done % kProgressEvery == 0) options.progress(done, total);
     switch (ev.kind) {
       case EventKind::alloc:
+        if (!tags.open_for(ev.slot)) {
+          ++result.ooms;  // its tag could not wake: the first OOM was that wake's
+          break;
+        }
         try {
           ptrs[ev.slot] = alloc.allocate(ev.size, streams[ev.stream], kDevice);
         } catch (const OutOfMemoryError&) {
           if (result.ooms++ == 0) result.first_oom = oom.facts(alloc, sim != nullptr, done, ev);
+        }
+        break;
+      case EventKind::sleep:
+        tags.sleep(ev);
+        break;
+      case EventKind::empty_cache:
+        alloc.empty_cache(kDevice);
+        break;
+      case EventKind::wake:
+        if (!tags.wake(ev, streams[ev.stream]) && result.ooms++ == 0) {
+          result.first_oom = oom.facts(alloc, sim != nullptr, done, ev);
+          result.first_oom->requested = tags.asleep_bytes(ev);
+          result.first_oom->wake_tag = trace.tag_names[ev.slot];
         }
         break;
       case EventKind::free:

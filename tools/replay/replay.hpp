@@ -74,9 +74,10 @@ struct Timeline {
 // The first allocation that failed, in the trace's terms, and the allocator's state
 // then (after its out-of-memory ladder released what it could).
 struct OomFacts {
-  std::uint64_t event = 0;           // index of the alloc event in the trace, from 0
+  std::uint64_t event = 0;           // index of the alloc (or wake) event in the trace, from 0
   std::uint16_t stream = 0;          // trace stream number
-  std::uint64_t requested = 0;       // bytes the trace asked for
+  std::uint64_t requested = 0;       // bytes the trace asked for (a wake: the tag's asleep bytes)
+  std::string wake_tag;              // the tag whose wake failed; "" for an allocation
   std::uint64_t device_request = 0;  // bytes the allocator asked of the device
   bool simulated = true;             // the device was the simulated one
   std::uint64_t device_total = 0;    // device memory
@@ -114,7 +115,8 @@ struct ReplayResult {
   std::uint64_t device_allocs = 0;    // num_device_alloc
   std::uint64_t device_frees = 0;     // num_device_free
   double device_time_us = 0;          // SimBackend cost model
-  std::uint64_t ooms = 0;             // allocations that threw OutOfMemoryError
+  std::uint64_t ooms = 0;             // allocations and wakes that threw OutOfMemoryError
+                                      // (and allocations under a tag that could not wake)
   std::uint64_t alloc_retries = 0;    // num_alloc_retries (cache flushed to satisfy a request)
   double ns_per_event = 0;            // host time of the replay loop / events
   std::vector<CallCount> calls;       // with ReplayOptions::profile_calls: device calls made
@@ -126,6 +128,10 @@ struct ReplayResult {
   double fit_fraction = 0;
   double fit_ratio = 0;  // fit_capacity / peak_requested
 };
+
+// Why config cannot replay trace's tags (sleep and wake need pools: docs/sleep.md), or
+// "" when it can or the trace has none.
+std::string tag_refusal(const Trace& trace, const std::string& config);
 
 // Replays trace under config ("key:value,..."). Throws ConfigError for a bad config;
 // other engine errors (a bug) propagate as their exceptions.

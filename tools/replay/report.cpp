@@ -132,6 +132,9 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
       with_commas(trace.events.size()) + " events, " + with_commas(trace.allocations) +
       " allocations, " + std::to_string(trace.streams) +
       (trace.streams == 1 ? " stream" : " streams") +
+      (trace.sleeps + trace.wakes > 0 ? ", " + with_commas(trace.sleeps) + " sleeps and " +
+                                            with_commas(trace.wakes) + " wakes of tags"
+                                      : std::string()) +
       (device.empty()
            ? "; simulated device " + human_bytes(capacity)
            : "; measured on " + device +

@@ -1,4 +1,4 @@
-// Trace format v1 parser (docs/trace_format.md). Strict on purpose: a trace that
+// Trace format v1 and v2 parser (docs/trace_format.md). Strict on purpose: a trace that
 // replays "almost" right gives memory figures nobody can trust, so every malformed
 // line stops the read with its file and line number.
 #include "trace_reader.hpp"
@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -15,14 +16,25 @@
 #include <memory>
 #include <vector>
 
+#include "reservoir/sleep.hpp"
+
 namespace reservoir::replay {
 
 namespace {
 
-constexpr const char* kExpectAlloc = "expected a,ID,SIZE,STREAM";
+constexpr const char* kExpectAlloc = "expected a,ID,SIZE,STREAM[,TAG]";
 constexpr const char* kExpectFree = "expected f,ID";
 constexpr const char* kExpectUse = "expected u,ID,STREAM";
 constexpr const char* kExpectWait = "expected s,STREAM";
+constexpr const char* kExpectName = "expected n,TAG,NAME";
+constexpr const char* kExpectSleep = "expected z,TAG,MODE (MODE offload or discard)";
+constexpr const char* kExpectWake = "expected w,TAG[,STREAM]";
+constexpr const char* kExpectEmpty = "expected c";
+constexpr const char* kLines =
+    "a,ID,SIZE,STREAM[,TAG] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | z,TAG,MODE | "
+    "w,TAG[,STREAM] | c | # comment";
+// Tag numbers are below this (0 is no tag), as the engine's tags.
+constexpr std::uint64_t kMaxTags = 1u << 16;
 
 // Splits line at commas into at most N fields; returns the number found, or N + 1
 // when there are more (so "too many fields" is detected without a vector).
@@ -94,7 +106,7 @@ std::string_view trim_right(std::string_view s) {
   return s;
 }
 
-// "# trace vN..." names the format version; only v1 is known.
+// "# trace vN..." names the format version; v1 and v2 are known.
 void check_version_comment(std::string_view line, int* version) {
   constexpr std::string_view kPrefix = "# trace v";
   if (line.substr(0, kPrefix.size()) != kPrefix) return;
@@ -127,40 +139,55 @@ std::uint16_t TraceParser::stream_or_fail(std::string_view field, std::uint64_t 
 void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
   if (raw.size() > kMaxLineBytes)
     fail(line_number, "line longer than " + std::to_string(kMaxLineBytes) +
-                          " bytes (a trace line has at most 49, comments at most " +
+                          " bytes (a trace line has at most 71, comments at most " +
                           std::to_string(kMaxLineBytes) + "): " + quoted(raw));
   const std::string_view line = trim_right(raw);
   if (line.empty()) return;
   if (line.front() == '#') {
     int version = 1;
     check_version_comment(line, &version);
-    if (version != 1)
-      fail(line_number,
-           "trace format v" + std::to_string(version) + " is not supported (this reader knows v1)");
+    if (version != 1 && version != 2)
+      fail(line_number, "trace format v" + std::to_string(version) +
+                            " is not supported (this reader knows v1 and v2)");
     return;
   }
-  std::array<std::string_view, 4> f;
+  std::array<std::string_view, 5> f;
   const std::size_t n = split(line, f);
-  const std::string_view tag = f[0];
+  const std::string_view kind = f[0];
   Event ev;
-  if (tag == "a") {
+  if (kind == "a") {
     std::uint64_t id = 0;
-    if (n != 4 || !parse_u64(f[1], id) || !parse_u64(f[2], ev.size))
+    if ((n != 4 && n != 5) || !parse_u64(f[1], id) || !parse_u64(f[2], ev.size))
       fail(line_number, std::string(kExpectAlloc) + ", got " + quoted(line));
     ev.stream = stream_or_fail(f[3], line_number, kExpectAlloc);
+    const std::uint16_t tag = n == 5 ? tag_or_fail(f[4], line_number, kExpectAlloc, line) : 0;
     if (trace_.allocations == std::numeric_limits<std::uint32_t>::max())
       fail(line_number, "too many allocations (more than 2^32 - 1)");
     ev.kind = EventKind::alloc;
     ev.slot = trace_.allocations;
-    auto [it, inserted] = live_.try_emplace(id, Live{ev.slot, ev.stream, ev.size, line_number});
+    auto [it, inserted] =
+        live_.try_emplace(id, Live{ev.slot, ev.stream, tag, ev.size, line_number});
     if (!inserted)
       fail(line_number, "ID " + std::to_string(id) + " is already live (allocated at line " +
                             std::to_string(it->second.line) + " and not freed)");
+    if (tag != 0) {
+      TagBook& book = tags_[tag];
+      if (book.asleep_line != 0)
+        fail(line_number, "allocation under tag " + tag_label(tag) + ", asleep since line " +
+                              std::to_string(book.asleep_line) +
+                              " (requests under a sleeping tag are refused)");
+      book.carried = true;
+      book.live_bytes += ev.size;
+    }
+    if (tag != 0 || !trace_.alloc_tags.empty()) {  // from the first tagged allocation on
+      trace_.alloc_tags.resize(trace_.allocations, 0);
+      trace_.alloc_tags.push_back(tag);
+    }
     ++trace_.allocations;
     live_bytes_ += ev.size;
     if (live_bytes_ > trace_.peak_live_bytes) trace_.peak_live_bytes = live_bytes_;
-  } else if (tag == "f" || tag == "u") {
-    const bool is_free = tag == "f";
+  } else if (kind == "f" || kind == "u") {
+    const bool is_free = kind == "f";
     const char* expected = is_free ? kExpectFree : kExpectUse;
     std::uint64_t id = 0;
     if (n != (is_free ? 2u : 3u) || !parse_u64(f[1], id))
@@ -174,22 +201,32 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
     if (is_free) {
       ev.kind = EventKind::free;
       ev.stream = it->second.stream;
-      live_bytes_ -= it->second.size;
+      // A sleeping tag's blocks may be freed (the books only): its bytes left the
+      // awake sum at the sleep.
+      const std::uint16_t tag = it->second.tag;
+      if (tag == 0 || tags_[tag].asleep_line == 0) live_bytes_ -= it->second.size;
+      if (tag != 0) tags_[tag].live_bytes -= it->second.size;
       live_.erase(it);
       ++trace_.frees;
     } else {
       ev.kind = EventKind::use;
       ++trace_.uses;
     }
-  } else if (tag == "s") {
+  } else if (kind == "s") {
     if (n != 2) fail(line_number, std::string(kExpectWait) + ", got " + quoted(line));
     ev.kind = EventKind::host_wait;
     ev.stream = stream_or_fail(f[1], line_number, kExpectWait);
     ++trace_.host_waits;
+  } else if (kind == "c") {
+    if (n != 1) fail(line_number, std::string(kExpectEmpty) + ", got " + quoted(line));
+    ev.kind = EventKind::empty_cache;
+    ++trace_.empty_caches;
+  } else if (kind == "n" || kind == "z" || kind == "w") {
+    add_tag_line(kind.front(), std::span<const std::string_view>(f.data(), std::min(n, f.size())),
+                 line_number, line);
+    return;
   } else {
-    fail(line_number,
-         "unknown event " + quoted(line) +
-             " (lines are a,ID,SIZE,STREAM | f,ID | u,ID,STREAM | s,STREAM | # comment)");
+    fail(line_number, "unknown event " + quoted(line) + " (lines are " + kLines + ")");
   }
   if (ev.kind != EventKind::free) {
     if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
@@ -198,8 +235,95 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
   trace_.events.push_back(ev);
 }
 
+std::string TraceParser::tag_label(std::uint16_t tag) const {
+  return "'" + trace_.tag_names[tag] + "' (number " + std::to_string(tag) + ")";
+}
+
+std::uint16_t TraceParser::tag_or_fail(std::string_view field, std::uint64_t line_number,
+                                       const char* expected, std::string_view line) const {
+  std::uint64_t tag = 0;
+  if (!parse_u64(field, tag)) fail(line_number, std::string(expected) + ", got " + quoted(line));
+  if (tag != 0 && (tag >= tags_.size() || tags_[tag].declared_line == 0))
+    fail(line_number, "tag " + std::to_string(tag) +
+                          " is not declared (an n,TAG,NAME line names a tag before its use)");
+  return static_cast<std::uint16_t>(tag);
+}
+
+void TraceParser::add_tag_line(char kind, std::span<const std::string_view> f,
+                               std::uint64_t line_number, std::string_view line) {
+  if (kind == 'n') {
+    std::uint64_t tag = 0;
+    if (f.size() != 3 || !parse_u64(f[1], tag))
+      fail(line_number, std::string(kExpectName) + ", got " + quoted(line));
+    if (tag == 0 || tag >= kMaxTags)
+      fail(line_number, "tag number " + std::to_string(tag) + " is out of range (1 to " +
+                            std::to_string(kMaxTags - 1) + "; 0 is no tag)");
+    const std::string problem = tag_name_problem(f[2]);
+    if (!problem.empty())
+      fail(line_number, "tag name " + quoted(f[2]) + " cannot be a tag: " + problem);
+    if (tag >= tags_.size()) {
+      tags_.resize(tag + 1);
+      trace_.tag_names.resize(tag + 1);
+    }
+    if (tags_[tag].declared_line != 0)
+      fail(line_number, "tag number " + std::to_string(tag) + " is already declared (line " +
+                            std::to_string(tags_[tag].declared_line) + ")");
+    const std::string name(f[2]);
+    auto [it, inserted] = tag_numbers_.try_emplace(name, static_cast<std::uint16_t>(tag));
+    if (!inserted)
+      fail(line_number, "tag " + quoted(f[2]) + " is already number " + std::to_string(it->second) +
+                            " (line " + std::to_string(tags_[it->second].declared_line) + ")");
+    tags_[tag].declared_line = line_number;
+    trace_.tag_names[tag] = name;
+    return;
+  }
+  const bool sleep = kind == 'z';
+  const char* expected = sleep ? kExpectSleep : kExpectWake;
+  if (sleep ? f.size() != 3 : (f.size() != 2 && f.size() != 3))
+    fail(line_number, std::string(expected) + ", got " + quoted(line));
+  const std::uint16_t tag = tag_or_fail(f[1], line_number, expected, line);
+  if (tag == 0) fail(line_number, "tag 0 is no tag: it cannot sleep or wake");
+  TagBook& book = tags_[tag];
+  if (!book.carried)
+    fail(line_number, std::string(sleep ? "sleep" : "wake") + " of tag " + tag_label(tag) +
+                          ", which no allocation carried yet");
+  Event ev;
+  ev.slot = tag;
+  if (sleep) {
+    if (f[2] != "offload" && f[2] != "discard")
+      fail(line_number, std::string(expected) + ", got " + quoted(line));
+    if (book.asleep_line != 0)
+      fail(line_number, "sleep of tag " + tag_label(tag) + ", asleep already since line " +
+                            std::to_string(book.asleep_line));
+    ev.kind = EventKind::sleep;
+    ev.size = f[2] == "discard" ? kSleepDiscard : kSleepOffload;
+    book.asleep_line = line_number;
+    live_bytes_ -= book.live_bytes;
+    ++trace_.sleeps;
+  } else {
+    if (book.asleep_line == 0)
+      fail(line_number, "wake of tag " + tag_label(tag) + ", which is not asleep");
+    ev.kind = EventKind::wake;
+    ev.size = kWakeOnHost;
+    if (f.size() == 3) {
+      ev.stream = stream_or_fail(f[2], line_number, expected);
+      ev.size = kWakeOnStream;
+      if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
+      stream_seen_[ev.stream] = true;
+    }
+    book.asleep_line = 0;
+    live_bytes_ += book.live_bytes;
+    trace_.peak_live_bytes = std::max(trace_.peak_live_bytes, live_bytes_);
+    ++trace_.wakes;
+  }
+  trace_.events.push_back(ev);
+}
+
 Trace TraceParser::finish() {
   trace_.live_at_end = live_.size();
+  if (!trace_.alloc_tags.empty()) trace_.alloc_tags.resize(trace_.allocations, 0);
+  tags_.clear();
+  tag_numbers_.clear();
   for (std::size_t k = 0; k < stream_seen_.size(); ++k)
     if (stream_seen_[k]) trace_.stream_ids.push_back(static_cast<std::uint16_t>(k));
   trace_.streams = static_cast<std::uint32_t>(trace_.stream_ids.size());

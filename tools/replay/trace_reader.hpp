@@ -1,4 +1,4 @@
-// Reading trace format v1 (docs/trace_format.md) into a compact, replay-ready form.
+// Reading trace formats v1 and v2 (docs/trace_format.md) into a compact, replay-ready form.
 //
 //   reservoir::replay::Trace t = reservoir::replay::read_trace("traces/x.trace.gz");
 //
@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -26,18 +27,28 @@ class TraceError : public std::runtime_error {
 };
 
 enum class EventKind : std::uint8_t {
-  alloc,      // a,ID,SIZE,STREAM
-  free,       // f,ID
-  use,        // u,ID,STREAM (record_stream)
-  host_wait,  // s,STREAM
+  alloc,        // a,ID,SIZE,STREAM[,TAG]
+  free,         // f,ID
+  use,          // u,ID,STREAM (record_stream)
+  host_wait,    // s,STREAM
+  sleep,        // z,TAG,MODE (v2)
+  wake,         // w,TAG[,STREAM] (v2)
+  empty_cache,  // c (v2)
 };
 
+// What Event::size holds for sleep and wake.
+inline constexpr std::uint64_t kSleepOffload = 0, kSleepDiscard = 1;
+inline constexpr std::uint64_t kWakeOnHost = 0, kWakeOnStream = 1;
+
 // Invariant: for alloc, slot == number of allocs before it in the trace; for free and
-// use, slot names an earlier alloc that is live at this point; stream < Trace::streams.
+// use, slot names an earlier alloc that is live at this point; for sleep and wake,
+// slot is a tag number (< Trace::tag_names.size(), not 0) carried by an earlier
+// alloc, awake before a sleep and asleep before a wake; stream < Trace::streams.
 struct Event {
-  std::uint64_t size = 0;    // alloc: bytes requested; otherwise 0
-  std::uint32_t slot = 0;    // alloc/free/use: dense allocation index
-  std::uint16_t stream = 0;  // alloc/use/host_wait: that stream; free: the allocating stream
+  std::uint64_t size = 0;    // alloc: bytes requested; sleep: kSleep*; wake: kWake*; else 0
+  std::uint32_t slot = 0;    // alloc/free/use: dense allocation index; sleep/wake: tag number
+  std::uint16_t stream = 0;  // alloc/use/host_wait/wake on a stream: that stream;
+                             // free: the allocating stream
   EventKind kind = EventKind::alloc;
 };
 static_assert(sizeof(Event) == 16, "events are kept compact: traces hold millions");
@@ -51,8 +62,14 @@ struct Trace {
   // are stream_ids.back() + 1 long.
   std::vector<std::uint16_t> stream_ids;
   std::uint32_t streams = 0;
-  std::uint64_t frees = 0, uses = 0, host_waits = 0;
-  // Highest sum of live requested bytes: what any allocator must hold at least.
+  std::uint64_t frees = 0, uses = 0, host_waits = 0, sleeps = 0, wakes = 0, empty_caches = 0;
+  // Tags (v2): tag_names[k] is the name of tag number k ("" for 0, no tag, and for
+  // numbers never declared); empty when the trace declares none. alloc_tags[slot] is
+  // the tag number of allocation slot; empty when no allocation carries a tag.
+  std::vector<std::string> tag_names;
+  std::vector<std::uint16_t> alloc_tags;
+  // Highest sum of live requested bytes whose tag is awake: what any allocator must
+  // hold at least (a sleeping tag's blocks need no device memory).
   std::uint64_t peak_live_bytes = 0;
   // Allocations never freed (e.g. model weights).
   std::uint64_t live_at_end = 0;
@@ -85,16 +102,34 @@ class TraceParser {
   std::uint16_t stream_or_fail(std::string_view field, std::uint64_t line_number,
                                const char* expected) const;
 
+  // The v2 lines of tags: n (a tag's name), z (sleep), w (wake); and a's tag field.
+  void add_tag_line(char kind, std::span<const std::string_view> f, std::uint64_t line_number,
+                    std::string_view line);
+  // The tag number of field (declared by an earlier n line), or fail.
+  std::uint16_t tag_or_fail(std::string_view field, std::uint64_t line_number, const char* expected,
+                            std::string_view line) const;
+  std::string tag_label(std::uint16_t tag) const;
+
   struct Live {
     std::uint32_t slot;
     std::uint16_t stream;
+    std::uint16_t tag;
     std::uint64_t size;
     std::uint64_t line;  // where it was allocated, for "ID reused" messages
   };
+  // A tag's state while parsing, by tag number.
+  struct TagBook {
+    std::uint64_t declared_line = 0;  // 0: not declared
+    std::uint64_t live_bytes = 0;     // of its live allocations
+    std::uint64_t asleep_line = 0;    // the sleep that put it to sleep; 0: awake
+    bool carried = false;             // an allocation carried it
+  };
   Trace trace_;
   std::unordered_map<std::uint64_t, Live> live_;  // file ID -> allocation
-  std::uint64_t live_bytes_ = 0;
-  std::vector<bool> stream_seen_;  // by stream number; grown on demand
+  std::uint64_t live_bytes_ = 0;                  // of live allocations whose tag is awake
+  std::vector<TagBook> tags_;
+  std::unordered_map<std::string, std::uint16_t> tag_numbers_;  // name -> number
+  std::vector<bool> stream_seen_;                               // by stream number; grown on demand
 };
 
 // The path that means standard input, and the name messages give it.

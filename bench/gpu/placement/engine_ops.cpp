@@ -1,6 +1,7 @@
 #include "engine_ops.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "reservoir/allocator.hpp"
 #include "reservoir/config.hpp"
@@ -32,6 +33,11 @@ struct Streams {
 
 EngineRun replay_logged(const reservoir::replay::Trace& trace, const std::string& config,
                         std::shared_ptr<Backend> device, reservoir::SimBackend* sim) {
+  if (trace.sleeps + trace.wakes > 0)
+    throw std::invalid_argument(trace.path +
+                                ": sleeps and wakes tags; the placement tools replay "
+                                "allocations, frees, uses and host waits (reservoir-replay "
+                                "replays them)");
   reservoir::Config cfg = reservoir::Config::parse(config);
   auto logging = std::make_shared<LoggingBackend>(device);
   Streams streams{*device, std::vector<reservoir::StreamHandle>(trace.streams), sim == nullptr};
@@ -72,6 +78,12 @@ EngineRun replay_logged(const reservoir::replay::Trace& trace, const std::string
             (void)device->synchronize_stream(kDevice, stream);
           alloc.notify_host_wait(stream, kDevice);
           break;
+        case EventKind::empty_cache:
+          alloc.empty_cache(kDevice);
+          break;
+        case EventKind::sleep:
+        case EventKind::wake:
+          break;  // refused above
       }
       ++run.events;
     }

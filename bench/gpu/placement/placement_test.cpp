@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "engine_ops.hpp"
 #include "op_list.hpp"
@@ -216,6 +218,28 @@ TEST(EngineOps, LoggedReplayMatchesTheReplayTool) {
     const OpList l = ops_from_calls(run.calls, "t");
     EXPECT_NO_THROW(validate(l));
     EXPECT_EQ(l.allocs(), allocs);
+  }
+}
+
+// A trace's empty_cache lines are replayed as the replay tool does; its sleeps and
+// wakes are refused (the placement tools replay requests, not tags).
+TEST(EngineOps, EmptyCacheIsReplayedAndSleepsAreRefused) {
+  const reservoir::replay::Trace t =
+      reservoir::replay::parse_trace_text("a,0,30000000,0\nf,0\nc\na,1,60000000,0\nf,1\n", "c");
+  const EngineRun run = replay_logged_sim(t, "", 8 * kGiB);
+  reservoir::replay::ReplayOptions ro;
+  ro.capacity = 8 * kGiB;
+  const reservoir::replay::ReplayResult ref = reservoir::replay::replay_trace(t, "", ro);
+  EXPECT_EQ(run.peak_reserved, ref.peak_reserved);
+  EXPECT_EQ(run.device_allocs, 2u);  // the first segment went back at the c line
+  const reservoir::replay::Trace tagged = reservoir::replay::parse_trace_text(
+      "n,1,placement-tag\na,0,64,0,1\nz,1,discard\nw,1\n", "tagged");
+  try {
+    replay_logged_sim(tagged, "", 8 * kGiB);
+    FAIL() << "a trace with sleeps was replayed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tagged: sleeps and wakes tags"), std::string::npos)
+        << e.what();
   }
 }
 

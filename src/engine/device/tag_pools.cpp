@@ -138,33 +138,41 @@ void DeviceEngine::wake(TagId tag, const StreamHandle* stream) {
   const bool offload = e.mode == SleepMode::offload;
   WakeCopies restoring;
   WakeCopies* async = nullptr;
-  if (stream && offload) {
-    restoring.stream = *stream;
-    async = &restoring;
-  }
+  if (stream && offload) async = &restoring;
   // All or nothing: on a failure the pools woken so far sleep again, once the copies
   // back have landed (their host copies then freed: sleep makes new ones).
   auto undo = [&](std::size_t woken) {
     drop_wake_copies(restoring);
     for (std::size_t i = 0; i < woken; ++i) sleep_pool(*pools[i], offload);
   };
-  std::size_t done = 0;
-  bool room = true;
-  try {
-    for (; done < pools.size() && room; ++done)
-      room = !pools[done]->asleep() || pools[done]->wake(async);
-  } catch (...) {
-    undo(done);
-    throw;
-  }
-  if (!room) {
-    undo(done - 1);
-    throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) + " on device " +
-                           std::to_string(device_) + ": " +
-                           format_size(tag_state_locked(e).asleep_bytes) +
-                           " must be mapped again and the device (or the memory fraction) has no "
-                           "room for it; free memory (empty_cache, or put another tag to sleep) "
-                           "and wake it again");
+  // Whether every pool woke; false (all asleep again) when the device or the memory
+  // fraction has no room.
+  auto wake_all = [&] {
+    if (async) restoring.stream = *stream;
+    std::size_t done = 0;
+    bool room = true;
+    try {
+      for (; done < pools.size() && room; ++done)
+        room = !pools[done]->asleep() || pools[done]->wake(async);
+    } catch (...) {
+      undo(done);
+      throw;
+    }
+    if (!room) undo(done - 1);
+    return room;
+  };
+  // The allocator's own cache must not stand in the way: without room, what it caches
+  // goes back to the device (as the out-of-memory ladder's release) and the wake is
+  // tried once more.
+  if (!wake_all()) {
+    release_cached_everywhere();
+    if (!wake_all())
+      throw OutOfMemoryError("reservoir: out of memory waking tag " + quoted(tag) + " on device " +
+                             std::to_string(device_) + ": " +
+                             format_size(tag_state_locked(e).asleep_bytes) +
+                             " must be mapped again and the device (or the memory fraction) has "
+                             "no room for it, with Reservoir's cache given back; free memory "
+                             "(free tensors, or put another tag to sleep) and wake it again");
   }
   e.asleep = false;
   if (restoring.host.empty()) return;

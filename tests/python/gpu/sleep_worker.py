@@ -211,6 +211,7 @@ def main():
 
     # Another allocation takes the memory the tags gave back.
     taken = int(asleep_free - 256 * MiB)
+    o0 = time.perf_counter()
     other = torch.empty(taken, dtype=torch.uint8, device="cuda")
     other.fill_(1)
     torch.cuda.synchronize()
@@ -218,8 +219,11 @@ def main():
     del other
     torch.cuda.empty_cache()
     # And a co-tenant outside the allocator: the driver's own cuMemAlloc of the same size.
+    o1 = time.perf_counter()
     out["driver_allocation_ok"] = driver_alloc(taken)
+    out["co_tenant_s"] = {"torch_empty": o1 - o0, "driver": time.perf_counter() - o1}
     out["summary_asleep"] = tag_lines()
+    torch.cuda.synchronize()
 
     t3 = time.perf_counter()
     reservoir.wake("weights")
