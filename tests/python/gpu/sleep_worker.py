@@ -306,6 +306,9 @@ def main():
                          "device_free_drift_mib": (samples[0][0] - samples[-1][0]) / MiB,
                          "host_rss_growth_mib": (samples[-1][1] - samples[0][1]) / MiB}
     out["after_cycles_equal"] = graph_tokens() == graph_before and eager_tokens() == eager_before
+    stats = reservoir.memory_stats()
+    out["peak_reserved_bytes"] = stats.get("reserved_bytes.all.peak")
+    out["peak_requested_bytes"] = stats.get("requested_bytes.all.peak")
     out["ok"] = bool(out["within_64_mib"] and out["driver_allocation_ok"] and out["eager_equal"]
                      and out["on_stream_equal"] and out["graph_equal"]
                      and out["after_cycles_equal"]
