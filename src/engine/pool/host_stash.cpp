@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <new>
 
 namespace reservoir::detail {
 
@@ -32,14 +33,26 @@ DeviceStatus HostStash::take(std::size_t bytes, void** host) {
     return status;
   }
   std::multimap<std::size_t, void*> surplus;
+  bool listed = false;
   {
     std::lock_guard<std::mutex> guard(mutex_);
-    sizes_[*host] = bytes;
-    in_use_bytes_ += bytes;
-    peak_in_use_ = std::max(peak_in_use_, in_use_bytes_);
-    surplus = trim_locked(peak_in_use_ - in_use_bytes_);
+    try {
+      sizes_.emplace(*host, bytes);
+      listed = true;
+    } catch (const std::bad_alloc&) {  // no host memory for its entry: it goes back below
+    }
+    if (listed) {
+      in_use_bytes_ += bytes;
+      peak_in_use_ = std::max(peak_in_use_, in_use_bytes_);
+      surplus = trim_locked(peak_in_use_ - in_use_bytes_);
+    }
   }
   free_all(surplus);
+  if (!listed) {
+    (void)backend_.free_host(device_, *host);
+    *host = nullptr;
+    return DeviceStatus::out_of_memory;
+  }
   return DeviceStatus::ok;
 }
 
@@ -49,13 +62,19 @@ void HostStash::give(void* host) noexcept {
     std::lock_guard<std::mutex> guard(mutex_);
     const auto it = sizes_.find(host);
     if (it != sizes_.end()) {
-      in_use_bytes_ -= it->second;
-      kept_bytes_ += it->second;
-      kept_.emplace(it->second, host);
-      return;
+      const std::size_t size = it->second;
+      in_use_bytes_ -= size;
+      try {
+        kept_.emplace(size, host);
+        kept_bytes_ += size;
+        return;
+      } catch (const std::bad_alloc&) {
+        sizes_.erase(it);  // no host memory to keep it: freed below
+      }
     }
   }
-  (void)backend_.free_host(device_, host);  // not taken from here: nothing to keep
+  // Not taken from here, or not kept: freed.
+  (void)backend_.free_host(device_, host);
 }
 
 std::size_t HostStash::release() noexcept {
@@ -77,8 +96,7 @@ std::multimap<std::size_t, void*> HostStash::trim_locked(std::size_t limit) {
     auto last = std::prev(kept_.end());
     kept_bytes_ -= last->first;
     sizes_.erase(last->second);
-    out.insert(*last);
-    kept_.erase(last);
+    out.insert(kept_.extract(last));  // the node moves: no allocation (release is noexcept)
   }
   return out;
 }
