@@ -20,7 +20,7 @@ namespace {
 
 struct Expected {
   const char* trace;
-  std::uint64_t peak_reserved;  // bytes, the device keeping up (ReplayOptions default)
+  std::uint64_t peak_reserved;        // bytes, the device keeping up (ReplayOptions default)
   std::uint64_t small_peak_reserved;  // the same, every size divided by 8
 };
 

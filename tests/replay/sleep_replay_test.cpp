@@ -4,8 +4,11 @@
 // without pools refuse such traces before replaying.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../unit/sleep_test_util.hpp"
@@ -161,6 +164,78 @@ TEST_P(SleepReplay, AWakeWithoutRoomIsAnOomTheReportNames) {
   EXPECT_NE(why.find("(the wake of tag '" + tag + "', 600.00 MiB asleep) failed"),
             std::string::npos)
       << why;
+}
+
+// Threads allocating under a tag while another puts it to sleep and wakes it: each
+// request is recorded on its side of each sleep (a request the sleep refused is not
+// recorded), so the reader, which refuses a request under a sleeping tag, accepts the
+// trace, and the replay serves every request.
+TEST_P(SleepReplay, ThreadsBesideSleepsGiveAValidTrace) {
+  const std::string config = GetParam();
+  const std::string tag = sleep_util::tag_for("ReplayThreads", config);
+  TempDir dir;
+  const std::string path = dir.file("threads.trace.gz");
+  {
+    SimOptions so;
+    so.capacity = std::size_t{2} << 30;
+    Allocator alloc(std::make_shared<SimBackend>(so), Config::parse(config));
+    {
+      TagScope scope(alloc, tag);  // the tag exists before the sleeps
+      alloc.deallocate(alloc.allocate(MiB, 1, 0));
+    }
+    alloc.start_trace_recording(path);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        TagScope scope(alloc, tag);
+        std::vector<void*> held;
+        for (int i = 0; !stop.load(); ++i) {
+          try {
+            held.push_back(alloc.allocate((i % 7 + 1) * 256 * 1024, StreamHandle(t + 1), 0));
+          } catch (const InvalidArgumentError&) {  // asleep: refused, not recorded
+          }
+          if (held.size() > 4) {
+            alloc.deallocate(held.front());  // frees go on while it sleeps
+            held.erase(held.begin());
+          }
+        }
+        for (void* p : held) alloc.deallocate(p);
+      });
+    }
+    for (int i = 0; i < 20; ++i) {
+      alloc.sleep(tag, i % 2 ? SleepMode::discard : SleepMode::offload, 0);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      alloc.wake(tag, 0);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    stop = true;
+    for (auto& th : threads) th.join();
+    alloc.stop_trace_recording();
+  }
+  const Trace t = read_trace(path);  // throws on a request recorded under a sleeping tag
+  EXPECT_EQ(t.sleeps, 20u);
+  EXPECT_EQ(t.wakes, 20u);
+  EXPECT_GT(t.allocations, 0u);
+  ReplayOptions ro;
+  ro.capacity = std::size_t{2} << 30;
+  const ReplayResult r = replay_trace(t, config, ro);
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_EQ(r.events, t.events.size());
+}
+
+// A recording may begin while a tag sleeps (its first line wakes it: nothing to wake
+// in the replay) or after its blocks were made (a sleep of blocks the trace lacks).
+TEST_P(SleepReplay, ARecordingThatBeginsWhileATagSleepsReplays) {
+  const std::string tag = sleep_util::tag_for("ReplayLate", GetParam());
+  const Trace t = parse_trace_text("n,1," + tag +
+                                       "\nw,1\nz,1,offload\nw,1,2\n"
+                                       "a,0,1048576,0,1\nz,1,discard\nw,1\nf,0\n",
+                                   "late");
+  const ReplayResult r = replay_trace(t, GetParam());
+  EXPECT_EQ(r.ooms, 0u);
+  EXPECT_EQ(r.events, t.events.size());
+  EXPECT_EQ(r.peak_requested, 1048576u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, SleepReplay, sleep_util::kSleepPolicies,

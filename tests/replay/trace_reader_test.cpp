@@ -150,8 +150,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLine{"n,1,w\nn,2,w\n", "traces/x.trace:2: tag 'w' is already number 1 (line 1)"},
         BadLine{"a,1,2,0,3\n", "traces/x.trace:1: tag 3 is not declared"},
         BadLine{"a,1,2,0,x\n", "traces/x.trace:1: expected a,ID,SIZE,STREAM[,TAG], got"},
-        BadLine{"n,1,w\nz,1,offload\n",
-                "traces/x.trace:2: sleep of tag 'w' (number 1), which no allocation carried yet"},
+        BadLine{"n,1,w\nw,1\nw,1\n",
+                "traces/x.trace:3: wake of tag 'w' (number 1), which is not asleep"},
         BadLine{"z,0,offload\n", "traces/x.trace:1: tag 0 is no tag: it cannot sleep or wake"},
         BadLine{"z,4,offload\n", "traces/x.trace:1: tag 4 is not declared"},
         BadLine{"n,1,w\na,1,2,0,1\nz,1,keep\n",
@@ -220,6 +220,13 @@ TEST(TraceReader, ParsesTagsSleepsAndWakes) {
   const Trace bigger =
       parse_trace_text("n,1,weights\na,0,1000,0,1\nz,1,offload\na,1,1200,0\nf,1\nw,1\n", "s");
   EXPECT_EQ(bigger.peak_live_bytes, 1200u);
+  // Recording may begin while a tag sleeps, or after its blocks were made: its first
+  // line may wake it (nothing to wake in a replay) or put it to sleep.
+  const Trace late = parse_trace_text("n,1,weights\nw,1,3\nz,1,discard\nw,1\n", "late");
+  ASSERT_EQ(late.events.size(), 3u);
+  EXPECT_EQ(late.events[0].size, kWakeNotAsleep);
+  EXPECT_EQ(late.events[2].size, kWakeOnHost);
+  EXPECT_TRUE(late.alloc_tags.empty());
   // A trace without tags has none of the tag tables.
   const Trace plain = parse_trace_text("a,0,8,0\n", "p");
   EXPECT_TRUE(plain.tag_names.empty());

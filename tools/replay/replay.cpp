@@ -94,7 +94,14 @@ struct OomRecorder {
 class TraceTags {
  public:
   TraceTags(Allocator& alloc, const Trace& trace)
-      : alloc_(alloc), trace_(trace), left_asleep_(trace.tag_names.size(), false) {}
+      : alloc_(alloc), trace_(trace), left_asleep_(trace.tag_names.size(), false) {
+    // Every tag made, so that a sleep of one whose blocks predate the trace finds it.
+    for (const std::string& name : trace.tag_names) {
+      if (name.empty()) continue;
+      alloc_.push_tag(name);
+      alloc_.pop_tag();
+    }
+  }
   ~TraceTags() {
     if (open_ != 0) alloc_.pop_tag();
   }
@@ -121,6 +128,7 @@ class TraceTags {
   // Wakes the tag of ev (its copies on stream when the trace says so); false when out
   // of memory, the tag then left asleep until a later wake succeeds.
   bool wake(const Event& ev, StreamHandle stream) {
+    if (ev.size == kWakeNotAsleep) return true;  // it slept before the trace began
     const std::string& name = trace_.tag_names[ev.slot];
     try {
       if (ev.size == kWakeOnStream)
@@ -169,7 +177,7 @@ CacheFacts cache_facts(Allocator& alloc, const DeviceStats& s) {
 }  // namespace
 
 std::string tag_refusal(const Trace& trace, const std::string& config) {
-  if (trace.alloc_tags.empty()) return "";
+  if (trace.tag_names.empty()) return "";
   const auto named = std::find_if(trace.tag_names.begin(), trace.tag_names.end(),
                                   [](const std::string& n) { return !n.empty(); });
   Allocator probe(std::make_shared<SimBackend>(), Config::parse(config));

@@ -176,7 +176,7 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
         fail(line_number, "allocation under tag " + tag_label(tag) + ", asleep since line " +
                               std::to_string(book.asleep_line) +
                               " (requests under a sleeping tag are refused)");
-      book.carried = true;
+      book.known = true;
       book.live_bytes += ev.size;
     }
     if (tag != 0 || !trace_.alloc_tags.empty()) {  // from the first tagged allocation on
@@ -284,9 +284,8 @@ void TraceParser::add_tag_line(char kind, std::span<const std::string_view> f,
   const std::uint16_t tag = tag_or_fail(f[1], line_number, expected, line);
   if (tag == 0) fail(line_number, "tag 0 is no tag: it cannot sleep or wake");
   TagBook& book = tags_[tag];
-  if (!book.carried)
-    fail(line_number, std::string(sleep ? "sleep" : "wake") + " of tag " + tag_label(tag) +
-                          ", which no allocation carried yet");
+  const bool known = book.known;
+  book.known = true;
   Event ev;
   ev.slot = tag;
   if (sleep) {
@@ -301,13 +300,14 @@ void TraceParser::add_tag_line(char kind, std::span<const std::string_view> f,
     live_bytes_ -= book.live_bytes;
     ++trace_.sleeps;
   } else {
-    if (book.asleep_line == 0)
+    // A tag's first line may wake it: it slept when the recording began.
+    if (book.asleep_line == 0 && known)
       fail(line_number, "wake of tag " + tag_label(tag) + ", which is not asleep");
     ev.kind = EventKind::wake;
-    ev.size = kWakeOnHost;
+    ev.size = book.asleep_line == 0 ? kWakeNotAsleep : kWakeOnHost;
     if (f.size() == 3) {
       ev.stream = stream_or_fail(f[2], line_number, expected);
-      ev.size = kWakeOnStream;
+      if (ev.size == kWakeOnHost) ev.size = kWakeOnStream;
       if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
       stream_seen_[ev.stream] = true;
     }

@@ -39,11 +39,14 @@ enum class EventKind : std::uint8_t {
 // What Event::size holds for sleep and wake.
 inline constexpr std::uint64_t kSleepOffload = 0, kSleepDiscard = 1;
 inline constexpr std::uint64_t kWakeOnHost = 0, kWakeOnStream = 1;
+// A wake of a tag that slept since before the trace began (recording started while it
+// slept): in a replay, where it never slept, there is nothing to wake.
+inline constexpr std::uint64_t kWakeNotAsleep = 2;
 
 // Invariant: for alloc, slot == number of allocs before it in the trace; for free and
 // use, slot names an earlier alloc that is live at this point; for sleep and wake,
-// slot is a tag number (< Trace::tag_names.size(), not 0) carried by an earlier
-// alloc, awake before a sleep and asleep before a wake; stream < Trace::streams.
+// slot is a declared tag number (< Trace::tag_names.size(), not 0), awake before a
+// sleep and, unless size == kWakeNotAsleep, asleep before a wake; stream < Trace::streams.
 struct Event {
   std::uint64_t size = 0;    // alloc: bytes requested; sleep: kSleep*; wake: kWake*; else 0
   std::uint32_t slot = 0;    // alloc/free/use: dense allocation index; sleep/wake: tag number
@@ -122,7 +125,7 @@ class TraceParser {
     std::uint64_t declared_line = 0;  // 0: not declared
     std::uint64_t live_bytes = 0;     // of its live allocations
     std::uint64_t asleep_line = 0;    // the sleep that put it to sleep; 0: awake
-    bool carried = false;             // an allocation carried it
+    bool known = false;  // an earlier line showed its state (an allocation, sleep or wake)
   };
   Trace trace_;
   std::unordered_map<std::uint64_t, Live> live_;  // file ID -> allocation
