@@ -255,5 +255,23 @@ TEST(SleepReplayRefusal, SettingsWithoutPoolsRefuseTaggedTraces) {
   EXPECT_EQ(tag_refusal(parse_trace_text("a,0,64,0\n", "u"), "backend:cudaMallocAsync"), "");
 }
 
+// A device that cannot map memory cannot sleep: the replay stops with the engine's
+// InvalidArgumentError (reservoir-replay prints it, exit status 2).
+TEST(SleepReplayRefusal, ADeviceWithoutVirtualMemoryCannotReplayASleep) {
+  const Trace t = parse_trace_text("n,1,novmm-replay\na,0,64,0,1\nz,1,offload\nw,1\n", "t");
+  SimOptions so;
+  so.virtual_memory = false;
+  ReplayOptions ro;
+  ro.backend = std::make_shared<SimBackend>(so);
+  try {
+    replay_trace(t, "", ro);
+    FAIL() << "a sleep replayed on a device without virtual memory";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("sleep needs virtual memory management"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace reservoir::replay

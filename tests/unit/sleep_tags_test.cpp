@@ -61,8 +61,14 @@ TEST(SleepBadInput, EachIsRefusedWithAClearError) {
   SimOptions no_vmm = host_backed();
   no_vmm.virtual_memory = false;
   SimAllocator plain("", no_vmm);
-  { TagScope scope(plain.a, "novmm.tag"); }
+  void* tagged;
+  {
+    TagScope scope(plain.a, "novmm.tag");  // tagged memory is served all the same
+    tagged = plain.a.allocate(MiB, 0);
+  }
   refused([&] { plain.a.sleep("novmm.tag", SleepMode::offload, 0); }, "virtual memory");
+  plain.a.deallocate(tagged);
+  plain.a.validate();
 }
 
 TEST(SleepBadInput, ABlockWhoseTagSleepsIsNotShared) {

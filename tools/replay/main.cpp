@@ -209,6 +209,10 @@ int main(int argc, char** argv) {
     return fail(e.what());
   } catch (const TraceError& e) {
     return fail(e.what());
+  } catch (const reservoir::InvalidArgumentError& e) {
+    // What the trace did (a valid sequence: the reader checked it) that this setting or
+    // device cannot do: a sleep where memory cannot be mapped.
+    return fail(e.what());
   } catch (const std::exception& e) {
     // An engine error during a replay is a bug in Reservoir, not in the input.
     std::fprintf(stderr, "reservoir-replay: internal error: %s\n", e.what());

@@ -30,7 +30,10 @@ StreamPool& DeviceEngine::private_stream_pool(PrivatePool& pool, StreamHandle st
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (StreamPool* p = pool.find(stream)) return *p;  // made meanwhile
   StreamPool* made = take_pool_locked(spare_, private_pools_, stream);
-  made->set_private(pool.id(), pool.options().no_split, pool.source(), pool.tag() != kNoTag);
+  // A tag's memory is pages that sleep can unmap; a device that cannot map memory
+  // serves it as any pool's (sleep then refuses, saying why).
+  const bool vmm = pool.tag() != kNoTag && (backend_.capabilities() & kVirtualMemory) != 0;
+  made->set_private(pool.id(), pool.options().no_split, pool.source(), vmm);
   pool.add(made);
   return *made;
 }
