@@ -7,7 +7,7 @@ Weights are made under the tag "weights"; the KV cache, activations and a
 CUDA-graph-captured decode step (a forward over a fixed window, replayed per token)
 under "kv". Then sleep("weights", offload) and sleep("kv", discard): the process's
 device memory (cudaMemGetInfo) must come back to within 64 MiB of what it was before
-the model was loaded (the kernels of such a model loaded first: warm_up), and another
+the model was loaded (such a model's work run once first: warm_up), and another
 allocation takes it; after wake, greedy generation
 eager (with its KV cache) and by replaying the captured graph (not captured again)
 gives the tokens it gave before. Sleep and wake are timed against a pinned copy of
@@ -64,11 +64,12 @@ def tag_lines():
 
 
 def warm_up(args, heads):
-    """Loads the kernels this kind of model runs (eager generation, a forward, a captured
-    graph and its replay), with a 1-layer model of the same width, then frees it all.
-    Kernel code is the driver's, loaded once per process on first use (lazy loading),
-    and no allocator gives it back: the baseline is the process with its libraries up
-    and no model."""
+    """Runs the work this kind of model runs (eager generation, a forward on a side
+    stream, a captured graph and its replay) once, with a 1-layer model of the same
+    width, then frees it all. What the driver then keeps for the process is no
+    allocator's to give back (on an H100, 70 MiB appear at the first work on a second
+    stream under PyTorch's own allocator too: outside_memory_probe.py): the baseline is
+    the process with its libraries up, such work run once, and no model."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
