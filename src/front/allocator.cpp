@@ -163,18 +163,14 @@ void Allocator::release_stream(StreamHandle stream, int device) {
 // ---------------------------------------------------------------- cache control
 
 void Allocator::empty_cache() {
-  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
-    layer->empty_cache([&] { impl_->base->empty_cache(-1); });
-  else
-    impl_->base->empty_cache(-1);
+  impl_->recorded([&] { impl_->base->empty_cache(-1); },
+                  [](detail::TraceRecorder& r) { r.on_empty_cache(); });
 }
 
 void Allocator::empty_cache(int device) {
   const int d = impl_->resolve(device);
-  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
-    layer->empty_cache([&] { impl_->base->empty_cache(d); });
-  else
-    impl_->base->empty_cache(d);
+  impl_->recorded([&] { impl_->base->empty_cache(d); },
+                  [](detail::TraceRecorder& r) { r.on_empty_cache(); });
 }
 
 void Allocator::set_memory_fraction(double fraction, int device) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,10 +81,19 @@ struct Allocator::Impl {
     return top.load(std::memory_order_acquire)->allocate(size, stream, d);
   }
   detail::DeviceEngine& pool_engine(int device);  // throws where the engine has no pools
-  // The recording layer in force, or null (layers are never destroyed before this).
-  detail::TraceRecordingLayer* recording_layer() {
-    std::lock_guard<std::mutex> guard(layers_mutex);
-    return recording;
+  // Runs op (a sleep, a wake, an empty_cache); while a trace is recorded, in its place
+  // among the requests, written by record (TraceRecordingLayer::run_recorded).
+  void recorded(const std::function<void()>& op,
+                const std::function<void(detail::TraceRecorder&)>& record) {
+    detail::TraceRecordingLayer* layer;
+    {
+      std::lock_guard<std::mutex> guard(layers_mutex);
+      layer = recording;  // layers are never destroyed before this
+    }
+    if (layer)
+      layer->run_recorded(op, record);
+    else
+      op();
   }
 
   // Rebuilds the chain above the recording layer (under layers_mutex).

@@ -67,23 +67,11 @@ void TraceRecordingLayer::notify_host_wait(StreamHandle stream, int device) {
   if (recorder_) recorder_->on_host_wait(stream);
 }
 
-void TraceRecordingLayer::sleep(TagId tag, SleepMode mode, const std::function<void()>& op) {
+void TraceRecordingLayer::run_recorded(const std::function<void()>& op,
+                                       const std::function<void(TraceRecorder&)>& record) {
   std::lock_guard<std::mutex> guard(mutex_);
   op();
-  if (recorder_) recorder_->on_sleep(tag, mode);
-}
-
-void TraceRecordingLayer::wake(TagId tag, const StreamHandle* wake_stream,
-                               const std::function<void()>& op) {
-  std::lock_guard<std::mutex> guard(mutex_);
-  op();
-  if (recorder_) recorder_->on_wake(tag, wake_stream);
-}
-
-void TraceRecordingLayer::empty_cache(const std::function<void()>& op) {
-  std::lock_guard<std::mutex> guard(mutex_);
-  op();
-  if (recorder_) recorder_->on_empty_cache();
+  if (recorder_) record(*recorder_);
 }
 
 void TraceRecordingLayer::close() {

@@ -30,12 +30,10 @@ class TraceRecordingLayer final : public MemoryResource {
   void deallocate(void* ptr) override;
   void record_stream(void* ptr, StreamHandle stream) override;
   void notify_host_wait(StreamHandle stream, int device) override;
-  // Runs op, a sleep (mode) or a wake (wake_stream: its stream, or null) of tag, with
-  // no request between it and its record; records it when op returns.
-  void sleep(TagId tag, SleepMode mode, const std::function<void()>& op);
-  void wake(TagId tag, const StreamHandle* wake_stream, const std::function<void()>& op);
-  // Runs op, an empty_cache, the same way.
-  void empty_cache(const std::function<void()>& op);
+  // Runs op (a sleep, a wake, an empty_cache) with no request between it and its
+  // record, which record writes once op returned.
+  void run_recorded(const std::function<void()>& op,
+                    const std::function<void(TraceRecorder&)>& record);
   // Flushes and closes the trace; later requests pass through unrecorded (threads
   // that entered the layer before it was taken out of the chain may still arrive).
   void close();

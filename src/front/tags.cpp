@@ -79,30 +79,23 @@ void Allocator::sleep(std::string_view tag, SleepMode mode, int device) {
   const detail::TagId id = existing_tag(tag, "put to sleep");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "put to sleep");
-  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
-    layer->sleep(id, mode, [&] { e.sleep(id, mode); });
-  else
-    e.sleep(id, mode);
+  impl_->recorded([&] { e.sleep(id, mode); },
+                  [&](detail::TraceRecorder& r) { r.on_sleep(id, mode); });
 }
 
 void Allocator::wake(std::string_view tag, int device) {
   const detail::TagId id = existing_tag(tag, "wake");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "wake");
-  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
-    layer->wake(id, nullptr, [&] { e.wake(id); });
-  else
-    e.wake(id);
+  impl_->recorded([&] { e.wake(id); }, [&](detail::TraceRecorder& r) { r.on_wake(id, nullptr); });
 }
 
 void Allocator::wake_async(std::string_view tag, StreamHandle stream, int device) {
   const detail::TagId id = existing_tag(tag, "wake");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   refuse_during_captures(*impl_->core, tag, "wake");
-  if (detail::TraceRecordingLayer* layer = impl_->recording_layer())
-    layer->wake(id, &stream, [&] { e.wake(id, &stream); });
-  else
-    e.wake(id, &stream);
+  impl_->recorded([&] { e.wake(id, &stream); },
+                  [&](detail::TraceRecorder& r) { r.on_wake(id, &stream); });
 }
 
 void Allocator::empty_host_cache() {

@@ -12,10 +12,14 @@ Prints one JSON line: "stages" (stage, MiB outside the allocator, stack limit) a
 
 import ctypes
 import json
+import os
 import sys
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sleep_worker import start_process  # noqa: E402
 
 MiB = 1 << 20
 
@@ -29,13 +33,7 @@ def stack_limit(cuda):
 def main():
     layers = int(sys.argv[1]) if len(sys.argv) > 1 else 12
     cuda = ctypes.CDLL("libcuda.so.1")
-    torch.manual_seed(0)
-    torch.cuda.init()
-    x = torch.ones(64, 64, device="cuda")
-    (torch.nn.functional.layer_norm(x @ x, (64,)).softmax(-1) + x.argmax(-1).float()).sum().item()
-    del x
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    start_process()  # the sleep worker's baseline, taken the same way
     free0 = torch.cuda.mem_get_info()[0]
     reserved0 = torch.cuda.memory_reserved()
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

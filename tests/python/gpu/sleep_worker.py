@@ -63,6 +63,21 @@ def tag_lines():
             if "Tag '" in l or "asleep (" in l]
 
 
+def start_process():
+    """Seeds torch and brings up the context and the libraries (cuBLAS's handle,
+    kernels loaded on first use): the process's, not the model's, made before any
+    baseline by untagged work; the cache emptied after."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.cuda.init()
+    x = torch.ones(64, 64, device="cuda")
+    (torch.nn.functional.layer_norm(x @ x, (64,)).softmax(-1) + x.argmax(-1).float()).sum().item()
+    del x
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def warm_up(args, heads):
     """Runs the work this kind of model runs (eager generation, a forward on a side
     stream, a captured graph and its replay) once, with a 1-layer model of the same
@@ -112,16 +127,8 @@ def main():
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.cuda.init()
-    # The context and the libraries (cuBLAS's handle, kernels loaded on first use) are
-    # the process's, not the model's: made before the baseline, by untagged work.
-    x = torch.ones(64, 64, device="cuda")
-    (torch.nn.functional.layer_norm(x @ x, (64,)).softmax(-1) + x.argmax(-1).float()).sum().item()
-    del x
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    start_process()
     free_strict = torch.cuda.mem_get_info()[0]
     heads = 12 if args.embd % 12 == 0 else 8  # GPT-2's heads must divide the width
     if args.warm_up:
