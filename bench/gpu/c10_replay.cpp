@@ -111,10 +111,8 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
       case EventKind::host_wait:
         cudaStreamSynchronize(s);
         break;
-      case EventKind::sleep:
-      case EventKind::wake:
-      case EventKind::empty_cache:
-        break;  // refused at load
+      default:
+        break;  // sleeps, wakes, empty_cache and pools: refused at load
     }
     if (!r.ok) break;
     ++r.events;
@@ -219,10 +217,10 @@ int run(const Options& o) {
   }
 #endif
   const Trace t = reservoir::replay::read_trace(o.trace);
-  if (t.sleeps + t.wakes + t.empty_caches > 0) {
+  if (t.sleeps + t.wakes + t.empty_caches > 0 || t.pools > 0) {
     std::fprintf(stderr,
-                 "reservoir_c10_replay: %s sleeps and wakes tags or empties the cache, which "
-                 "this tool does not replay (reservoir-replay does)\n",
+                 "reservoir_c10_replay: %s sleeps and wakes tags, empties the cache or routes "
+                 "to private pools, which this tool does not replay (reservoir-replay does)\n",
                  o.trace.c_str());
     return 2;
   }

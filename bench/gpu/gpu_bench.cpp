@@ -331,6 +331,7 @@ struct Trace {
   std::vector<Event> events;
   std::uint32_t streams = 1;
   std::uint32_t ids = 0;
+  bool skipped = false;  // it routes to private pools: not replayed here
 };
 
 // Lines "a,ID,SIZE,STREAM" and "f,ID"; '#' comments. Other record kinds (u, s) are
@@ -340,6 +341,12 @@ bool load_trace(const std::string& path, std::size_t max_events, Trace* out) {
   if (f == nullptr) return false;
   char line[256];
   while (out->events.size() < max_events && gzgets(f, line, sizeof line) != nullptr) {
+    // Requests and frees only: a trace of pools or restores is not this benchmark's.
+    if (std::strchr("pxgtekryo", line[0]) != nullptr && line[1] == ',') {
+      gzclose(f);
+      out->skipped = true;
+      return true;
+    }
     unsigned long long id = 0, size = 0;
     unsigned stream = 0;
     if (line[0] == 'a' && std::sscanf(line, "a,%llu,%llu,%u", &id, &size, &stream) == 3) {
@@ -621,6 +628,11 @@ int main(int argc, char** argv) {
       if (!load_trace(f.string(), smoke ? 2000 : SIZE_MAX, &t)) {
         std::fprintf(stderr, "cannot read %s\n", f.string().c_str());
         return 1;
+      }
+      if (t.skipped) {
+        std::printf("note: %s routes to private pools: reservoir-replay replays it\n",
+                    t.name.c_str());
+        continue;
       }
       traces.push_back(std::move(t));
     }

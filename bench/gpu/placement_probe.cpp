@@ -191,6 +191,10 @@ int probe(const Options& o) {
   if (!o.traces.empty())
     for (const std::string& path : files_ending(o.traces, ".trace.gz")) {
       const reservoir::replay::Trace trace = reservoir::replay::read_trace(path);
+      if (trace.pools + trace.sleeps > 0) {  // the engine lists replay requests only
+        std::printf("skipped %s: it routes to private pools or sleeps tags\n", path.c_str());
+        continue;
+      }
       for (const char* config : kLiveSettings) {
         const auto t0 = std::chrono::steady_clock::now();
         const EngineRun run = replay_logged(trace, config, d.backend, d.sim);

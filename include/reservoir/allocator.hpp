@@ -134,6 +134,10 @@ class RESERVOIR_API Allocator {
   void begin_allocate_to_pool(PoolId pool, StreamFilter filter, int device = -1);
   // The same for the requests on one capturing stream.
   void begin_capture_to_pool(PoolId pool, StreamHandle stream, int device = -1);
+  // Routes every request that filter accepts to the pool, as begin_allocate_to_pool,
+  // taking a capture to be under way only when capture (a replay of a recorded
+  // MemPool route, which is not a capture, routes so).
+  void begin_route_to_pool(PoolId pool, StreamFilter filter, bool capture, int device = -1);
   // Routes the calling thread's requests to the pool (MemPool's use_mem_pool); not a
   // capture.
   void begin_allocate_current_thread_to_pool(PoolId pool, int device = -1);
@@ -145,6 +149,9 @@ class RESERVOIR_API Allocator {
   // Throws InvalidArgumentError, changing nothing, when the pool's segments no longer
   // match the checkpoint.
   PoolRestore restore_pool(const PoolCheckpoint& checkpoint);
+  // The bytes the pool's segments hold now and those allocated in them (a released
+  // pool's too, until its memory is gone and it is forgotten).
+  PrivatePoolUsage pool_usage(PoolId pool, int device = -1);
   // Whether the pool's allocated blocks are exactly the pointers in expected.
   bool pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected, int device = -1);
   // ---- Tags: sleep and wake (reservoir/sleep.hpp, docs/sleep.md) ----

@@ -47,7 +47,16 @@ struct CheckpointSegment {
 struct PoolCheckpoint {
   int device = 0;
   PoolId pool;
+  // Which checkpoint_pool call made it, unique in the process (a trace's restore names
+  // it); 0 for one built otherwise.
+  std::uint64_t number = 0;
   std::vector<CheckpointSegment> segments;
+};
+
+// A private pool's memory now (Allocator::pool_usage).
+struct PrivatePoolUsage {
+  std::size_t reserved_bytes = 0;   // device memory its segments hold
+  std::size_t allocated_bytes = 0;  // of which in allocated blocks (rounded sizes)
 };
 
 // What restore_pool changed: blocks that were allocated and are now free (their

@@ -253,7 +253,8 @@ detail::DeviceEngine& Allocator::Impl::pool_engine(int device) {
 PoolId Allocator::create_pool(const PoolOptions& options, int device) {
   detail::DeviceEngine& e = impl_->pool_engine(device);
   const PoolId id{0, g_next_pool.fetch_add(1, std::memory_order_relaxed)};
-  e.retain_pool(id, options);
+  impl_->recorded([&] { e.retain_pool(id, options); },
+                  [&](detail::TraceRecorder& r) { r.on_pool_retain(id, options, std::nullopt); });
   return id;
 }
 
@@ -265,16 +266,25 @@ PoolId Allocator::create_pool(std::shared_ptr<SegmentSource> source, const PoolO
         "pool of device memory)");
   detail::DeviceEngine& e = impl_->pool_engine(device);
   const PoolId id{0, g_next_pool.fetch_add(1, std::memory_order_relaxed)};
-  e.retain_pool(id, options, std::move(source));
+  impl_->recorded([&] { e.retain_pool(id, options, std::move(source)); },
+                  [&](detail::TraceRecorder& r) { r.on_pool_retain(id, options, std::nullopt); });
   return id;
 }
 
 void Allocator::retain_pool(PoolId pool, const PoolOptions& options, int device) {
-  impl_->pool_engine(device).retain_pool(pool, options);
+  impl_->recorded_pool(
+      device, pool, [&](detail::DeviceEngine& e) { e.retain_pool(pool, options); },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_pool_retain(pool, options, before);
+      });
 }
 
 void Allocator::release_pool(PoolId pool, int device, bool empty_cache) {
-  impl_->pool_engine(device).release_pool(pool, empty_cache);
+  impl_->recorded_pool(
+      device, pool, [&](detail::DeviceEngine& e) { e.release_pool(pool, empty_cache); },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_pool_release(pool, empty_cache, before);
+      });
 }
 
 int Allocator::pool_use_count(PoolId pool, int device) {
@@ -282,33 +292,83 @@ int Allocator::pool_use_count(PoolId pool, int device) {
 }
 
 void Allocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter, int device) {
-  impl_->pool_engine(device).begin_allocate_to_pool(pool, std::move(filter), true);
+  begin_route_to_pool(pool, std::move(filter), true, device);
+}
+
+void Allocator::begin_route_to_pool(PoolId pool, StreamFilter filter, bool capture, int device) {
+  impl_->recorded_pool(
+      device, pool,
+      [&](detail::DeviceEngine& e) { e.begin_allocate_to_pool(pool, std::move(filter), capture); },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_route_begin(pool, capture, nullptr, before);
+      });
 }
 
 void Allocator::begin_capture_to_pool(PoolId pool, StreamHandle stream, int device) {
-  begin_allocate_to_pool(
-      pool, [stream](StreamHandle s) { return s == stream; }, device);
+  impl_->recorded_pool(
+      device, pool,
+      [&](detail::DeviceEngine& e) {
+        e.begin_allocate_to_pool(
+            pool, [stream](StreamHandle s) { return s == stream; }, true);
+      },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_route_begin(pool, true, &stream, before);
+      });
 }
 
 void Allocator::begin_allocate_current_thread_to_pool(PoolId pool, int device) {
-  impl_->pool_engine(device).begin_allocate_to_pool(
-      pool,
-      [thread = std::this_thread::get_id()](StreamHandle) {
-        return std::this_thread::get_id() == thread;
+  impl_->recorded_pool(
+      device, pool,
+      [&](detail::DeviceEngine& e) {
+        e.begin_allocate_to_pool(
+            pool,
+            [thread = std::this_thread::get_id()](StreamHandle) {
+              return std::this_thread::get_id() == thread;
+            },
+            false);
       },
-      false);
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_route_begin(pool, false, nullptr, before);
+      });
 }
 
 void Allocator::end_allocate_to_pool(PoolId pool, int device) {
-  impl_->pool_engine(device).end_allocate_to_pool(pool);
+  impl_->recorded_pool(
+      device, pool, [&](detail::DeviceEngine& e) { e.end_allocate_to_pool(pool); },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_route_end(pool, before);
+      });
 }
 
+namespace {
+// PoolCheckpoint::number: which checkpoint_pool call made a checkpoint.
+std::atomic<std::uint64_t> g_next_checkpoint{1};
+}  // namespace
+
 PoolCheckpoint Allocator::checkpoint_pool(PoolId pool, int device) {
-  return impl_->pool_engine(device).checkpoint_pool(pool);
+  PoolCheckpoint out;
+  impl_->recorded_pool(
+      device, pool,
+      [&](detail::DeviceEngine& e) {
+        out = e.checkpoint_pool(pool);
+        out.number = g_next_checkpoint.fetch_add(1, std::memory_order_relaxed);
+      },
+      [&](detail::TraceRecorder& r, const detail::PoolBefore& before) {
+        r.on_checkpoint(out, before);
+      });
+  return out;
 }
 
 PoolRestore Allocator::restore_pool(const PoolCheckpoint& checkpoint) {
-  return impl_->pool_engine(checkpoint.device).restore_pool(checkpoint);
+  detail::DeviceEngine& e = impl_->pool_engine(checkpoint.device);
+  PoolRestore out;
+  impl_->recorded([&] { out = e.restore_pool(checkpoint); },
+                  [&](detail::TraceRecorder& r) { r.on_restore(checkpoint, out); });
+  return out;
+}
+
+PrivatePoolUsage Allocator::pool_usage(PoolId pool, int device) {
+  return impl_->pool_engine(device).pool_usage(pool);
 }
 
 bool Allocator::pool_live_allocations_are(PoolId pool, const std::vector<void*>& expected,

@@ -81,6 +81,15 @@ struct Allocator::Impl {
     return top.load(std::memory_order_acquire)->allocate(size, stream, d);
   }
   detail::DeviceEngine& pool_engine(int device);  // throws where the engine has no pools
+  // The recording layer's questions about pools; where the engine keeps no pools
+  // there are none to route to.
+  detail::PoolQueries pool_queries() {
+    if (!base->traits().pool_refusal.empty())
+      return {[](StreamHandle, int) { return PoolId{}; },
+              [](PoolId, int) { return detail::PoolBefore{}; }};
+    return {[this](StreamHandle stream, int device) { return engine(device).routed_pool(stream); },
+            [this](PoolId pool, int device) { return engine(device).pool_facts(pool); }};
+  }
   // Runs op (a sleep, a wake, an empty_cache); while a trace is recorded, in its place
   // among the requests, written by record (TraceRecordingLayer::run_recorded).
   void recorded(const std::function<void()>& op,
@@ -94,6 +103,21 @@ struct Allocator::Impl {
       layer->run_recorded(op, record);
     else
       op();
+  }
+
+  // A pool call (op on the pool's engine), recorded as recorded() does; record also
+  // gets the pool's facts from just before op (what a recording that begins after
+  // the pool was made must write first).
+  template <class Op, class Record>
+  void recorded_pool(int device, PoolId pool, Op op, Record record) {
+    detail::DeviceEngine& e = pool_engine(device);
+    detail::PoolBefore before;
+    recorded(
+        [&] {
+          before = e.pool_facts(pool);
+          op(e);
+        },
+        [&](detail::TraceRecorder& r) { record(r, before); });
   }
 
   // Rebuilds the chain above the recording layer (under layers_mutex).
@@ -113,7 +137,8 @@ struct Allocator::Impl {
     std::lock_guard<std::mutex> guard(layers_mutex);
     std::unique_ptr<detail::TraceRecordingLayer> next;
     if (!path.empty())
-      next = std::make_unique<detail::TraceRecordingLayer>(*base, path, &core->hooks());
+      next = std::make_unique<detail::TraceRecordingLayer>(*base, path, &core->hooks(),
+                                                           pool_queries());
     if (recording) recording->close();
     recording = next.get();
     if (next) layers.push_back(std::move(next));

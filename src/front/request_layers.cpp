@@ -27,8 +27,11 @@ void unlock_layers() {
 }  // namespace
 
 TraceRecordingLayer::TraceRecordingLayer(MemoryResource& upstream, const std::string& path,
-                                         const void* tag_owner)
-    : upstream_(upstream), tag_owner_(tag_owner), recorder_(std::make_unique<TraceRecorder>(path)) {
+                                         const void* tag_owner, PoolQueries pools)
+    : upstream_(upstream),
+      tag_owner_(tag_owner),
+      pools_(std::move(pools)),
+      recorder_(std::make_unique<TraceRecorder>(path)) {
   // Registered after the recorder's own handlers, so that at a fork the layers are
   // locked first (the order in which requests take them: layer, then file).
   static std::once_flag once;
@@ -44,8 +47,11 @@ TraceRecordingLayer::~TraceRecordingLayer() {
 
 void* TraceRecordingLayer::allocate(std::size_t size, StreamHandle stream, int device) {
   std::lock_guard<std::mutex> guard(mutex_);
+  if (!recorder_) return upstream_.allocate(size, stream, device);
+  const PoolId pool = pools_.routed(stream, device);
+  const PoolBefore before = pool.is_default() ? std::nullopt : pools_.facts(pool, device);
   void* ptr = upstream_.allocate(size, stream, device);
-  if (recorder_) recorder_->on_allocate(ptr, size, stream, thread_tag_for(tag_owner_));
+  recorder_->on_allocate(ptr, size, stream, thread_tag_for(tag_owner_), pool, before);
   return ptr;
 }
 

@@ -20,11 +20,20 @@
 
 namespace reservoir::detail {
 
+// How the recording layer learns which private pool a request goes to (asked before
+// the request, under the layer's lock, which pool calls also take).
+struct PoolQueries {
+  // The pool a request on stream from this thread goes to ({0, 0}: none).
+  std::function<PoolId(StreamHandle stream, int device)> routed;
+  std::function<PoolBefore(PoolId pool, int device)> facts;
+};
+
 class TraceRecordingLayer final : public MemoryResource {
  public:
   // Opens path (throws std::runtime_error naming it when it cannot). tag_owner: the
   // allocator's hooks, whose thread tags (thread_tag_for) requests carry.
-  TraceRecordingLayer(MemoryResource& upstream, const std::string& path, const void* tag_owner);
+  TraceRecordingLayer(MemoryResource& upstream, const std::string& path, const void* tag_owner,
+                      PoolQueries pools);
   ~TraceRecordingLayer() override;
   void* allocate(std::size_t size, StreamHandle stream, int device) override;
   void deallocate(void* ptr) override;
@@ -41,6 +50,7 @@ class TraceRecordingLayer final : public MemoryResource {
  private:
   MemoryResource& upstream_;
   const void* const tag_owner_;
+  const PoolQueries pools_;
   std::mutex mutex_;
   std::unique_ptr<TraceRecorder> recorder_;  // null once closed
 };

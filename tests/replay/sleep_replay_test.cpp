@@ -270,14 +270,14 @@ INSTANTIATE_TEST_SUITE_P(Policies, SleepReplay, sleep_util::kSleepPolicies,
 // replay, with the reason; a trace without tags is not.
 TEST(SleepReplayRefusal, SettingsWithoutPoolsRefuseTaggedTraces) {
   const Trace tagged = parse_trace_text("n,1,refused-tag\na,0,64,0,1\nz,1,offload\nw,1\n", "t");
-  const std::string why = tag_refusal(tagged, "backend:cudaMallocAsync");
+  const std::string why = trace_refusal(tagged, "backend:cudaMallocAsync");
   EXPECT_EQ(
       why.rfind("--config 'backend:cudaMallocAsync': the trace tags its memory (1 sleeps)", 0), 0u)
       << why;
   EXPECT_NE(why.find("cannot tag memory"), std::string::npos) << why;
-  EXPECT_EQ(tag_refusal(tagged, ""), "");
-  EXPECT_EQ(tag_refusal(tagged, "policy:compact"), "");
-  EXPECT_EQ(tag_refusal(parse_trace_text("a,0,64,0\n", "u"), "backend:cudaMallocAsync"), "");
+  EXPECT_EQ(trace_refusal(tagged, ""), "");
+  EXPECT_EQ(trace_refusal(tagged, "policy:compact"), "");
+  EXPECT_EQ(trace_refusal(parse_trace_text("a,0,64,0\n", "u"), "backend:cudaMallocAsync"), "");
 }
 
 // A device that cannot map memory cannot sleep: the replay stops with the engine's

@@ -126,6 +126,28 @@ class GpuTruthTest(unittest.TestCase):
                 compared += 1
         self.assertGreaterEqual(compared, 10)
 
+    def test_graph_traces_replay_to_the_live_runs_and_their_pools(self):
+        """Programs that capture CUDA graphs: the simulated replay of each trace reserves at
+        its peak what the program reserved under PyTorch's allocator and under Reservoir,
+        and its pools hold at the end what the program's snapshot said they did."""
+        graphs = self.truth.get("graph_traces", {}).get("traces", {})
+        self.assertGreaterEqual(len(graphs), 2)
+        for name, t in graphs.items():
+            path = os.path.join(self.traces_dir, t["file"])
+            self.assertTrue(os.path.exists(path), name)
+            for s, cell in t["settings"].items():
+                got = replay(path, [s], False)[s]
+                label = f"{name:26} {s or 'default':52}"
+                print(f"{label} sim {got['peak_reserved']:>12,}  live "
+                      f"{cell['c10_live']['max_memory_reserved']:>12,} (c10)")
+                self.assertEqual(got["peak_reserved"], cell["c10_live"]["max_memory_reserved"], label)
+                self.assertEqual(got["peak_reserved"], cell["reservoir_live"]["max_memory_reserved"],
+                                 label)
+                self.assertEqual(got["ooms"], 0, label)
+                held = sum(p["end_reserved"] for p in got["pools"])
+                self.assertEqual(held, sum(cell["c10_live"]["pools_reserved"].values()), label)
+                self.assertEqual(held, sum(cell["reservoir_live"]["pools_reserved"].values()), label)
+
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:

@@ -45,8 +45,9 @@ void script(TraceRecorder& rec) {
 }
 
 constexpr const char* kHeader =
-    "# trace v2: a,ID,SIZE,STREAM[,TAG] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | "
-    "z,TAG,MODE | w,TAG[,STREAM] | c\n";
+    "# trace v2: a,ID,SIZE,STREAM[,TAG[,POOL]] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | "
+    "z,TAG,MODE | w,TAG[,STREAM] | c | p,POOL[,OPTIONS] | x,POOL[,empty] | g,POOL[,STREAM] | "
+    "t,POOL | e,POOL | k,CKPT,POOL | r,CKPT | y,ID | o,ID,OLDID\n";
 
 const std::string kExpected = std::string(kHeader) +
                               "a,0,100,0\n"

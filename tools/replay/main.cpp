@@ -102,7 +102,7 @@ int run(const CliOptions& opts) {
     return fail(e.what());
   }
   for (const std::string& c : opts.configs)
-    if (const std::string why = tag_refusal(trace, c); !why.empty()) return fail(why);
+    if (const std::string why = trace_refusal(trace, c); !why.empty()) return fail(why);
   // Nothing to measure: say so rather than print a table of zeros.
   if (trace.allocations == 0) {
     return fail("warning: " + trace.path + " has " +

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 
+#include "replay_pools.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/config.hpp"
 #include "reservoir/errors.hpp"
@@ -176,18 +177,29 @@ CacheFacts cache_facts(Allocator& alloc, const DeviceStats& s) {
 
 }  // namespace
 
-std::string tag_refusal(const Trace& trace, const std::string& config) {
-  if (trace.tag_names.empty()) return "";
+std::string trace_refusal(const Trace& trace, const std::string& config) {
   const auto named = std::find_if(trace.tag_names.begin(), trace.tag_names.end(),
                                   [](const std::string& n) { return !n.empty(); });
+  if (named == trace.tag_names.end() && trace.pools == 0) return "";
   Allocator probe(std::make_shared<SimBackend>(), Config::parse(config));
-  try {
-    probe.push_tag(*named);
-  } catch (const InvalidArgumentError& e) {
-    return "--config '" + config + "': the trace tags its memory (" + std::to_string(trace.sleeps) +
-           " sleeps), which this setting cannot: " + e.what();
+  if (named != trace.tag_names.end()) {
+    try {
+      probe.push_tag(*named);
+    } catch (const InvalidArgumentError& e) {
+      return "--config '" + config + "': the trace tags its memory (" +
+             std::to_string(trace.sleeps) + " sleeps), which this setting cannot: " + e.what();
+    }
+    probe.pop_tag();
   }
-  probe.pop_tag();
+  if (trace.pools > 0) {
+    try {
+      probe.release_pool(probe.create_pool());
+    } catch (const InvalidArgumentError& e) {
+      return "--config '" + config + "': the trace routes requests to private pools (" +
+             std::to_string(trace.pools) + " pools, " + std::to_string(trace.captures) +
+             " captures), which this setting keeps none of: " + e.what();
+    }
+  }
   return "";
 }
 
@@ -239,6 +251,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   // or whose allocation failed (its later frees and uses are then skipped).
   std::vector<void*> ptrs(trace.allocations, nullptr);
   TraceTags tags(alloc, trace);
+  TracePools pools(alloc, trace, kDevice);
   TimelineSampler sampler(trace.events.size(), options.timeline_points, &result.timeline);
   const std::size_t total = trace.events.size();
   std::size_t done = 0;
@@ -253,12 +266,27 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
           ++result.ooms;  // its tag could not wake: the first OOM was that wake's
           break;
         }
+        pools.before_alloc(ev.slot);
         try {
           ptrs[ev.slot] = alloc.allocate(ev.size, streams[ev.stream], kDevice);
         } catch (const OutOfMemoryError&) {
           if (result.ooms++ == 0) result.first_oom = oom.facts(alloc, sim != nullptr, done, ev);
         }
+        pools.after_alloc(ev.slot, ptrs[ev.slot]);
         break;
+      case EventKind::pool_retain:
+      case EventKind::pool_release:
+      case EventKind::route_begin:
+      case EventKind::route_end:
+      case EventKind::checkpoint:
+        pools.apply(ev);
+        break;
+      case EventKind::restore:
+        done += pools.restore(done, ptrs);  // and its y and o events
+        break;
+      case EventKind::restore_free:
+      case EventKind::restore_alloc:
+        break;  // taken by their restore
       case EventKind::sleep:
         tags.sleep(ev);
         break;
@@ -274,6 +302,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
         break;
       case EventKind::free:
         if (void* p = ptrs[ev.slot]) {
+          pools.on_free(ev.slot, p);
           alloc.deallocate(p);
           ptrs[ev.slot] = nullptr;
           if (options.free_completes_stream && sim) sim->advance(streams[ev.stream]);
@@ -316,11 +345,13 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   result.alloc_retries = as_u64(s.num_alloc_retries);
   result.device_time_us = sim ? sim->counters().device_time_us : 0.0;
   if (!options.stop_at_first_oom) result.cache = cache_facts(alloc, s);
+  if (pools.any()) result.pools = pools.finish();
 
   // Allocations the trace never frees (weights) go back before the allocator is
   // destroyed, so teardown sees a clean engine.
   for (void* p : ptrs)
     if (p != nullptr) alloc.deallocate(p);
+  for (void* p : pools.orphans()) alloc.deallocate(p);
   return result;
 }
 

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "call_profile.hpp"
+#include "replay_pools.hpp"
 #include "reservoir/backend.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "trace_reader.hpp"
@@ -122,16 +123,18 @@ struct ReplayResult {
   std::vector<CallCount> calls;       // with ReplayOptions::profile_calls: device calls made
   std::optional<OomFacts> first_oom;  // the first allocation that threw OutOfMemoryError
   CacheFacts cache;
-  Timeline timeline;  // empty unless ReplayOptions::timeline_points
+  Timeline timeline;               // empty unless ReplayOptions::timeline_points
+  std::vector<PoolFigures> pools;  // each trace pool's figures (traces with pools)
   // Set from fit_memory_fraction.
   std::optional<std::uint64_t> fit_capacity;  // fit_fraction * device total, bytes
   double fit_fraction = 0;
   double fit_ratio = 0;  // fit_capacity / peak_requested
 };
 
-// Why config cannot replay trace's tags (sleep and wake need pools: docs/sleep.md), or
-// "" when it can or the trace has none.
-std::string tag_refusal(const Trace& trace, const std::string& config);
+// Why config cannot replay trace's tags (sleep and wake need pools: docs/sleep.md) or
+// its private pools (backend:cudaMallocAsync and the uncached mode keep none), or ""
+// when it can or the trace has neither.
+std::string trace_refusal(const Trace& trace, const std::string& config);
 
 // Replays trace under config ("key:value,..."). Throws ConfigError for a bad config;
 // other engine errors (a bug) propagate as their exceptions.

@@ -107,6 +107,37 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
              duration_us(static_cast<double>(c->ns) / 1e3 / static_cast<double>(c->count));
     });
   }
+  // Private pools (traces with pools): each pool's rows, or their sums past a few.
+  const std::size_t pools = results.empty() ? 0 : results.front().pools.size();
+  constexpr std::size_t kPoolRows = 8;
+  auto pool_sum = [](const ReplayResult& r, std::uint64_t PoolFigures::*field) {
+    std::uint64_t sum = 0;
+    for (const PoolFigures& f : r.pools) sum += f.*field;
+    return sum;
+  };
+  if (pools > kPoolRows) {
+    add("pools: peak reserved (sum)", [&](const ReplayResult& r) {
+      return bytes_cell(pool_sum(r, &PoolFigures::peak_reserved));
+    });
+    add("pools: reserved at end",
+        [&](const ReplayResult& r) { return bytes_cell(pool_sum(r, &PoolFigures::end_reserved)); });
+  } else {
+    for (std::size_t k = 0; k < pools; ++k) {
+      const std::string name = "pool " + std::to_string(results.front().pools[k].number);
+      auto figure = [k](const ReplayResult& r, std::uint64_t PoolFigures::*field) {
+        return k < r.pools.size() ? bytes_cell(r.pools[k].*field) : std::string("-");
+      };
+      add(name + ": peak live",
+          [&](const ReplayResult& r) { return figure(r, &PoolFigures::peak_live); });
+      add(name + ": peak reserved",
+          [&](const ReplayResult& r) { return figure(r, &PoolFigures::peak_reserved); });
+      add(name + ": reserved at end", [&](const ReplayResult& r) {
+        if (k < r.pools.size() && r.pools[k].released && r.pools[k].end_reserved == 0)
+          return std::string("released");
+        return figure(r, &PoolFigures::end_reserved);
+      });
+    }
+  }
   if (with_fit) {
     add("fit capacity", [](const ReplayResult& r) {
       return r.fit_capacity ? bytes_cell(*r.fit_capacity) : std::string("does not fit");
@@ -135,6 +166,12 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
       (trace.sleeps + trace.wakes > 0 ? ", " + with_commas(trace.sleeps) + " sleeps and " +
                                             with_commas(trace.wakes) + " wakes of tags"
                                       : std::string()) +
+      (trace.pools > 0
+           ? ", " + with_commas(trace.pools) +
+                 (trace.pools == 1 ? " private pool (" : " private pools (") +
+                 with_commas(trace.captures) + " captures, " + with_commas(trace.checkpoints) +
+                 " checkpoints, " + with_commas(trace.restores) + " restores)"
+           : std::string()) +
       (device.empty()
            ? "; simulated device " + human_bytes(capacity)
            : "; measured on " + device +
@@ -159,6 +196,12 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
       notes +=
           "first OOM under " + config_label(r.config) + ": " + describe_oom(*r.first_oom) + "\n";
   }
+  if (trace.captures > 0 && !device.empty())
+    notes +=
+        "captures are modelled on the host: requests go to the pools the trace names, "
+        "under the allocator's capture rules from each g line to its e line; the replay "
+        "launches no kernel, so there is nothing to capture on " +
+        device + "\n";
   if (!notes.empty()) out += "\n" + notes;
   return out;
 }
@@ -221,6 +264,21 @@ std::string format_json(const std::vector<ReplayResult>& results, bool with_fit)
                "}";
       }
       out += "}";
+    }
+    if (!r.pools.empty()) {
+      out += ", \"pools\": [";
+      for (std::size_t k = 0; k < r.pools.size(); ++k) {
+        const PoolFigures& f = r.pools[k];
+        out += (k == 0 ? "{" : ", {") + std::string("\"pool\": ") + std::to_string(f.number) +
+               ", \"requests\": " + std::to_string(f.requests) +
+               ", \"peak_live\": " + std::to_string(f.peak_live) +
+               ", \"peak_allocated\": " + std::to_string(f.peak_allocated) +
+               ", \"peak_reserved\": " + std::to_string(f.peak_reserved) +
+               ", \"end_allocated\": " + std::to_string(f.end_allocated) +
+               ", \"end_reserved\": " + std::to_string(f.end_reserved) +
+               ", \"released\": " + (f.released ? "true" : "false") + "}";
+      }
+      out += "]";
     }
     if (with_fit) {
       out += ", \"fit_capacity\": " +

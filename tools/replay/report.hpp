@@ -35,6 +35,8 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
 //   config, events, peak_requested, peak_allocated, peak_reserved, ratio,
 //   device_allocs, device_frees, device_time_us, ooms, ns_per_event
 // and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits);
+// a trace with private pools adds "pools": [{"pool", "requests", "peak_live",
+// "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", "released"}, ...];
 // a replay run with ReplayOptions::profile_calls adds "calls": {KIND: {"count": N,
 // "ns": host ns inside those calls}, ...} for each kind of device call it made.
 std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);

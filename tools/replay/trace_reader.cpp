@@ -17,12 +17,13 @@
 #include <vector>
 
 #include "reservoir/sleep.hpp"
+#include "trace_text.hpp"
 
 namespace reservoir::replay {
 
 namespace {
 
-constexpr const char* kExpectAlloc = "expected a,ID,SIZE,STREAM[,TAG]";
+constexpr const char* kExpectAlloc = "expected a,ID,SIZE,STREAM[,TAG[,POOL]]";
 constexpr const char* kExpectFree = "expected f,ID";
 constexpr const char* kExpectUse = "expected u,ID,STREAM";
 constexpr const char* kExpectWait = "expected s,STREAM";
@@ -31,8 +32,9 @@ constexpr const char* kExpectSleep = "expected z,TAG,MODE (MODE offload or disca
 constexpr const char* kExpectWake = "expected w,TAG[,STREAM]";
 constexpr const char* kExpectEmpty = "expected c";
 constexpr const char* kLines =
-    "a,ID,SIZE,STREAM[,TAG] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | z,TAG,MODE | "
-    "w,TAG[,STREAM] | c | # comment";
+    "a,ID,SIZE,STREAM[,TAG[,POOL]] | f,ID | u,ID,STREAM | s,STREAM | n,TAG,NAME | z,TAG,MODE | "
+    "w,TAG[,STREAM] | c | p,POOL[,OPTIONS] | x,POOL[,empty] | g,POOL[,STREAM] | t,POOL | "
+    "e,POOL | k,CKPT,POOL | r,CKPT | y,ID | o,ID,OLDID | # comment";
 // Tag numbers are below this (0 is no tag), as the engine's tags.
 constexpr std::uint64_t kMaxTags = 1u << 16;
 
@@ -51,41 +53,6 @@ std::size_t split(std::string_view line, std::array<std::string_view, N>& out) {
     if (comma == std::string_view::npos) return count;
     start = comma + 1;
   }
-}
-
-// Unsigned decimal filling the whole field; false on anything else (sign, space,
-// overflow, empty).
-bool parse_u64(std::string_view field, std::uint64_t& value) {
-  if (field.empty()) return false;
-  const char* end = field.data() + field.size();
-  auto [ptr, ec] = std::from_chars(field.data(), end, value);
-  return ec == std::errc{} && ptr == end;
-}
-
-// Whether a byte would reach a terminal as itself: printable ASCII.
-bool printable(char c) {
-  return c >= 0x20 && c < 0x7f;
-}
-
-// The start of line in quotes, for messages: bytes that are not printable ASCII are
-// written \xHH, so binary input never reaches the terminal raw.
-std::string quoted(std::string_view line) {
-  constexpr std::size_t kMax = 60;
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string s = "'";
-  for (const char c : line.substr(0, kMax)) {
-    if (printable(c)) {
-      s += c;
-    } else {
-      const auto u = static_cast<unsigned char>(c);
-      s += "\\x";
-      s += kHex[u >> 4];
-      s += kHex[u & 15];
-    }
-  }
-  if (line.size() > kMax) s += "...";
-  s += "'";
-  return s;
 }
 
 // Plain data is clearly not text when its first bytes hold a control byte that no
@@ -151,41 +118,25 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
                             " is not supported (this reader knows v1 and v2)");
     return;
   }
-  std::array<std::string_view, 5> f;
+  std::array<std::string_view, 6> f;
   const std::size_t n = split(line, f);
   const std::string_view kind = f[0];
+  // The blocks of a restore follow its r line; any other line ends it.
+  if (kind != "y" && kind != "o") restore_event_ = 0;
   Event ev;
   if (kind == "a") {
     std::uint64_t id = 0;
-    if ((n != 4 && n != 5) || !parse_u64(f[1], id) || !parse_u64(f[2], ev.size))
+    if (n < 4 || n > 6 || !parse_u64(f[1], id) || !parse_u64(f[2], ev.size))
       fail(line_number, std::string(kExpectAlloc) + ", got " + quoted(line));
     ev.stream = stream_or_fail(f[3], line_number, kExpectAlloc);
-    const std::uint16_t tag = n == 5 ? tag_or_fail(f[4], line_number, kExpectAlloc, line) : 0;
-    if (trace_.allocations == std::numeric_limits<std::uint32_t>::max())
-      fail(line_number, "too many allocations (more than 2^32 - 1)");
+    const std::uint16_t tag = n >= 5 ? tag_or_fail(f[4], line_number, kExpectAlloc, line) : 0;
+    const std::uint16_t pool =
+        n == 6 ? pool_or_fail(f[5], line_number, kExpectAlloc, line, false, true) : 0;
+    if (pool != 0 && pools_[pool].route_line == 0)
+      fail(line_number, "allocation routed to pool " + std::to_string(pool) +
+                            ", to which no route is on (a g or t line begins one)");
     ev.kind = EventKind::alloc;
-    ev.slot = trace_.allocations;
-    auto [it, inserted] =
-        live_.try_emplace(id, Live{ev.slot, ev.stream, tag, ev.size, line_number});
-    if (!inserted)
-      fail(line_number, "ID " + std::to_string(id) + " is already live (allocated at line " +
-                            std::to_string(it->second.line) + " and not freed)");
-    if (tag != 0) {
-      TagBook& book = tags_[tag];
-      if (book.asleep_line != 0)
-        fail(line_number, "allocation under tag " + tag_label(tag) + ", asleep since line " +
-                              std::to_string(book.asleep_line) +
-                              " (requests under a sleeping tag are refused)");
-      book.known = true;
-      book.live_bytes += ev.size;
-    }
-    if (tag != 0 || !trace_.alloc_tags.empty()) {  // from the first tagged allocation on
-      trace_.alloc_tags.resize(trace_.allocations, 0);
-      trace_.alloc_tags.push_back(tag);
-    }
-    ++trace_.allocations;
-    live_bytes_ += ev.size;
-    if (live_bytes_ > trace_.peak_live_bytes) trace_.peak_live_bytes = live_bytes_;
+    ev.slot = add_live(id, Live{0, ev.stream, tag, ev.size, line_number, pool}, line_number);
   } else if (kind == "f" || kind == "u") {
     const bool is_free = kind == "f";
     const char* expected = is_free ? kExpectFree : kExpectUse;
@@ -201,12 +152,7 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
     if (is_free) {
       ev.kind = EventKind::free;
       ev.stream = it->second.stream;
-      // A sleeping tag's blocks may be freed (the books only): its bytes left the
-      // awake sum at the sleep.
-      const std::uint16_t tag = it->second.tag;
-      if (tag == 0 || tags_[tag].asleep_line == 0) live_bytes_ -= it->second.size;
-      if (tag != 0) tags_[tag].live_bytes -= it->second.size;
-      live_.erase(it);
+      remove_live(it);
       ++trace_.frees;
     } else {
       ev.kind = EventKind::use;
@@ -225,14 +171,70 @@ void TraceParser::add_line(std::string_view raw, std::uint64_t line_number) {
     add_tag_line(kind.front(), std::span<const std::string_view>(f.data(), std::min(n, f.size())),
                  line_number, line);
     return;
+  } else if (kind.size() == 1 &&
+             std::string_view("pxgtekryo").find(kind.front()) != std::string_view::npos) {
+    add_pool_line(kind.front(), std::span<const std::string_view>(f.data(), std::min(n, f.size())),
+                  line_number, line);
+    return;
   } else {
     fail(line_number, "unknown event " + quoted(line) + " (lines are " + kLines + ")");
   }
-  if (ev.kind != EventKind::free) {
-    if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
-    stream_seen_[ev.stream] = true;
-  }
+  if (ev.kind != EventKind::free) note_stream(ev.stream);
   trace_.events.push_back(ev);
+}
+
+void TraceParser::note_stream(std::uint16_t stream) {
+  if (stream >= stream_seen_.size()) stream_seen_.resize(stream + 1u);
+  stream_seen_[stream] = true;
+}
+
+std::uint32_t TraceParser::add_live(std::uint64_t id, const Live& entry,
+                                    std::uint64_t line_number) {
+  if (trace_.allocations == std::numeric_limits<std::uint32_t>::max())
+    fail(line_number, "too many allocations (more than 2^32 - 1)");
+  Live live = entry;
+  live.slot = trace_.allocations;
+  auto [it, inserted] = live_.try_emplace(id, live);
+  if (!inserted)
+    fail(line_number, "ID " + std::to_string(id) + " is already live (allocated at line " +
+                          std::to_string(it->second.line) + " and not freed)");
+  const std::uint16_t tag = live.tag;
+  if (tag != 0) {
+    TagBook& book = tags_[tag];
+    if (book.asleep_line != 0)
+      fail(line_number, "allocation under tag " + tag_label(tag) + ", asleep since line " +
+                            std::to_string(book.asleep_line) +
+                            " (requests under a sleeping tag are refused)");
+    book.known = true;
+    book.live_bytes += live.size;
+  }
+  if (tag != 0 || !trace_.alloc_tags.empty()) {  // from the first tagged allocation on
+    trace_.alloc_tags.resize(trace_.allocations, 0);
+    trace_.alloc_tags.push_back(tag);
+  }
+  if (live.pool != 0 || !trace_.alloc_pools.empty()) {  // from the first routed one on
+    trace_.alloc_pools.resize(trace_.allocations, 0);
+    trace_.alloc_pools.push_back(live.pool);
+  }
+  if (live.pool != 0) {
+    PoolBook& book = pools_[live.pool];
+    book.live_bytes += live.size;
+    trace_.pool_peak_live[live.pool] = std::max(trace_.pool_peak_live[live.pool], book.live_bytes);
+  }
+  ++trace_.allocations;
+  live_bytes_ += live.size;
+  if (live_bytes_ > trace_.peak_live_bytes) trace_.peak_live_bytes = live_bytes_;
+  return live.slot;
+}
+
+void TraceParser::remove_live(std::unordered_map<std::uint64_t, Live>::iterator it) {
+  // A sleeping tag's blocks may be freed (the books only): its bytes left the awake
+  // sum at the sleep.
+  const Live& live = it->second;
+  if (live.tag == 0 || tags_[live.tag].asleep_line == 0) live_bytes_ -= live.size;
+  if (live.tag != 0) tags_[live.tag].live_bytes -= live.size;
+  if (live.pool != 0) pools_[live.pool].live_bytes -= live.size;
+  live_.erase(it);
 }
 
 std::string TraceParser::tag_label(std::uint16_t tag) const {
@@ -308,8 +310,7 @@ void TraceParser::add_tag_line(char kind, std::span<const std::string_view> f,
     if (f.size() == 3) {
       ev.stream = stream_or_fail(f[2], line_number, expected);
       if (ev.size == kWakeOnHost) ev.size = kWakeOnStream;
-      if (ev.stream >= stream_seen_.size()) stream_seen_.resize(ev.stream + 1u);
-      stream_seen_[ev.stream] = true;
+      note_stream(ev.stream);
     }
     book.asleep_line = 0;
     live_bytes_ += book.live_bytes;
@@ -322,7 +323,12 @@ void TraceParser::add_tag_line(char kind, std::span<const std::string_view> f,
 Trace TraceParser::finish() {
   trace_.live_at_end = live_.size();
   if (!trace_.alloc_tags.empty()) trace_.alloc_tags.resize(trace_.allocations, 0);
+  if (!trace_.alloc_pools.empty()) trace_.alloc_pools.resize(trace_.allocations, 0);
   tags_.clear();
+  pools_.clear();
+  checkpoints_.clear();
+  captures_on_ = 0;
+  restore_event_ = 0;
   tag_numbers_.clear();
   for (std::size_t k = 0; k < stream_seen_.size(); ++k)
     if (stream_seen_[k]) trace_.stream_ids.push_back(static_cast<std::uint16_t>(k));

@@ -34,6 +34,15 @@ enum class EventKind : std::uint8_t {
   sleep,        // z,TAG,MODE (v2)
   wake,         // w,TAG[,STREAM] (v2)
   empty_cache,  // c (v2)
+  // Private pools (v2; docs/trace_format.md):
+  pool_retain,    // p,POOL[,OPTIONS]: slot = pool; size = kPoolUseOnOom | kPoolNoSplit bits
+  pool_release,   // x,POOL[,empty]: slot = pool; size = 1 with empty
+  route_begin,    // g,POOL[,STREAM] | t,POOL: slot = pool; size = kRoute*; stream
+  route_end,      // e,POOL: slot = pool
+  checkpoint,     // k,CKPT,POOL: slot = CKPT; size = pool
+  restore,        // r,CKPT: slot = CKPT; size = the restore_* events that follow it
+  restore_free,   // y,ID: slot = the allocation the restore freed
+  restore_alloc,  // o,ID,OLDID: slot = the new allocation; size = OLDID's slot; stream
 };
 
 // What Event::size holds for sleep and wake.
@@ -42,11 +51,18 @@ inline constexpr std::uint64_t kWakeOnHost = 0, kWakeOnStream = 1;
 // A wake of a tag that slept since before the trace began (recording started while it
 // slept): in a replay, where it never slept, there is nothing to wake.
 inline constexpr std::uint64_t kWakeNotAsleep = 2;
+// What Event::size holds for pool_retain and route_begin.
+inline constexpr std::uint64_t kPoolUseOnOom = 1, kPoolNoSplit = 2;
+inline constexpr std::uint64_t kRouteCapture = 0, kRouteCaptureOnStream = 1, kRouteThread = 2;
 
-// Invariant: for alloc, slot == number of allocs before it in the trace; for free and
-// use, slot names an earlier alloc that is live at this point; for sleep and wake,
-// slot is a declared tag number (< Trace::tag_names.size(), not 0), awake before a
-// sleep and, unless size == kWakeNotAsleep, asleep before a wake; stream < Trace::streams.
+// Invariant: for alloc and restore_alloc, slot == number of allocations before it in
+// the trace; for free, use and restore_free, slot names an earlier allocation that is
+// live at this point; for sleep and wake, slot is a declared tag number (<
+// Trace::tag_names.size(), not 0), awake before a sleep and, unless size ==
+// kWakeNotAsleep, asleep before a wake; for pool events slot is a pool number (1 to
+// Trace::pools), and an alloc whose alloc_pools entry is not 0 has a route to that pool
+// on; a restore is followed by exactly size restore_free and restore_alloc events;
+// stream < Trace::streams.
 struct Event {
   std::uint64_t size = 0;    // alloc: bytes requested; sleep: kSleep*; wake: kWake*; else 0
   std::uint32_t slot = 0;    // alloc/free/use: dense allocation index; sleep/wake: tag number
@@ -71,6 +87,13 @@ struct Trace {
   // the tag number of allocation slot; empty when no allocation carries a tag.
   std::vector<std::string> tag_names;
   std::vector<std::uint16_t> alloc_tags;
+  // Private pools (v2): numbers 1..pools; alloc_pools[slot] is the pool allocation slot
+  // was routed to (0: none), empty when none was. pool_peak_live[k]: the highest sum
+  // of live requested bytes routed to pool k (index 0 unused).
+  std::uint32_t pools = 0;
+  std::vector<std::uint16_t> alloc_pools;
+  std::vector<std::uint64_t> pool_peak_live;
+  std::uint64_t captures = 0, checkpoints = 0, restores = 0;
   // Highest sum of live requested bytes whose tag is awake: what any allocator must
   // hold at least (a sleeping tag's blocks need no device memory).
   std::uint64_t peak_live_bytes = 0;
@@ -108,10 +131,20 @@ class TraceParser {
   // The v2 lines of tags: n (a tag's name), z (sleep), w (wake); and a's tag field.
   void add_tag_line(char kind, std::span<const std::string_view> f, std::uint64_t line_number,
                     std::string_view line);
+  // The v2 lines of private pools: p, x, g, t, e, k, r, y, o (trace_pools.cpp).
+  void add_pool_line(char kind, std::span<const std::string_view> f, std::uint64_t line_number,
+                     std::string_view line);
+  // The pool number of field, or fail: 1 to 65535 (0, no pool, where none is allowed);
+  // named before by a p, g or t line unless it may be new (those lines), and not
+  // released.
+  std::uint16_t pool_or_fail(std::string_view field, std::uint64_t line_number,
+                             const char* expected, std::string_view line, bool may_be_new,
+                             bool none_allowed = false);
   // The tag number of field (declared by an earlier n line), or fail.
   std::uint16_t tag_or_fail(std::string_view field, std::uint64_t line_number, const char* expected,
                             std::string_view line) const;
   std::string tag_label(std::uint16_t tag) const;
+  void note_stream(std::uint16_t stream);  // a stream the trace uses
 
   struct Live {
     std::uint32_t slot;
@@ -119,7 +152,31 @@ class TraceParser {
     std::uint16_t tag;
     std::uint64_t size;
     std::uint64_t line;  // where it was allocated, for "ID reused" messages
+    std::uint16_t pool = 0;
   };
+  // An allocation becomes live (a or o line): a new slot, the books of its tag, pool
+  // and bytes. Fails for an ID live already, or a tag asleep.
+  std::uint32_t add_live(std::uint64_t id, const Live& entry, std::uint64_t line_number);
+  // An allocation stops being live (f or y line): the books of its tag, pool and bytes.
+  void remove_live(std::unordered_map<std::uint64_t, Live>::iterator it);
+  // A private pool's state while parsing, by pool number.
+  struct PoolBook {
+    std::uint64_t first_line = 0;     // 0: not named yet
+    std::int64_t uses = 0;            // p, g and t add one; x drops one
+    std::uint64_t route_line = 0;     // the g or t line of the route on; 0: none
+    bool capture = false;             // that route is a capture's
+    std::uint64_t released_line = 0;  // the x line that dropped the last use
+    std::uint64_t live_bytes = 0;     // of live allocations routed to it
+  };
+  struct CheckpointBook {
+    std::uint64_t line = 0;  // 0: not declared
+    std::uint16_t pool = 0;
+    std::unordered_map<std::uint64_t, Live> blocks;  // routed to the pool and live then, by ID
+  };
+  std::vector<PoolBook> pools_;                                    // by pool number
+  std::unordered_map<std::uint64_t, CheckpointBook> checkpoints_;  // by CKPT
+  std::uint64_t captures_on_ = 0;                                  // capture routes on
+  std::size_t restore_event_ = 0;  // the open restore's event + 1; 0: none open
   // A tag's state while parsing, by tag number.
   struct TagBook {
     std::uint64_t declared_line = 0;  // 0: not declared

@@ -33,9 +33,10 @@ struct Streams {
 
 EngineRun replay_logged(const reservoir::replay::Trace& trace, const std::string& config,
                         std::shared_ptr<Backend> device, reservoir::SimBackend* sim) {
-  if (trace.sleeps + trace.wakes > 0)
+  if (trace.sleeps + trace.wakes > 0 || trace.pools > 0)
     throw std::invalid_argument(trace.path +
-                                ": sleeps and wakes tags; the placement tools replay "
+                                ": sleeps and wakes tags or routes to private pools; the "
+                                "placement tools replay "
                                 "allocations, frees, uses and host waits (reservoir-replay "
                                 "replays them)");
   reservoir::Config cfg = reservoir::Config::parse(config);
@@ -81,9 +82,8 @@ EngineRun replay_logged(const reservoir::replay::Trace& trace, const std::string
         case EventKind::empty_cache:
           alloc.empty_cache(kDevice);
           break;
-        case EventKind::sleep:
-        case EventKind::wake:
-          break;  // refused above
+        default:
+          break;  // sleeps, wakes and pools: refused above
       }
       ++run.events;
     }

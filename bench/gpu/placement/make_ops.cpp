@@ -91,6 +91,10 @@ int run(const std::string& traces, const std::string& out, bool check) {
   std::size_t lists = 0;
   for (const std::string& path : trace_files(traces)) {
     const reservoir::replay::Trace trace = reservoir::replay::read_trace(path);
+    if (trace.pools + trace.sleeps > 0) {  // the engine lists replay requests only
+      std::printf("skipped %s: it routes to private pools or sleeps tags\n", path.c_str());
+      continue;
+    }
     std::vector<OpList> made;
     std::uint64_t default_peak = 0;
     for (const char* config : kSettings)

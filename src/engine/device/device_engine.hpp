@@ -158,6 +158,13 @@ class DeviceEngine {
   // next empty_cache or out-of-memory release).
   void release_pool(PoolId id, bool empty_cache = false);
   int pool_use_count(PoolId id);
+  // The bytes the pool's segments hold and those of its allocated blocks (a released
+  // pool's too, until it is forgotten); throws InvalidArgumentError for an unknown one.
+  PrivatePoolUsage pool_usage(PoolId id);
+  // The private pool that a request on stream from this thread would go to now, or
+  // {0, 0} (the trace recorder's question; runs the routes' filters).
+  PoolId routed_pool(StreamHandle stream);
+  std::optional<PoolFacts> pool_facts(PoolId id) const { return private_registry_.facts(id); }
   // Routes requests that filter accepts to the pool (retaining it) until
   // end_allocate_to_pool. capture: a graph capture may be under way meanwhile.
   void begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture);

@@ -86,6 +86,26 @@ int DeviceEngine::pool_use_count(PoolId id) {
   return private_registry_.use_count(id);
 }
 
+PrivatePoolUsage DeviceEngine::pool_usage(PoolId id) {
+  const PoolRegistry::Pool pool = private_registry_.find(id);
+  if (!pool)
+    throw InvalidArgumentError("reservoir: cannot measure private pool " + pool_name(id) +
+                               ": no such pool on device " + std::to_string(device_));
+  PrivatePoolUsage usage;
+  for (StreamPool* p : pool->streams()) {
+    const StreamPool::SleepCounts c = p->sleep_counts();
+    usage.reserved_bytes += c.reserved;
+    usage.allocated_bytes += c.allocated;
+  }
+  return usage;
+}
+
+PoolId DeviceEngine::routed_pool(StreamHandle stream) {
+  if (!private_registry_.routing()) return PoolId{0, 0};
+  const PoolRegistry::Pool routed = private_registry_.route(stream);
+  return routed ? routed->id() : PoolId{0, 0};
+}
+
 // ---------------------------------------------------------------- routing
 
 void DeviceEngine::begin_allocate_to_pool(PoolId id, StreamFilter filter, bool capture) {

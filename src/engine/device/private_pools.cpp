@@ -84,6 +84,21 @@ PoolRegistry::Pool PoolRegistry::find(PoolId id) const {
   return find_locked(id);
 }
 
+std::optional<PoolFacts> PoolRegistry::facts(PoolId id) const {
+  std::lock_guard<std::mutex> guard(mutex_);
+  const Pool p = find_locked(id);
+  if (!p) return std::nullopt;
+  PoolFacts f;
+  f.use_count = p->use_count;
+  f.options = p->options();
+  for (const Route& r : *routes_)
+    if (r.pool == p) {
+      f.routed = true;
+      f.capture = r.capture;
+    }
+  return f;
+}
+
 std::vector<PoolRegistry::Pool> PoolRegistry::pools() const {
   std::lock_guard<std::mutex> guard(mutex_);
   return pools_;

@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,16 @@
 #include "reservoir/pools.hpp"
 
 namespace reservoir::detail {
+
+// What the trace recorder needs of a pool it meets for the first time.
+struct PoolFacts {
+  int use_count = 0;
+  PoolOptions options;
+  bool routed = false;   // a route to it is on
+  bool capture = false;  // that route is a capture's
+};
+// A pool's facts just before a call (nullopt: it did not exist).
+using PoolBefore = std::optional<PoolFacts>;
 
 class PrivatePool {
  public:
@@ -81,6 +92,8 @@ class PoolRegistry {
   int use_count(PoolId id) const;
   // The pool, or nullptr.
   Pool find(PoolId id) const;
+  // Its use count, options and route now; nullopt for a pool not registered.
+  std::optional<PoolFacts> facts(PoolId id) const;
   std::vector<Pool> pools() const;
   std::vector<Pool> released() const;
   std::vector<Pool> use_on_oom_pools() const;
