@@ -16,8 +16,9 @@ it touches no allocator API itself.
 """
 
 import argparse
-import json
 import sys
+
+import _graph_figures
 
 
 def parse_args(argv=None):
@@ -30,16 +31,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--figures", default=None, help="write the live run's figures here (JSON)")
     return p.parse_args(argv)
-
-
-def pool_figures(torch):
-    """Each private pool's reserved bytes now, by the snapshot's segment_pool_id."""
-    pools = {}
-    for seg in torch.cuda.memory_snapshot():
-        pool = tuple(seg.get("segment_pool_id", (0, 0)))
-        if pool != (0, 0):
-            pools[str(pool)] = pools.get(str(pool), 0) + seg["total_size"]
-    return pools
 
 
 def main(argv=None):
@@ -80,13 +71,8 @@ def main(argv=None):
             losses.append(compiled(ids).item())
     torch.cuda.synchronize()
     figures = {"workload": "compile_gpt2_train", "steps": args.steps, "infer": args.infer,
-               "max_memory_reserved": torch.cuda.max_memory_reserved(),
-               "memory_reserved": torch.cuda.memory_reserved(),
-               "pools_reserved": pool_figures(torch), "losses": losses}
-    print(json.dumps({k: v for k, v in figures.items() if k != "losses"}))
-    if args.figures:
-        with open(args.figures, "w") as f:
-            json.dump(figures, f)
+               "losses": losses}
+    _graph_figures.report(torch, figures, args.figures, quiet=("losses",))
     return 0
 
 

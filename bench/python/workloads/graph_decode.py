@@ -18,9 +18,10 @@ trace (python3 -m reservoir.capture); it touches no allocator API itself.
 """
 
 import argparse
-import json
 import random
 import sys
+
+import _graph_figures
 
 
 def parse_args(argv=None):
@@ -127,20 +128,9 @@ def main(argv=None):
                 tokens.append(outs[b].clone())
             served += torch.cat(tokens, 1).cpu().numel()  # the host waits for the request
     torch.cuda.synchronize()
-    pools = {}
-    for seg in torch.cuda.memory_snapshot():
-        p = tuple(seg.get("segment_pool_id", (0, 0)))
-        if p != (0, 0):
-            pools[str(p)] = pools.get(str(p), 0) + seg["total_size"]
     figures = {"workload": "graph_decode", "ladder": ladder, "reserved_before_graphs": before,
-               "graph_memory_after_capture": after,
-               "max_memory_reserved": torch.cuda.max_memory_reserved(),
-               "memory_reserved": torch.cuda.memory_reserved(), "pools_reserved": pools,
-               "tokens": served}
-    print(json.dumps(figures))
-    if args.figures:
-        with open(args.figures, "w") as f:
-            json.dump(figures, f)
+               "graph_memory_after_capture": after, "tokens": served}
+    _graph_figures.report(torch, figures, args.figures)
     return 0
 
 
