@@ -42,6 +42,9 @@ struct CheckpointSegment {
   std::uintptr_t base = 0;
   std::size_t size = 0;
   bool is_small = false;
+  // An expandable segment (expandable_segments:True): blocks lists its mapped blocks
+  // only, which need not tile it; a restore needs the allocated ones mapped.
+  bool expandable = false;
   std::vector<CheckpointBlock> blocks;  // in address order, tiling the segment
 };
 struct PoolCheckpoint {

@@ -440,6 +440,63 @@ TEST_P(Pools, ARestoreThatDoesNotFitChangesNothing) {
   a().release_pool(pool, 0);
 }
 
+// Expandable segments (cudagraph trees under expandable_segments:True, as PyTorch
+// allows): the checkpoint lists the mapped blocks; a restore carves the allocated ones
+// out of the pool's free memory, wherever its mapping grew since; a forged one naming
+// memory the segment does not map is refused, changing nothing.
+TEST_P(Pools, CheckpointsOfExpandableSegmentsRestoreTheirBlocks) {
+  if (!expandable()) GTEST_SKIP() << "expandable segments (the expandable mode)";
+  PoolId pool = a().create_pool({}, 0);
+  void *x, *y, *z;
+  {
+    ThreadRoute route(a(), pool);
+    x = alloc(3 * MiB);
+    y = alloc(1536 * KiB);
+    z = alloc(5 * MiB);
+    free(y);
+  }
+  const DeviceStats at_checkpoint = stats();
+  PoolCheckpoint checkpoint = a().checkpoint_pool(pool, 0);
+  ASSERT_FALSE(checkpoint.segments.empty());
+  EXPECT_TRUE(checkpoint.segments[0].expandable);
+  void *w, *big;
+  {
+    ThreadRoute route(a(), pool);
+    free(x);
+    w = alloc(1 * MiB);
+    big = alloc(40 * MiB);  // the pool maps more pages
+  }
+  PoolRestore restored = a().restore_pool(checkpoint);
+  std::sort(restored.freed.begin(), restored.freed.end());
+  std::vector<void*> was_live{w, z, big};
+  std::sort(was_live.begin(), was_live.end());
+  EXPECT_EQ(restored.freed, was_live);
+  std::vector<void*> now_live{x, z};
+  std::sort(restored.allocated.begin(), restored.allocated.end());
+  std::sort(now_live.begin(), now_live.end());
+  EXPECT_EQ(restored.allocated, now_live);
+  EXPECT_TRUE(a().pool_live_allocations_are(pool, {x, z}, 0));
+  EXPECT_EQ(a().requested_size(x), 3 * MiB);
+  const DeviceStats after = stats();
+  EXPECT_EQ(after.allocated_bytes.all().current, at_checkpoint.allocated_bytes.all().current);
+  EXPECT_EQ(after.requested_bytes.all().current, at_checkpoint.requested_bytes.all().current);
+  EXPECT_EQ(after.allocation.all().current, 2);
+  a().validate();
+  // A block where the segment maps nothing: refused, nothing changed.
+  PoolCheckpoint forged = checkpoint;
+  auto& blocks = forged.segments[0].blocks;
+  const auto last = std::find_if(blocks.rbegin(), blocks.rend(),
+                                 [](const CheckpointBlock& b) { return b.allocated; });
+  ASSERT_NE(last, blocks.rend());
+  last->address += 512 * MiB;
+  EXPECT_THROW(a().restore_pool(forged), InvalidArgumentError);
+  EXPECT_TRUE(a().pool_live_allocations_are(pool, {x, z}, 0));
+  a().validate();
+  free(x);
+  free(z);
+  a().release_pool(pool, 0);
+}
+
 TEST_P(Pools, UseOnOomPoolsLendTheirFreeBlocks) {
   for (bool use_on_oom : {false, true}) {
     make();

@@ -150,9 +150,9 @@ void Walker::op_pool(std::uint8_t arg) {
       if (!slot.exists || was_capture) return;  // a capture may leave frees pending
       try {
         slot.checkpoint = alloc_->checkpoint_pool(slot.id, slot.device);
-      } catch (const InvalidArgumentError&) {
-        // Refused for a pool that has expandable segments (documented).
-        WALK_CHECK(expandable_seen_, "checkpoint refused without expandable segments");
+      } catch (const InvalidArgumentError& e) {
+        // Never refused once its pending frees are waited for (expandable segments too).
+        WALK_CHECK(false, std::string("checkpoint refused: ") + e.what());
         slot.checkpoint.reset();
       }
       in_flight_.clear();  // it waited for the pool's pending frees
@@ -178,7 +178,8 @@ void Walker::pool_restore(PoolSlot& slot, int index) {
     r = alloc_->restore_pool(*slot.checkpoint);
   } catch (const InvalidArgumentError&) {
     // The pool gave a checkpointed segment back since (out-of-memory release of an
-    // oversize block): refused, nothing changed.
+    // oversize block), or pages of its expandable segment (empty_cache): refused,
+    // nothing changed.
     return;
   }
   std::vector<std::uintptr_t> freed;

@@ -600,22 +600,31 @@ TEST_F(BadInput, RequestsOnAnotherStreamDuringACaptureStayInTheDefaultPools) {
   a_.validate();
 }
 
-TEST_F(BadInput, CheckpointOfAPoolWithExpandableSegments) {
+// A checkpoint of expandable segments naming an allocated block where the segment maps
+// nothing (forged): refused before anything changes.
+TEST_F(BadInput, RestoreOfExpandableBlocksThatAreNotMapped) {
   Allocator expandable(sim_, Config::parse("expandable_segments:True"));
   const PoolId pool = expandable.create_pool({}, 0);
   expandable.begin_allocate_current_thread_to_pool(pool, 0);
   void* p = expandable.allocate(MiB, 1, 0);
   expandable.end_allocate_to_pool(pool, 0);
+  PoolCheckpoint checkpoint = expandable.checkpoint_pool(pool, 0);
+  ASSERT_EQ(checkpoint.segments.size(), 1u);
+  ASSERT_TRUE(checkpoint.segments[0].expandable);
+  checkpoint.segments[0].blocks[0].address += 64 * MiB;  // inside the range, unmapped
   EXPECT_THROW(
       {
         try {
-          expandable.checkpoint_pool(pool, 0);
+          expandable.restore_pool(checkpoint);
         } catch (const InvalidArgumentError& e) {
-          EXPECT_NE(std::string(e.what()).find("expandable_segments:False"), std::string::npos);
+          EXPECT_NE(std::string(e.what()).find("of the checkpoint is not mapped memory of it"),
+                    std::string::npos)
+              << e.what();
           throw;
         }
       },
       InvalidArgumentError);
+  EXPECT_TRUE(expandable.pool_live_allocations_are(pool, {p}, 0)) << "a refused restore freed";
   expandable.deallocate(p);
   expandable.release_pool(pool, 0);
   expandable.release_pool(pool, 0);

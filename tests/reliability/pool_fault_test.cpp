@@ -1,7 +1,7 @@
 // Private pools under injected device failures: a workload of graph-capture rounds
 // (routing to a pool, frees deferred past the capture and their events recorded at
 // its end, a checkpoint, a restore, the pool released) runs with every call of one
-// kind failing in turn. After each operation the books validate and count exactly
+// kind failing in turn, with regular segments and with expandable ones. After each operation the books validate and count exactly
 // what the device holds; every DeviceError names the injected fault; and once the
 // faults clear, empty_cache gives everything back.
 #include <gtest/gtest.h>
@@ -94,11 +94,23 @@ Result run_rounds(Rig& rig, bool errors_allowed) {
 struct Plan {
   const char* name;
   SimOp op;
+  const char* config = "";
 };
+// Under expandable_segments:True the pools' segments are mapped page by page, and
+// their checkpoints list mapped blocks (a restore carves the allocated ones out).
 const Plan kPlans[] = {
-    {"Allocate", SimOp::allocate},        {"RecordEvent", SimOp::record_event},
-    {"CreateEvent", SimOp::create_event}, {"SynchronizeEvent", SimOp::synchronize_event},
-    {"QueryEvent", SimOp::query_event},   {"Deallocate", SimOp::deallocate}};
+    {"Allocate", SimOp::allocate},
+    {"RecordEvent", SimOp::record_event},
+    {"CreateEvent", SimOp::create_event},
+    {"SynchronizeEvent", SimOp::synchronize_event},
+    {"QueryEvent", SimOp::query_event},
+    {"Deallocate", SimOp::deallocate},
+    {"ExpandableCreatePhysical", SimOp::create_physical, "expandable_segments:True"},
+    {"ExpandableMap", SimOp::map, "expandable_segments:True"},
+    {"ExpandableUnmap", SimOp::unmap, "expandable_segments:True"},
+    {"ExpandableReserve", SimOp::reserve_address_range, "expandable_segments:True"},
+    {"ExpandableRecordEvent", SimOp::record_event, "expandable_segments:True"},
+    {"ExpandableSynchronizeEvent", SimOp::synchronize_event, "expandable_segments:True"}};
 
 void PrintTo(const Plan& plan, std::ostream* os) {
   *os << plan.name;
@@ -110,7 +122,7 @@ TEST_P(PoolCallSweep, EveryCallFailingKeepsThePoolsBooks) {
   const Plan& plan = GetParam();
   std::uint64_t calls;
   {
-    Rig clean;
+    Rig clean(plan.config);
     const Result r = run_rounds(clean, false);
     EXPECT_TRUE(r.counted);
     expect_empty(clean);
@@ -119,7 +131,7 @@ TEST_P(PoolCallSweep, EveryCallFailingKeepsThePoolsBooks) {
   ASSERT_GT(calls, 0u) << "the workload never calls " << to_string(plan.op);
   for (std::uint64_t n = 1; n <= calls; ++n) {
     SCOPED_TRACE(std::string(to_string(plan.op)) + " call " + std::to_string(n));
-    Rig rig;
+    Rig rig(plan.config);
     rig.sim->fail_operation_number(plan.op, n, DeviceStatus::error);
     const Result r = run_rounds(rig, true);
     EXPECT_TRUE(r.counted);

@@ -231,11 +231,12 @@ class alignas(64) StreamPool final : public BlockOwner {
   SleepCounts sleep_counts();
 
   // ---- Checkpoints of a private pool (stream_pool_checkpoint.cpp) ----
-  // Appends every segment with its blocks. Throws InvalidArgumentError for pending
-  // frees (synchronize first) or expandable segments.
+  // Appends every segment with its blocks (an expandable one's mapped blocks).
+  // Throws InvalidArgumentError for pending frees (synchronize first).
   void checkpoint(std::vector<CheckpointSegment>* out);
   // Throws InvalidArgumentError (changing nothing) unless every segment of the
-  // checkpoint is a segment of this pool, of its size, tiled by its blocks.
+  // checkpoint is a segment of this pool, of its size, tiled by its blocks (an
+  // expandable one: its allocated blocks in memory mapped now).
   void check_restorable(const std::vector<const CheckpointSegment*>& segments);
   // Frees every allocated block (appending its address) and waits for the frees
   // that wait for other streams.
@@ -366,6 +367,10 @@ class alignas(64) StreamPool final : public BlockOwner {
   Segment* segment_at(std::uintptr_t base);
   void restore_segment(Segment* segment, const CheckpointSegment& record,
                        std::vector<void*>* allocated);
+  void check_restorable_expandable(Segment* seg, const CheckpointSegment& record,
+                                   const std::string& where);
+  void restore_expandable_segment(Segment* seg, const CheckpointSegment& record,
+                                  std::vector<void*>* allocated);
   void process_events(bool wait);
   void drop_empty_queues();  // and their entries in services_.waiting
   // Under the lock: a block the program has not given back for good (allocated,

@@ -3,9 +3,14 @@
 // the state right after a recording). A checkpoint lists each segment and the extent
 // and state of its blocks; restoring frees every allocated block, then splits each
 // recorded segment as recorded and allocates the blocks recorded as allocated, with
-// the statistics moved as the same frees and allocations would move them.
+// the statistics moved as the same frees and allocations would move them. An expandable
+// segment's checkpoint lists its mapped blocks; its restore carves the allocated ones
+// out of the free memory the frees left, wherever the mapping grew since (a live
+// pool's pages are never unmapped: neither empty_cache nor the out-of-memory ladder
+// takes them).
 #include <algorithm>
 
+#include "engine/books/block_list.hpp"
 #include "engine/pool/stream_pool.hpp"
 #include "reservoir/errors.hpp"
 #include "util/checks.hpp"
@@ -22,16 +27,14 @@ std::string at(std::uintptr_t a) {
 void StreamPool::checkpoint(std::vector<CheckpointSegment>* out) {
   Guard guard(*this);
   for (Segment* seg = segments_; seg; seg = seg->next_in_pool) {
-    if (seg->expandable)
-      throw InvalidArgumentError(
-          "reservoir: cannot checkpoint a private pool with expandable segments (segment " +
-          at(seg->base) + "); use expandable_segments:False for CUDA graph trees");
     CheckpointSegment record;
     record.stream = stream();
     record.base = seg->base;
     record.size = seg->size;
     record.is_small = seg->is_small();
+    record.expandable = seg->expandable;
     for (const Block* b = seg->head; b; b = b->next) {
+      if (!b->mapped()) continue;
       if (b->state == BlockState::pending)
         throw InvalidArgumentError("reservoir: cannot checkpoint private pool: block " +
                                    at(b->address) +
@@ -72,12 +75,16 @@ void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& s
     const std::string where =
         "reservoir: cannot restore the checkpoint: segment " + at(record->base);
     Segment* seg = segment_at(record->base);
-    if (!seg || seg->expandable || seg->size != record->size)
+    if (!seg || seg->expandable != record->expandable || seg->size != record->size)
       throw InvalidArgumentError(where +
                                  " is not a segment of the pool any more (released, or the "
                                  "checkpoint is of another pool)");
     if (seg->is_small() != record->is_small)
       throw InvalidArgumentError(where + " changed pool (small/large)");
+    if (seg->expandable) {
+      check_restorable_expandable(seg, *record, where);
+      continue;
+    }
     std::uintptr_t next = record->base;
     bool previous_free = false;
     for (const CheckpointBlock& b : record->blocks) {
@@ -97,6 +104,36 @@ void StreamPool::check_restorable(const std::vector<const CheckpointSegment*>& s
               capture_deferred_.end())
         throw InvalidArgumentError(where + " holds block " + at(b->address) +
                                    ", kept out of use after a device error");
+  }
+}
+
+// pre: guarded. The blocks of an expandable segment's checkpoint are in address order,
+// inside it, and each allocated one lies in memory mapped now (after the restore's
+// frees, inside one free block).
+void StreamPool::check_restorable_expandable(Segment* seg, const CheckpointSegment& record,
+                                             const std::string& where) {
+  std::uintptr_t next = record.base;
+  const Block* b = seg->head;
+  for (const CheckpointBlock& r : record.blocks) {
+    if (r.address < next || r.size == 0 || r.size % SizePolicy::kMinBlockSize != 0 ||
+        r.size > record.base + record.size - r.address ||
+        (r.allocated && (r.requested == 0 || r.requested > r.size)))
+      throw InvalidArgumentError(where + ": its blocks are not in order inside it (at " +
+                                 at(r.address) + ")");
+    next = r.address + r.size;
+    if (!r.allocated) continue;
+    while (b && b->address + b->size <= r.address) b = b->next;
+    for (const Block* c = b; c && c->address < next; c = c->next) {
+      if (!c->mapped())
+        throw InvalidArgumentError(where + ": block " + at(r.address) +
+                                   " of the checkpoint is not mapped memory of it (forged, "
+                                   "or of another pool)");
+      if (c->state == BlockState::pending && c->event_count == 0 &&
+          std::find(capture_deferred_.begin(), capture_deferred_.end(), c) ==
+              capture_deferred_.end())
+        throw InvalidArgumentError(where + " holds block " + at(c->address) +
+                                   ", kept out of use after a device error");
+    }
   }
 }
 
@@ -130,7 +167,10 @@ void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,
   for (const CheckpointSegment* record : segments) {
     Segment* seg = segment_at(record->base);
     RESERVOIR_ASSERT(seg);
-    restore_segment(seg, *record, allocated);
+    if (seg->expandable)
+      restore_expandable_segment(seg, *record, allocated);
+    else
+      restore_segment(seg, *record, allocated);
   }
   finish_operation();
 }
@@ -177,6 +217,40 @@ void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
         stats().add<kInactiveSplitBytes>(pool, static_cast<std::int64_t>(b->size));
       }
     }
+  }
+}
+
+// pre: seg is expandable and holds no allocated block; each allocated block of record
+// lies inside one free block (check_restorable_expandable, then the frees). Carves
+// them out, the rest staying free; PyTorch counts no inactive splits in expandable
+// segments.
+void StreamPool::restore_expandable_segment(Segment* seg, const CheckpointSegment& record,
+                                            std::vector<void*>* allocated) {
+  const PoolIndex pool = seg->pool;
+  Block* b = seg->head;
+  for (const CheckpointBlock& r : record.blocks) {
+    if (!r.allocated) continue;
+    while (b && b->address + b->size <= r.address) b = b->next;
+    if (!b || b->state != BlockState::free || b->address > r.address ||
+        b->address + b->size < r.address + r.size)
+      throw DeviceError("reservoir: restoring segment " + at(seg->base) + ": block " +
+                        at(r.address) + " is not free memory after the frees (device error?)");
+    unindex_free(b);
+    if (b->address < r.address)
+      index_free(
+          block_list::split_front(block_nodes_, b, r.address - b->address, BlockState::free));
+    if (b->size > r.size)
+      index_free(block_list::split_back(block_nodes_, b, r.size, BlockState::free));
+    b->state = BlockState::allocated;
+    b->requested = r.requested;
+    allocated_.insert(b->address, b);
+    stats().on_allocate(pool, static_cast<std::int64_t>(b->size),
+                        static_cast<std::int64_t>(b->requested));
+    b->oversize = b->size >= policy().max_split_size();
+    if (b->oversize) stats().add<kOversizeAllocations>(pool, 1);
+    allocated->push_back(reinterpret_cast<void*>(b->address));
+    if (tracing()) trace(TraceAction::alloc, b->address, b->requested, nullptr);
+    b = b->next;
   }
 }
 
