@@ -360,6 +360,88 @@ INSTANTIATE_TEST_SUITE_P(
                     "p.trace:6: ID 0 is already live (allocated at line 2 and not freed)"},
         BadPoolLine{"p,1\nr,1\n", "p.trace:2: restore of checkpoint 1, which no k line declared"}));
 
+// The capture ladder: each capture's requests, the reserved growth during it, and what
+// the pools reserve at its end, as a program that captures three graphs into one pool
+// (largest first, as engines do) left them.
+TEST(PoolTrace, EachCaptureReportsWhatTheGraphsHoldSoFar) {
+  std::string text = "a,0," + std::to_string(300 * MiB) + ",0\n";  // weights, before
+  std::uint64_t id = 1;
+  for (std::uint64_t batch : {32, 16, 8}) {
+    text += "g,1,0\n";
+    for (int layer = 0; layer < 4; ++layer)
+      text += "a," + std::to_string(id++) + "," + std::to_string(batch * MiB / 2) + ",0,0,1\n";
+    for (int layer = 1; layer < 4; ++layer) text += "f," + std::to_string(id - layer - 1) + "\n";
+    text += "e,1\n";
+  }
+  const Trace t = parse_trace_text(text, "ladder");
+  const ReplayResult r = replay_trace(t, "");
+  ASSERT_EQ(r.captures.size(), 3u);
+  for (const CaptureFigures& c : r.captures) {
+    EXPECT_TRUE(c.ended);
+    EXPECT_EQ(c.requests, 4u);
+  }
+  EXPECT_EQ(r.captures[0].requested_bytes, 4 * 16 * MiB);
+  // The first graph maps what it needs; the smaller ones fit in what its frees left,
+  // beside the blocks it keeps: the pool grows by less each time, never shrinks.
+  EXPECT_EQ(r.captures[0].reserved_after - r.captures[0].reserved_before,
+            r.captures[0].pools_reserved_after);
+  EXPECT_LE(r.captures[0].pools_reserved_after, r.captures[1].pools_reserved_after);
+  EXPECT_LE(r.captures[1].pools_reserved_after, r.captures[2].pools_reserved_after);
+  EXPECT_EQ(r.captures[2].pools_reserved_after, r.pools[0].end_reserved);
+  const std::string table = format_table(t, kCapacity, {r}, false);
+  EXPECT_NE(table.find("captures under default"), std::string::npos) << table;
+  EXPECT_NE(format_json({r}, false).find("\"captures\": [{\"pool\": 1, \"requests\": 4"),
+            std::string::npos);
+}
+
+// The KV cache question: the largest cache that still lets the program run on the
+// budget, made before its first capture. A program that profiles with 1 GiB, then
+// loads 512 MiB of weights (into half of the profiling's cached segment, whose other
+// half no larger request can use) and captures a 256 MiB graph leaves, on a 4 GiB
+// device, 4 - 1 - 0.25 GiB for the cache; a cache one token larger does not run.
+TEST(PoolTrace, TheKvCacheIsTheLargestThatStillRuns) {
+  const std::string text = "a,0," + std::to_string(1024 * MiB) + ",0\n" +  // profiling
+                           "f,0\n" + "a,1," + std::to_string(512 * MiB) + ",0\n" +  // weights
+                           "g,1,0\n" + "a,2," + std::to_string(256 * MiB) + ",0,0,1\n" +
+                           "e,1\n";
+  const Trace t = parse_trace_text(text, "kv");
+  constexpr std::uint64_t kPerToken = 64 * 1024;
+  const KvCacheFit k = kv_cache_fit(t, "", kPerToken, std::uint64_t{4} << 30, 4);
+  ASSERT_TRUE(k.fits);
+  EXPECT_EQ(k.at_event, 3u);  // the g line
+  EXPECT_EQ(k.tokens * kPerToken, (std::uint64_t{11} << 30) / 4);  // 2.75 GiB
+  auto runs = [&](std::uint64_t tokens) {
+    ReplayOptions ro;
+    ro.capacity = std::uint64_t{4} << 30;
+    ro.extra_at = k.at_event;
+    ro.extra_sizes.assign(4, (tokens * kPerToken + 3) / 4);
+    return replay_trace(t, "", ro).ooms == 0;
+  };
+  EXPECT_TRUE(runs(k.tokens));
+  EXPECT_FALSE(runs(k.tokens + 1));
+  // A budget the program alone does not fit: no cache.
+  EXPECT_FALSE(kv_cache_fit(t, "", kPerToken, std::uint64_t{1} << 29, 1).fits);
+  ReplayResult r;
+  r.kv_cache = k;
+  EXPECT_NE(describe_kv_cache(r).find("tokens of 64.00 KiB"), std::string::npos)
+      << describe_kv_cache(r);
+}
+
+// A restore whose freed blocks the trace does not list (edited by hand, or of a program
+// whose pools the replay does not reproduce) stops the replay, naming the event.
+TEST(PoolTrace, ARestoreThatDivergesStopsTheReplay) {
+  const Trace t = parse_trace_text("g,1,0\na,0,4096,0,0,1\ne,1\nk,1,1\nr,1\n", "diverged");
+  try {
+    (void)replay_trace(t, "");
+    FAIL() << "replayed";
+  } catch (const TraceError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "diverged: the replay's restore of checkpoint 1 (event 4) freed a block the "
+              "recorded restore did not: the replay diverged from the program (its pools hold "
+              "other blocks)");
+  }
+}
+
 // Settings that keep no pools refuse a trace that routes to them, before replaying.
 TEST(PoolTrace, SettingsWithoutPoolsRefuseTheTrace) {
   const Trace routed = parse_trace_text("g,1\na,0,64,0,0,1\ne,1\n", "routed");

@@ -371,6 +371,16 @@ TEST(Cli, Options) {
   EXPECT_EQ(p.trace, "-");
   EXPECT_EQ(p.device, "auto");
 
+  const char* kv[] = {"reservoir-replay", "t.trace", "--capacity", "80G", "--kv-cache", "128KiB",
+                      "--kv-layers", "32"};
+  const CliOptions k = parse_cli(static_cast<int>(std::size(kv)), kv);
+  EXPECT_EQ(k.kv_bytes_per_token, 128u * 1024);
+  EXPECT_EQ(k.kv_budget, std::size_t{80} << 30);  // --capacity's
+  EXPECT_EQ(k.kv_layers, 32u);
+  const char* budget[] = {"reservoir-replay", "t.trace", "--kv-cache", "1M", "--kv-budget", "40G"};
+  EXPECT_EQ(parse_cli(6, budget).kv_budget, std::size_t{40} << 30);
+  EXPECT_EQ(d.kv_bytes_per_token, 0u);
+
   const char* version[] = {"reservoir-replay", "--version"};
   EXPECT_TRUE(parse_cli(2, version).version);
   EXPECT_EQ(version_text(), std::string("reservoir-replay ") + reservoir::version());
@@ -433,6 +443,14 @@ TEST(Cli, Errors) {
   EXPECT_EQ(message({"t", "--plot="}), "--plot needs a value");
   EXPECT_EQ(message({"t", "--fit=3"}), "--fit takes no value");
   EXPECT_EQ(message({"t", "--device", "gpu"}), "--device: 'gpu' is not one of sim, cuda, auto");
+  EXPECT_NE(message({"t", "--kv-cache", "0"}).find("--kv-cache: '0' is not a byte count"),
+            std::string::npos);
+  EXPECT_EQ(message({"t", "--kv-budget", "8G"}),
+            "--kv-budget: the budget of --kv-cache, which was not given");
+  EXPECT_EQ(message({"t", "--kv-layers", "4"}),
+            "--kv-layers: the layers of --kv-cache, which was not given");
+  EXPECT_NE(message({"t", "--kv-cache", "1K", "--kv-layers", "0"}).find("--kv-layers"),
+            std::string::npos);
   EXPECT_EQ(message({"--help"}), "no error");
   EXPECT_EQ(message({"--version", "--bogus"}), "no error");
 }

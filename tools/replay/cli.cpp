@@ -57,6 +57,7 @@ std::string describe(std::string_view text) {
 // Option values as typed, before the checks of parse_cli.
 struct RawOptions {
   std::string capacity;
+  std::string kv_cache, kv_budget;
   std::vector<std::string> configs;
 };
 
@@ -107,6 +108,19 @@ std::unique_ptr<CLI::App> make_app(CliOptions& o, RawOptions& raw) {
                          "adds a row per kind, calls x host time each; the clock reads add "
                          "~40 ns to each call"))
       ->disable_flag_override();
+  app->add_option("--kv-cache", raw.kv_cache,
+                  describe("also find the largest KV cache of BYTES per token that still fits "
+                           "on the device with the program, made just before its first CUDA "
+                           "graph capture (or at the start); suffixes as --capacity"))
+      ->type_name("BYTES");
+  app->add_option("--kv-budget", raw.kv_budget,
+                  describe("the device memory for --kv-cache, default --capacity"))
+      ->type_name("BYTES");
+  app->add_option("--kv-layers", o.kv_layers,
+                  describe("the KV cache is this many equal allocations (one per layer), "
+                           "default 1"))
+      ->type_name("N")
+      ->check(CLI::Range(1u, 65536u));
   app->add_flag("--json", o.json, describe("print a JSON array instead of the table"))
       ->disable_flag_override();
   app->add_option("--plot", o.plot,
@@ -233,6 +247,19 @@ CliOptions parse_cli(int argc, const char* const* argv) {
                        "' is not a byte count (e.g. 80GiB, 141G, 512MiB, 1073741824)");
     o.capacity = *bytes;
   }
+  auto bytes_of = [](const std::string& option, const std::string& text) {
+    const auto bytes = parse_bytes(text);
+    if (!bytes)
+      throw UsageError(option + ": '" + text +
+                       "' is not a byte count (e.g. 80GiB, 141G, 512MiB, 1073741824)");
+    return *bytes;
+  };
+  if (app->count("--kv-cache") > 0) o.kv_bytes_per_token = bytes_of("--kv-cache", raw.kv_cache);
+  o.kv_budget = app->count("--kv-budget") > 0 ? bytes_of("--kv-budget", raw.kv_budget) : o.capacity;
+  if (app->count("--kv-budget") > 0 && o.kv_bytes_per_token == 0)
+    throw UsageError("--kv-budget: the budget of --kv-cache, which was not given");
+  if (app->count("--kv-layers") > 0 && o.kv_bytes_per_token == 0)
+    throw UsageError("--kv-layers: the layers of --kv-cache, which was not given");
   if (o.device != "sim" && o.device != "cuda" && o.device != "auto")
     throw UsageError("--device: '" + o.device + "' is not one of sim, cuda, auto");
   if (app->count("--plot") > 0 && o.plot.empty()) throw UsageError("--plot needs a file name");

@@ -36,6 +36,11 @@ struct CliOptions {
   bool device_lags = false;
   // Count and time the device calls of the measured replays (CallProfile).
   bool calls = false;
+  // The KV cache question (kv_cache_fit): bytes per token (0: not asked), the device
+  // it must fit on with the program (default: capacity), and its allocations.
+  std::uint64_t kv_bytes_per_token = 0;
+  std::size_t kv_budget = 0;
+  std::uint32_t kv_layers = 1;
   bool help = false;
   bool version = false;
 };

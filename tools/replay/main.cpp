@@ -155,6 +155,11 @@ int run(const CliOptions& opts) {
       if (f.capacity && r.peak_requested > 0)
         r.fit_ratio = static_cast<double>(*f.capacity) / static_cast<double>(r.peak_requested);
     }
+    if (opts.kv_bytes_per_token > 0) {
+      bar.set_label(label + ": KV cache");
+      r.kv_cache =
+          kv_cache_fit(trace, c, opts.kv_bytes_per_token, opts.kv_budget, opts.kv_layers, progress);
+    }
     if (!opts.plot.empty()) {
       // A separate run: sampling the statistics after every event would distort
       // the host time of the measured run.

@@ -256,9 +256,25 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   const std::size_t total = trace.events.size();
   std::size_t done = 0;
 
+  std::vector<void*> extra;  // ReplayOptions::extra_sizes, once made
+  auto make_extra = [&] {
+    const StreamHandle stream = streams.empty() ? handle_of(0) : streams[trace.stream_ids.front()];
+    for (const std::uint64_t size : options.extra_sizes) {
+      try {
+        extra.push_back(alloc.allocate(size, stream, kDevice));
+      } catch (const OutOfMemoryError&) {
+        ++result.ooms;
+        return;
+      }
+    }
+  };
   const auto start = std::chrono::steady_clock::now();
   for (; done < total; ++done) {
     const Event& ev = trace.events[done];
+    if (done == options.extra_at && !options.extra_sizes.empty()) {
+      make_extra();
+      if (result.ooms > 0 && options.stop_at_first_oom) break;
+    }
     if (options.progress && done % kProgressEvery == 0) options.progress(done, total);
     switch (ev.kind) {
       case EventKind::alloc:
@@ -272,7 +288,7 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
         } catch (const OutOfMemoryError&) {
           if (result.ooms++ == 0) result.first_oom = oom.facts(alloc, sim != nullptr, done, ev);
         }
-        pools.after_alloc(ev.slot, ptrs[ev.slot]);
+        pools.after_alloc(ev.slot, ev.size, ptrs[ev.slot]);
         break;
       case EventKind::pool_retain:
       case EventKind::pool_release:
@@ -345,13 +361,17 @@ ReplayResult replay_trace(const Trace& trace, const std::string& config,
   result.alloc_retries = as_u64(s.num_alloc_retries);
   result.device_time_us = sim ? sim->counters().device_time_us : 0.0;
   if (!options.stop_at_first_oom) result.cache = cache_facts(alloc, s);
-  if (pools.any()) result.pools = pools.finish();
+  if (pools.any()) {
+    result.pools = pools.finish();
+    result.captures = pools.captures();
+  }
 
   // Allocations the trace never frees (weights) go back before the allocator is
   // destroyed, so teardown sees a clean engine.
   for (void* p : ptrs)
     if (p != nullptr) alloc.deallocate(p);
   for (void* p : pools.orphans()) alloc.deallocate(p);
+  for (void* p : extra) alloc.deallocate(p);
   return result;
 }
 
@@ -409,6 +429,47 @@ FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
     (works(mid) ? hi : lo) = mid;
   }
   return found(hi);
+}
+
+}  // namespace reservoir::replay
+
+namespace reservoir::replay {
+
+KvCacheFit kv_cache_fit(const Trace& trace, const std::string& config,
+                        std::uint64_t bytes_per_token, std::uint64_t budget, std::uint32_t layers,
+                        const ProgressFn& progress) {
+  KvCacheFit fit;
+  fit.bytes_per_token = bytes_per_token;
+  fit.budget = budget;
+  fit.layers = std::max<std::uint32_t>(layers, 1);
+  const auto capture = std::find_if(trace.events.begin(), trace.events.end(), [](const Event& e) {
+    return e.kind == EventKind::route_begin && e.size != kRouteThread;
+  });
+  fit.at_event =
+      capture == trace.events.end() ? 0 : static_cast<std::size_t>(capture - trace.events.begin());
+  auto runs_with = [&](std::uint64_t tokens) {
+    ReplayOptions ro;
+    ro.capacity = budget;
+    ro.stop_at_first_oom = true;
+    ro.progress = progress;
+    ro.extra_at = fit.at_event;
+    if (tokens > 0) {
+      // Each layer's share rounded up: the cache holds at least tokens tokens.
+      const std::uint64_t bytes = tokens * bytes_per_token;
+      ro.extra_sizes.assign(fit.layers, (bytes + fit.layers - 1) / fit.layers);
+    }
+    ++fit.runs;
+    return replay_trace(trace, config, ro).ooms == 0;
+  };
+  if (bytes_per_token == 0 || !runs_with(0)) return fit;
+  fit.fits = true;
+  std::uint64_t lo = 0, hi = budget / bytes_per_token + 1;  // lo runs, hi does not
+  while (hi - lo > 1) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    (runs_with(mid) ? lo : hi) = mid;
+  }
+  fit.tokens = lo;
+  return fit;
 }
 
 }  // namespace reservoir::replay

@@ -61,6 +61,10 @@ struct ReplayOptions {
   // Count and time every device call the allocator makes (CallProfile); the replay's
   // host time then includes the profiler's clock reads.
   bool profile_calls = false;
+  // Allocations the program did not make, never freed (a KV cache of kv_cache_fit):
+  // requested on trace stream 0 just before event extra_at; one that fails is an OOM.
+  std::vector<std::uint64_t> extra_sizes;
+  std::size_t extra_at = 0;
   ProgressFn progress;
 };
 
@@ -106,6 +110,17 @@ struct CacheFacts {
   std::uint64_t oversize_segment_count = 0;
 };
 
+// The largest KV cache a program leaves room for (kv_cache_fit).
+struct KvCacheFit {
+  std::uint64_t bytes_per_token = 0;
+  std::uint64_t budget = 0;  // the simulated device's memory
+  std::uint32_t layers = 1;  // the cache is this many equal allocations
+  std::size_t at_event = 0;  // made just before this event
+  bool fits = false;         // the program runs on the budget without any cache
+  std::uint64_t tokens = 0;  // the most that fit
+  int runs = 0;
+};
+
 struct ReplayResult {
   std::string config;                 // as given ("" = defaults)
   std::uint64_t events = 0;           // events replayed (all, unless stopped at an OOM)
@@ -123,8 +138,10 @@ struct ReplayResult {
   std::vector<CallCount> calls;       // with ReplayOptions::profile_calls: device calls made
   std::optional<OomFacts> first_oom;  // the first allocation that threw OutOfMemoryError
   CacheFacts cache;
-  Timeline timeline;               // empty unless ReplayOptions::timeline_points
-  std::vector<PoolFigures> pools;  // each trace pool's figures (traces with pools)
+  Timeline timeline;                     // empty unless ReplayOptions::timeline_points
+  std::vector<PoolFigures> pools;        // each trace pool's figures (traces with pools)
+  std::vector<CaptureFigures> captures;  // each capture's (g to e), in trace order
+  std::optional<KvCacheFit> kv_cache;    // set from kv_cache_fit
   // Set from fit_memory_fraction.
   std::optional<std::uint64_t> fit_capacity;  // fit_fraction * device total, bytes
   double fit_fraction = 0;
@@ -176,5 +193,15 @@ struct FitResult {
 // smallest device on which the trace runs without OOM.
 FitResult fit_memory_fraction(const Trace& trace, const std::string& config,
                               const ReplayResult& unconstrained, const FitOptions& options = {});
+
+// The vLLM question: the largest KV cache of bytes_per_token per token, made of layers
+// equal allocations just before the trace's first capture (where an engine allocates
+// its cache: after profiling, before capturing its graphs) or at the start of a trace
+// that captures nothing, with which the whole trace still runs on a simulated device
+// of budget bytes (no OOM, the out-of-memory ladder working). Bisection on the number
+// of tokens, each probe a fresh replay.
+KvCacheFit kv_cache_fit(const Trace& trace, const std::string& config,
+                        std::uint64_t bytes_per_token, std::uint64_t budget, std::uint32_t layers,
+                        const ProgressFn& progress = {});
 
 }  // namespace reservoir::replay

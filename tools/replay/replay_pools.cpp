@@ -14,6 +14,7 @@ TracePools::TracePools(Allocator& alloc, const Trace& trace, int device)
       device_(device),
       routed_(trace.pools + 1u, false),
       uses_(trace.pools + 1u, 0),
+      open_capture_(trace.pools + 1u, -1),
       released_(trace.pools + 1u, false),
       figures_(trace.pools + 1u) {
   for (std::uint32_t k = 1; k <= trace.pools; ++k) {
@@ -32,13 +33,22 @@ TracePools::~TracePools() {
     }
 }
 
-void TracePools::after_alloc(std::uint32_t slot, void* ptr) {
+void TracePools::after_alloc(std::uint32_t slot, std::uint64_t size, void* ptr) {
   const std::uint16_t pool = target_;
   target_ = 0;
   if (pool == 0) return;
   ++figures_[pool].requests;
+  if (const std::int64_t c = open_capture_[pool]; c >= 0) {
+    ++captures_[static_cast<std::size_t>(c)].requests;
+    captures_[static_cast<std::size_t>(c)].requested_bytes += size;
+  }
   if (ptr != nullptr) pooled_[ptr] = slot;
   sample(pool);
+}
+
+std::uint64_t TracePools::reserved_now() {
+  const std::int64_t r = alloc_.stats(device_).reserved_bytes.all().current;
+  return r < 0 ? 0 : static_cast<std::uint64_t>(r);
 }
 
 void TracePools::sample(std::uint32_t pool) {
@@ -69,10 +79,25 @@ void TracePools::apply(const Event& ev) {
           ev.size != kRouteThread, device_);
       routed_[pool] = true;
       ++uses_[pool];
+      if (ev.size != kRouteThread) {
+        open_capture_[pool] = static_cast<std::int64_t>(captures_.size());
+        CaptureFigures c;
+        c.pool = pool;
+        c.reserved_before = reserved_now();
+        captures_.push_back(c);
+      }
       break;
     case EventKind::route_end:
       alloc_.end_allocate_to_pool(id_of(pool), device_);
       routed_[pool] = false;
+      if (const std::int64_t c = open_capture_[pool]; c >= 0) {
+        CaptureFigures& f = captures_[static_cast<std::size_t>(c)];
+        f.reserved_after = reserved_now();
+        const std::int64_t held = alloc_.stats(device_).private_pool_reserved_bytes;
+        f.pools_reserved_after = held < 0 ? 0 : static_cast<std::uint64_t>(held);
+        f.ended = true;
+        open_capture_[pool] = -1;
+      }
       break;
     case EventKind::checkpoint: {
       const auto of = static_cast<std::uint32_t>(ev.size);

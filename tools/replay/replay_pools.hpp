@@ -34,6 +34,20 @@ struct PoolFigures {
   std::uint64_t requests = 0;      // allocations routed to it (restores' blocks excluded)
 };
 
+// One capture of the trace (a g line to its e line) in a replay: what the program asked
+// for in it and how the allocator's reserved memory (every pool's) grew meanwhile.
+// Invariant: reserved_after is set once its e line was replayed (ended).
+struct CaptureFigures {
+  std::uint32_t pool = 0;             // the trace's pool number
+  std::uint64_t requests = 0;         // allocations routed to the pool during it
+  std::uint64_t requested_bytes = 0;  // their bytes
+  std::uint64_t reserved_before = 0;  // reserved_bytes at its g line
+  std::uint64_t reserved_after = 0;   // and at its e line
+  // Reserved by every private pool at its e line: the graphs' memory so far.
+  std::uint64_t pools_reserved_after = 0;
+  bool ended = false;
+};
+
 class TracePools {
  public:
   // Nothing happens for a trace without pools.
@@ -47,8 +61,8 @@ class TracePools {
   void before_alloc(std::uint32_t slot) {
     target_ = trace_.alloc_pools.empty() ? 0 : trace_.alloc_pools[slot];
   }
-  // After it: ptr (nullptr when it failed) joins its pool's books.
-  void after_alloc(std::uint32_t slot, void* ptr);
+  // After it (size bytes asked): ptr (nullptr when it failed) joins its pool's books.
+  void after_alloc(std::uint32_t slot, std::uint64_t size, void* ptr);
   // A free of slot's block (ptr) by the trace.
   void on_free(std::uint32_t slot, void* ptr) {
     if (target_of(slot) != 0) pooled_.erase(ptr);
@@ -63,6 +77,8 @@ class TracePools {
   std::vector<PoolFigures> finish();
   // Blocks a restore allocated that no trace ID names: given back with the trace's.
   const std::vector<void*>& orphans() const { return orphans_; }
+  // Every capture begun so far, in the order of their g lines.
+  const std::vector<CaptureFigures>& captures() const { return captures_; }
 
  private:
   std::uint16_t target_of(std::uint32_t slot) const {
@@ -70,6 +86,7 @@ class TracePools {
   }
   PoolId id_of(std::uint32_t pool) const { return PoolId{0, pool}; }
   void sample(std::uint32_t pool);
+  std::uint64_t reserved_now();
   [[noreturn]] void diverged(std::size_t index, const std::string& what) const;
 
   struct Checkpoint {
@@ -82,11 +99,13 @@ class TracePools {
   std::uint16_t target_ = 0;  // the pool the request under way goes to; 0: none
   std::vector<bool> routed_;  // by pool number: a route of ours is on
   std::vector<std::int64_t> uses_;
+  std::vector<std::int64_t> open_capture_;  // by pool number: its capture's index, or -1
   std::vector<bool> released_;
   std::vector<PoolFigures> figures_;                 // by pool number
   std::unordered_map<void*, std::uint32_t> pooled_;  // live blocks routed to a pool -> slot
   std::unordered_map<std::uint32_t, Checkpoint> checkpoints_;  // by CKPT
   std::vector<void*> orphans_;
+  std::vector<CaptureFigures> captures_;
 };
 
 }  // namespace reservoir::replay

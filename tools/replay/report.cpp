@@ -196,6 +196,10 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
       notes +=
           "first OOM under " + config_label(r.config) + ": " + describe_oom(*r.first_oom) + "\n";
   }
+  for (const ReplayResult& r : results) {
+    notes += format_captures(r);
+    if (r.kv_cache) notes += describe_kv_cache(r);
+  }
   if (trace.captures > 0 && !device.empty())
     notes +=
         "captures are modelled on the host: requests go to the pools the trace names, "
@@ -203,6 +207,53 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
         "launches no kernel, so there is nothing to capture on " +
         device + "\n";
   if (!notes.empty()) out += "\n" + notes;
+  return out;
+}
+
+std::string describe_kv_cache(const ReplayResult& r) {
+  const KvCacheFit& k = *r.kv_cache;
+  const std::string where =
+      k.at_event == 0 ? "at the start of the trace"
+                      : "before its first capture (event " + with_commas(k.at_event) + ")";
+  const std::string head = "KV cache under " + config_label(r.config) + " on a " +
+                           human_bytes(k.budget) + " device with the program: ";
+  if (!k.fits) return head + "none fits (the program alone does not run there)\n";
+  const std::uint64_t bytes = k.tokens * k.bytes_per_token;
+  return head + "at most " + with_commas(k.tokens) + " tokens of " +
+         human_bytes(k.bytes_per_token) + " (" + human_bytes(bytes) + ", " +
+         std::to_string(k.layers) + (k.layers == 1 ? " allocation" : " equal allocations") +
+         " made " + where + "; " + std::to_string(k.runs) + " replays)\n";
+}
+
+std::string format_captures(const ReplayResult& r) {
+  if (r.captures.empty()) return "";
+  constexpr std::size_t kShown = 32;
+  std::vector<std::vector<std::string>> rows = {
+      {"capture", "pool", "requests", "requested", "reserved growth", "graphs so far"}};
+  for (std::size_t k = 0; k < r.captures.size() && k < kShown; ++k) {
+    const CaptureFigures& c = r.captures[k];
+    const auto signed_bytes = [](std::uint64_t after, std::uint64_t before) {
+      return after >= before ? human_bytes(after - before) : "-" + human_bytes(before - after);
+    };
+    rows.push_back({std::to_string(k + 1), std::to_string(c.pool), with_commas(c.requests),
+                    human_bytes(c.requested_bytes),
+                    c.ended ? signed_bytes(c.reserved_after, c.reserved_before) : "(no end)",
+                    c.ended ? human_bytes(c.pools_reserved_after) : "-"});
+  }
+  std::vector<std::size_t> widths(rows.front().size(), 0);
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], row[c].size());
+  std::string out = "captures under " + config_label(r.config) +
+                    " (reserved growth: reserved memory at the capture's end less at its "
+                    "begin; graphs so far: what the private pools reserve then):\n";
+  for (const auto& row : rows) {
+    std::string line = " ";
+    for (std::size_t c = 0; c < row.size(); ++c)
+      line += " " + std::string(widths[c] - row[c].size(), ' ') + row[c];
+    out += line + "\n";
+  }
+  if (r.captures.size() > kShown)
+    out += "  ... " + with_commas(r.captures.size() - kShown) + " more (--json lists them all)\n";
   return out;
 }
 
@@ -279,6 +330,30 @@ std::string format_json(const std::vector<ReplayResult>& results, bool with_fit)
                ", \"released\": " + (f.released ? "true" : "false") + "}";
       }
       out += "]";
+    }
+    if (!r.captures.empty()) {
+      out += ", \"captures\": [";
+      for (std::size_t k = 0; k < r.captures.size(); ++k) {
+        const CaptureFigures& c = r.captures[k];
+        out += (k == 0 ? "{" : ", {") + std::string("\"pool\": ") + std::to_string(c.pool) +
+               ", \"requests\": " + std::to_string(c.requests) +
+               ", \"requested_bytes\": " + std::to_string(c.requested_bytes) +
+               ", \"reserved_before\": " + std::to_string(c.reserved_before) +
+               ", \"reserved_after\": " +
+               (c.ended ? std::to_string(c.reserved_after) : std::string("null")) +
+               ", \"pools_reserved_after\": " +
+               (c.ended ? std::to_string(c.pools_reserved_after) : std::string("null")) + "}";
+      }
+      out += "]";
+    }
+    if (r.kv_cache) {
+      const KvCacheFit& k = *r.kv_cache;
+      out += ", \"kv_cache\": {\"bytes_per_token\": " + std::to_string(k.bytes_per_token) +
+             ", \"budget\": " + std::to_string(k.budget) +
+             ", \"layers\": " + std::to_string(k.layers) +
+             ", \"at_event\": " + std::to_string(k.at_event) +
+             ", \"tokens\": " + (k.fits ? std::to_string(k.tokens) : std::string("null")) +
+             ", \"runs\": " + std::to_string(k.runs) + "}";
     }
     if (with_fit) {
       out += ", \"fit_capacity\": " +

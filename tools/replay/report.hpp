@@ -36,10 +36,22 @@ std::string format_table(const Trace& trace, std::uint64_t capacity,
 //   device_allocs, device_frees, device_time_us, ooms, ns_per_event
 // and, with with_fit, fit_capacity, fit_ratio and fit_fraction (null if nothing fits);
 // a trace with private pools adds "pools": [{"pool", "requests", "peak_live",
-// "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", "released"}, ...];
+// "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", "released"}, ...]
+// and, with captures, "captures": [{"pool", "requests", "requested_bytes",
+// "reserved_before", "reserved_after", "pools_reserved_after" (null: no end)}, ...];
+// with --kv-cache, "kv_cache": {"bytes_per_token", "budget", "layers", "at_event",
+// "tokens" (null: the program alone does not fit), "runs"};
 // a replay run with ReplayOptions::profile_calls adds "calls": {KIND: {"count": N,
 // "ns": host ns inside those calls}, ...} for each kind of device call it made.
 std::string format_json(const std::vector<ReplayResult>& results, bool with_fit);
+
+// The captures of r (trace v2's g to e lines), one row each: pool, requests, bytes
+// requested, reserved growth during it, and what the private pools reserve at its end
+// (the graphs' memory so far: the capture ladder); "" when it has none.
+std::string format_captures(const ReplayResult& r);
+
+// The line of r's KV cache answer (r.kv_cache set).
+std::string describe_kv_cache(const ReplayResult& r);
 
 // s as a JSON string literal, quotes included.
 std::string json_string(const std::string& s);

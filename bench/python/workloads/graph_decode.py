@@ -12,8 +12,9 @@ and replays its graph for --tokens steps, copying the tokens to the host.
     python3 bench/python/workloads/graph_decode.py [--ladder 1,2,4,8,16,32] [--figures PATH]
 
 --figures writes what the live run measured: the reserved bytes before the captures
-and after each one (the graphs' memory as the ladder grows), the peak reserved, and
-the shared pool's reserved bytes at the end. Written to be captured as an allocation
+and after each one (torch.cuda.graph empties the cache first), what the graph pool
+reserves after each (the graphs' memory as the ladder grows), the peak reserved, and
+the pool's reserved bytes at the end. Written to be captured as an allocation
 trace (python3 -m reservoir.capture); it touches no allocator API itself.
 """
 
@@ -108,13 +109,14 @@ def main(argv=None):
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         before = torch.cuda.memory_reserved()
-        after = {}
+        after, pooled = {}, {}
         for b in ladder:
             graphs[b] = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graphs[b], pool=pool):
                 outs[b] = model(ids[b], pos)
             torch.cuda.synchronize()
             after[str(b)] = torch.cuda.memory_reserved() - before
+            pooled[str(b)] = _graph_figures.pools_reserved(torch)
         served = 0
         for _ in range(args.steps):
             b = rng.choice(ladder)
@@ -129,7 +131,8 @@ def main(argv=None):
             served += torch.cat(tokens, 1).cpu().numel()  # the host waits for the request
     torch.cuda.synchronize()
     figures = {"workload": "graph_decode", "ladder": ladder, "reserved_before_graphs": before,
-               "graph_memory_after_capture": after, "tokens": served}
+               "graph_memory_after_capture": after, "graph_pool_after_capture": pooled,
+               "tokens": served}
     _graph_figures.report(torch, figures, args.figures)
     return 0
 
