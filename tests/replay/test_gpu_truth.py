@@ -147,6 +147,13 @@ class GpuTruthTest(unittest.TestCase):
                 held = sum(p["end_reserved"] for p in got["pools"])
                 self.assertEqual(held, sum(cell["c10_live"]["pools_reserved"].values()), label)
                 self.assertEqual(held, sum(cell["reservoir_live"]["pools_reserved"].values()), label)
+                # The capture ladder: what the graphs' pool reserves after each capture.
+                live = cell["c10_live"].get("graph_pool_after_capture")
+                if live:
+                    ladder = [live[str(b)] for b in cell["c10_live"]["ladder"]]
+                    so_far = [c["pools_reserved_after"] for c in got["captures"]]
+                    print(f"{label} ladder {so_far} live {ladder}")
+                    self.assertEqual(so_far, ladder, label)
 
 
 if __name__ == "__main__":
