@@ -14,6 +14,31 @@ TEST_P(Conformance, MemoryFractionCapsReservedMemory) {
   free(p);
 }
 
+// PyTorch's gate for expandable segments under a memory fraction: a request needs room
+// for the allocation size a regular segment would take, and the whole 20 MiB pages it
+// then maps are not checked again. With 84 MiB mapped under a 100 MiB cap, a 12 MiB
+// request passes the gate (96 MiB) and maps a page (104 MiB reserved); checking the page
+// instead would refuse it.
+TEST_P(Conformance, ExpandableSegmentsTakePyTorchsGateUnderAFraction) {
+  if (!expandable()) GTEST_SKIP() << "expandable segments (the expandable mode)";
+  cap(100 * MiB);
+  void* large = alloc(80 * MiB);  // four 20 MiB pages
+  std::vector<void*> small;
+  for (int i = 0; i < 3; ++i) small.push_back(alloc(MiB));  // two 2 MiB pages, small pool
+  ASSERT_EQ(reserved(), 84 * static_cast<std::int64_t>(MiB));
+  void* p = alloc(12 * MiB);
+  EXPECT_EQ(reserved(), 104 * static_cast<std::int64_t>(MiB));
+  // The page's free 8 MiB serve a smaller request; a larger one has no room: past the
+  // cap already, and nothing free to give back.
+  void* q = alloc(8 * MiB);
+  EXPECT_THROW(alloc(9 * MiB), OutOfMemoryError);
+  free(q);
+  a().validate();
+  free(p);
+  for (void* s : small) free(s);
+  free(large);
+}
+
 TEST_P(Conformance, OutOfMemoryErrorIsActionableAndRecoverable) {
   cap(100 * MiB);
   std::vector<std::tuple<int, std::size_t, std::size_t>> seen;
@@ -122,14 +147,16 @@ TEST_P(Conformance, LadderRungReleaseCachedOversizeBlocks) {
   free(p);
 }
 
+// Sizes in whole 20 MiB pages, so that regular and expandable segments (which PyTorch
+// gates by the request's allocation size, then maps whole pages) meet the cap alike.
 TEST_P(Conformance, LadderRungReleaseAllCachedBlocksAndRetry) {
   PYTORCH_POLICY_ONLY();
-  cap(64 * MiB);
+  cap(50 * MiB);
   StreamHandle other = harness_->new_stream();
-  void* a1 = alloc_on(30 * MiB, other);
-  free(a1);  // 30 MiB cached on another stream
-  void* p = alloc(30 * MiB);
-  void* q = alloc(30 * MiB);  // needs the other stream's cache released
+  void* a1 = alloc_on(40 * MiB, other);
+  free(a1);                   // 40 MiB cached on another stream
+  void* p = alloc(20 * MiB);  // needs the other stream's cache released
+  void* q = alloc(20 * MiB);
   DeviceStats s = stats();
   EXPECT_EQ(s.num_sync_all_streams, 1);
   EXPECT_EQ(s.num_alloc_retries, 1);

@@ -26,13 +26,9 @@ import unittest
 BINARY = None  # set from argv in __main__
 TRUTH = os.path.join(os.environ.get("RESERVOIR_TRACES", "traces"), "gpu_truth.json")
 FIT_TOLERANCE = 0.005
-# Fits that the model of PyTorch's expandable segments under a memory fraction does not
-# reach yet (docs/replay.md, "Fits"): the gap measured when the trace was added, which
-# may shrink but not grow.
-KNOWN_FIT_GAPS = {
-    ("encoder_varbatch", "expandable_segments:True"): 0.0189,
-    ("threads_textgen", "expandable_segments:True"): 0.0143,
-}
+# Fits that the model of PyTorch's allocator under a memory fraction does not reach
+# (docs/replay.md): the gap measured, which may shrink but not grow. None now.
+KNOWN_FIT_GAPS = {}
 # Reservoir's figures in truth files older than this read the list form of
 # roundup_power2_divisions another way (commit a224ad8).
 LIST_PARSE_FIX = "2026-12-01T11:34:32Z"

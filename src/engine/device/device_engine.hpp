@@ -8,7 +8,8 @@
 // Invariants:
 //   while every pool is locked: budget_.reserved() == sum over pools of their mapped
 //     segment bytes + budget_.unlocked() (device_state.hpp);
-//   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times;
+//   with a memory fraction set, budget_.reserved() <= budget_.limit() at all times, but
+//     for the pages an expandable request mapped past PyTorch's gate (device_state.hpp);
 //   every pool in pools_ is either in table_ under its stream (p->stream() == key)
 //     or in recycled_ (holds no block and no release fence, serves kNoStream, in no
 //     table slot; its cached segments, if any, are the next stream's), never both;

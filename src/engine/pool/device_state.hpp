@@ -14,10 +14,11 @@
 namespace reservoir::detail {
 
 // Bytes reserved from the device, and the cap a memory fraction puts on them.
-// Invariant: with a limit set, reserved() <= limit() at all times (reserve() refuses
-// what would exceed it); every change is made under some shard's lock, and while
-// every shard is locked, reserved() == sum of the shards' mapped segment bytes +
-// unlocked() (what a shard that dropped its lock for a device call has reserved).
+// Invariant: with a limit set, reserved() <= limit() + the pages an expandable request
+// mapped past the gate (PyTorch's: fits() of the request's allocation size, less than
+// a 20 MiB page over; reserve() refuses what would exceed it); every change is made under some
+// shard's lock, and while every shard is locked, reserved() == sum of the shards' mapped segment
+// bytes + unlocked() (what a shard that dropped its lock for a device call has reserved).
 class DeviceBudget {
  public:
   // Takes bytes from the budget; false (nothing taken) when it would exceed the limit.
@@ -29,6 +30,17 @@ class DeviceBudget {
       return false;
     }
     return true;
+  }
+  // Whether bytes more stay within the limit (always, without one): PyTorch's gate
+  // before an expandable segment maps pages.
+  bool fits(std::size_t bytes) const noexcept {
+    return !limited_.load(std::memory_order_relaxed) ||
+           reserved_.load(std::memory_order_relaxed) + bytes <=
+               limit_.load(std::memory_order_relaxed);
+  }
+  // Takes bytes whatever the limit: the pages an expandable request maps after fits().
+  void reserve_past_limit(std::size_t bytes) noexcept {
+    reserved_.fetch_add(bytes, std::memory_order_relaxed);
   }
   void unreserve(std::size_t bytes) noexcept {
     reserved_.fetch_sub(bytes, std::memory_order_relaxed);

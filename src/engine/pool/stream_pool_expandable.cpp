@@ -25,6 +25,11 @@ bool allocatable(const Block* b) {
 }  // namespace
 
 Block* StreamPool::allocate_expandable(std::size_t size, PoolIndex pool, const Context& context) {
+  // Under a memory fraction, PyTorch's gate: the allocation size a regular segment
+  // would take for this request must fit beside what is mapped; the whole pages then
+  // mapped are not checked again (so reserved may pass the cap by less than a page,
+  // and a request whose run is partly mapped already still needs that room).
+  if (!services_.budget.fits(SizePolicy::segment_size(size))) return nullptr;
   Block* c = find_expandable(size, pool);
   if (!c) return nullptr;
   Segment* seg = c->segment;
@@ -116,12 +121,12 @@ Segment* StreamPool::new_expandable_segment(PoolIndex pool, std::size_t at_least
 
 // Maps the pages under the first bytes of the unmapped block b; returns the free
 // block that now holds them (merged with free neighbours), or nullptr when the
-// device or the memory fraction has no room.
+// device has no room (the memory fraction was checked by allocate_expandable).
 Block* StreamPool::map_block(Block* b, std::size_t bytes, const Context& context) {
   Segment* seg = b->segment;
   const std::size_t page = seg->vm->page_size();
   const std::size_t want = std::min(b->size, (bytes + page - 1) / page * page);
-  if (!services_.budget.reserve(want)) return nullptr;
+  services_.budget.reserve_past_limit(want);  // allocate_expandable's gate decided
   const std::size_t held = seg->vm->held_bytes();
   const std::size_t reach = seg->vm->reach();
   std::size_t mapped = 0;
