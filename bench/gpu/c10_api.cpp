@@ -87,6 +87,43 @@ void reset_all() {
   A::resetAccumulatedStats(0);
 }
 
+void retain_pool(std::uint64_t id) {
+  A::createOrIncrefPool(0, c10::cuda::MempoolId_t{0, id});
+}
+
+void release_pool(std::uint64_t id) {
+  A::releasePool(0, c10::cuda::MempoolId_t{0, id});
+}
+
+void begin_route(std::uint64_t id, std::function<bool(cudaStream_t)> filter) {
+  A::beginAllocateToPool(0, c10::cuda::MempoolId_t{0, id}, std::move(filter));
+}
+
+void end_route(std::uint64_t id) {
+  A::endAllocateToPool(0, c10::cuda::MempoolId_t{0, id});
+}
+
+std::shared_ptr<void> checkpoint(std::uint64_t id) {
+  return std::static_pointer_cast<void>(A::getCheckpointState(0, c10::cuda::MempoolId_t{0, id}));
+}
+
+void restore(const std::shared_ptr<void>& state, std::vector<void*>* freed,
+             std::vector<void*>* allocated) {
+  A::CheckpointDelta delta =
+      A::setCheckpointPoolState(0, std::static_pointer_cast<A::AllocatorState>(state));
+  for (void* p : delta.ptrs_freed) freed->push_back(p);
+  for (c10::DataPtr& d : delta.dataptrs_allocd) {
+    allocated->push_back(d.get());
+    // The trace's frees give these blocks back (raw_delete): their DataPtr must not.
+    auto context = d.release_context();
+    (void)context.release();
+  }
+}
+
+void empty_cache() {
+  A::emptyCache();
+}
+
 Stats stats() {
   const auto s = A::getDeviceStats(0);
   auto u = [](std::int64_t v) { return v < 0 ? std::uint64_t{0} : static_cast<std::uint64_t>(v); };

@@ -7,6 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
 
 namespace reservoir_bench::c10_api {
 
@@ -29,6 +32,21 @@ void record_stream(void* ptr, cudaStream_t stream);
 void set_memory_fraction(double fraction);
 // reset() and resetAccumulatedStats: a cold cache with every counter at zero.
 void reset_all();
+
+// ---- Private pools, for traces with pool lines (device 0; a pool is MempoolId {0, id}) ----
+void retain_pool(std::uint64_t id);   // createOrIncrefPool
+void release_pool(std::uint64_t id);  // releasePool: a use dropped
+// beginAllocateToPool: requests that filter accepts go to the pool (a use added).
+void begin_route(std::uint64_t id, std::function<bool(cudaStream_t)> filter);
+void end_route(std::uint64_t id);  // endAllocateToPool
+// getCheckpointState, kept opaque.
+std::shared_ptr<void> checkpoint(std::uint64_t id);
+// setCheckpointPoolState: the blocks it freed and those it allocated (the caller owns
+// them and frees them with free()).
+void restore(const std::shared_ptr<void>& state, std::vector<void*>* freed,
+             std::vector<void*>* allocated);
+
+void empty_cache();  // emptyCache, peaks kept
 
 struct Stats {
   std::uint64_t peak_reserved = 0, peak_requested = 0, peak_allocated = 0;

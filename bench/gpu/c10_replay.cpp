@@ -17,7 +17,10 @@
 // cudaStreamSynchronize. async: cudaMallocAsync / cudaFreeAsync on the allocating
 // stream of the default pool with release threshold UINT64_MAX; a block used on other
 // streams is freed after the allocating stream waits for them (events); peak reserved
-// is cudaMemPoolAttrReservedMemHigh, peak requested the peak of live bytes.
+// is cudaMemPoolAttrReservedMemHigh, peak requested the peak of live bytes. c10 also
+// replays trace v2's c lines (emptyCache) and private pools (createOrIncrefPool,
+// beginAllocateToPool with a filter that accepts exactly the requests the trace routed,
+// endAllocateToPool, releasePool, getCheckpointState / setCheckpointPoolState).
 // The measured run follows a warm-up run (CUDA and c10 initialized), from a cold
 // cache (emptyCache / pool trimmed to 0, peaks and counters reset).
 #include <cuda_runtime_api.h>
@@ -29,9 +32,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trace_reader.hpp"
@@ -73,6 +78,120 @@ struct Api {
   virtual bool alloc(std::size_t size, cudaStream_t s, void** p) = 0;
   virtual void free(void* p, cudaStream_t alloc_stream, const std::vector<cudaStream_t>& uses) = 0;
   virtual void use(void* p, cudaStream_t s) = 0;
+  // Private pools (trace v2's pool lines); only c10 has them (a trace with pools is
+  // refused for the others at load). id: a pool of this replay.
+  virtual void retain_pool(std::uint64_t) {}
+  virtual void release_pool(std::uint64_t) {}
+  virtual void begin_route(std::uint64_t, std::function<bool(cudaStream_t)>) {}
+  virtual void end_route(std::uint64_t) {}
+  virtual std::shared_ptr<void> checkpoint(std::uint64_t) { return nullptr; }
+  virtual void restore(const std::shared_ptr<void>&, std::vector<void*>*, std::vector<void*>*) {}
+  virtual void empty_cache() {}  // c lines (c10 only)
+};
+
+// The trace's pools in one replay, as reservoir-replay's TracePools: each trace pool is
+// a pool of the allocator (ids fresh per replay, so a probe never meets the last one's),
+// each route one whose filter accepts exactly the requests the trace routed to it.
+class ReplayPools {
+ public:
+  ReplayPools(const Trace& t, Api& api)
+      : t_(t),
+        api_(api),
+        base_(next_base_ += 1u << 16),
+        uses_(t.pools + 1u, 0),
+        routed_(t.pools + 1u, false) {}
+  // Ends the routes and drops the uses left, so that the pools' memory goes back at the
+  // next empty cache (the next probe starts cold).
+  ~ReplayPools() {
+    for (std::uint32_t k = 1; k < routed_.size(); ++k) {
+      if (routed_[k]) api_.end_route(id(k));
+      for (; uses_[k] > 0; --uses_[k]) api_.release_pool(id(k));
+    }
+  }
+  void before_alloc(std::uint32_t slot) {
+    target_ = t_.alloc_pools.empty() ? 0 : t_.alloc_pools[slot];
+  }
+  void after_alloc(std::uint32_t slot, void* p) {
+    if (target_ != 0 && p != nullptr) pooled_[p] = slot;
+    target_ = 0;
+  }
+  void on_free(void* p) { pooled_.erase(p); }
+  void apply(const reservoir::replay::Event& ev) {
+    const std::uint32_t k = ev.slot;
+    switch (ev.kind) {
+      case EventKind::pool_retain:
+        api_.retain_pool(id(k));
+        ++uses_[k];
+        break;
+      case EventKind::pool_release:
+        api_.release_pool(id(k));
+        --uses_[k];
+        break;
+      case EventKind::route_begin:
+        api_.begin_route(id(k), [this, k](cudaStream_t) { return target_ == k; });
+        routed_[k] = true;
+        ++uses_[k];
+        break;
+      case EventKind::route_end:
+        api_.end_route(id(k));
+        routed_[k] = false;
+        break;
+      case EventKind::checkpoint: {
+        Checkpoint c;
+        c.state = api_.checkpoint(id(static_cast<std::uint32_t>(ev.size)));
+        for (const auto& [p, slot] : pooled_)
+          if (t_.alloc_pools[slot] == ev.size) c.address_of[slot] = p;
+        checkpoints_[ev.slot] = std::move(c);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  // events[index] is a restore: restores and applies its y and o events; returns them.
+  std::size_t restore(std::size_t index, std::vector<void*>& ptrs) {
+    const reservoir::replay::Event& ev = t_.events[index];
+    const Checkpoint& c = checkpoints_.at(ev.slot);
+    std::vector<void*> freed, allocated;
+    api_.restore(c.state, &freed, &allocated);
+    for (void* p : freed) pooled_.erase(p);
+    std::unordered_map<void*, bool> made;
+    for (void* p : allocated) made[p] = false;
+    for (std::size_t k = 1; k <= ev.size; ++k) {
+      const reservoir::replay::Event& e = t_.events[index + k];
+      if (e.kind == EventKind::restore_free) {
+        ptrs[e.slot] = nullptr;
+      } else if (e.kind == EventKind::restore_alloc) {
+        const auto old = c.address_of.find(static_cast<std::uint32_t>(e.size));
+        if (old == c.address_of.end()) continue;
+        auto it = made.find(old->second);
+        if (it == made.end() || it->second) continue;
+        it->second = true;
+        ptrs[e.slot] = old->second;
+        pooled_[old->second] = e.slot;
+      }
+    }
+    for (const auto& [p, named] : made)
+      if (!named) orphans.push_back(p);
+    return ev.size;
+  }
+  std::vector<void*> orphans;  // blocks a restore made that no trace ID names
+
+ private:
+  std::uint64_t id(std::uint32_t k) const { return base_ + k; }
+  struct Checkpoint {
+    std::shared_ptr<void> state;
+    std::unordered_map<std::uint32_t, void*> address_of;  // pooled slot -> its block then
+  };
+  const Trace& t_;
+  Api& api_;
+  static inline std::uint64_t next_base_ = 0;
+  const std::uint64_t base_;
+  std::uint32_t target_ = 0;
+  std::vector<std::int64_t> uses_;
+  std::vector<bool> routed_;
+  std::unordered_map<void*, std::uint32_t> pooled_;
+  std::unordered_map<std::uint32_t, Checkpoint> checkpoints_;
 };
 
 Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
@@ -82,22 +201,29 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
   std::vector<std::vector<cudaStream_t>> uses(t.allocations);
   std::uint64_t live = 0;
   Run r;
+  ReplayPools pools(t, api);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& ev : t.events) {
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const auto& ev = t.events[i];
     const cudaStream_t s = streams[ev.stream];
     switch (ev.kind) {
       case EventKind::alloc:
+        pools.before_alloc(ev.slot);
         if (!api.alloc(ev.size, s, &ptrs[ev.slot])) {
           r.ok = false;
           break;
         }
+        pools.after_alloc(ev.slot, ptrs[ev.slot]);
         sizes[ev.slot] = ev.size;
         stream_of[ev.slot] = ev.stream;
         live += ev.size;
         r.peak_live = std::max(r.peak_live, live);
         break;
       case EventKind::free:
-        if (ptrs[ev.slot] != nullptr) api.free(ptrs[ev.slot], s, uses[ev.slot]);
+        if (ptrs[ev.slot] != nullptr) {
+          pools.on_free(ptrs[ev.slot]);
+          api.free(ptrs[ev.slot], s, uses[ev.slot]);
+        }
         ptrs[ev.slot] = nullptr;
         uses[ev.slot].clear();
         live -= sizes[ev.slot];
@@ -111,8 +237,36 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
       case EventKind::host_wait:
         cudaStreamSynchronize(s);
         break;
+      case EventKind::empty_cache:
+        api.empty_cache();
+        break;
+      case EventKind::pool_retain:
+      case EventKind::pool_release:
+      case EventKind::route_begin:
+      case EventKind::route_end:
+      case EventKind::checkpoint:
+        pools.apply(ev);
+        break;
+      case EventKind::restore: {
+        const std::size_t n = pools.restore(i, ptrs);
+        for (std::size_t k = 1; k <= n; ++k) {  // the books of its y and o events
+          const auto& e = t.events[i + k];
+          if (e.kind == EventKind::restore_free) {
+            live -= sizes[e.slot];
+            uses[e.slot].clear();
+          } else {
+            sizes[e.slot] = sizes[e.size];
+            stream_of[e.slot] = stream_of[e.size];
+            live += sizes[e.slot];
+          }
+        }
+        r.peak_live = std::max(r.peak_live, live);
+        r.events += n;
+        i += n;
+        break;
+      }
       default:
-        break;  // sleeps, wakes, empty_cache and pools: refused at load
+        break;  // sleeps and wakes: refused at load
     }
     if (!r.ok) break;
     ++r.events;
@@ -124,6 +278,7 @@ Run replay(const Trace& t, const std::vector<cudaStream_t>& streams, Api& api) {
   // What the trace never freed (weights), and what an OOM left, goes back.
   for (std::uint32_t i = 0; i < t.allocations; ++i)
     if (ptrs[i] != nullptr) api.free(ptrs[i], streams[stream_of[i]], uses[i]);
+  for (void* p : pools.orphans) api.free(p, streams[0], {});
   cudaDeviceSynchronize();
   return r;
 }
@@ -186,6 +341,20 @@ class C10Api final : public Api {
     reservoir_bench::c10_api::free(p, nullptr);
   }
   void use(void* p, cudaStream_t s) override { reservoir_bench::c10_api::record_stream(p, s); }
+  void retain_pool(std::uint64_t id) override { reservoir_bench::c10_api::retain_pool(id); }
+  void release_pool(std::uint64_t id) override { reservoir_bench::c10_api::release_pool(id); }
+  void begin_route(std::uint64_t id, std::function<bool(cudaStream_t)> filter) override {
+    reservoir_bench::c10_api::begin_route(id, std::move(filter));
+  }
+  void end_route(std::uint64_t id) override { reservoir_bench::c10_api::end_route(id); }
+  std::shared_ptr<void> checkpoint(std::uint64_t id) override {
+    return reservoir_bench::c10_api::checkpoint(id);
+  }
+  void restore(const std::shared_ptr<void>& state, std::vector<void*>* freed,
+               std::vector<void*>* allocated) override {
+    reservoir_bench::c10_api::restore(state, freed, allocated);
+  }
+  void empty_cache() override { reservoir_bench::c10_api::empty_cache(); }
 };
 #endif
 
@@ -217,13 +386,25 @@ int run(const Options& o) {
   }
 #endif
   const Trace t = reservoir::replay::read_trace(o.trace);
-  if (t.sleeps + t.wakes + t.empty_caches > 0 || t.pools > 0) {
-    std::fprintf(stderr,
-                 "reservoir_c10_replay: %s sleeps and wakes tags, empties the cache or routes "
-                 "to private pools, which this tool does not replay (reservoir-replay does)\n",
-                 o.trace.c_str());
+  if (t.sleeps + t.wakes > 0 || (o.api != "c10" && t.empty_caches + t.pools > 0)) {
+    std::fprintf(
+        stderr,
+        "reservoir_c10_replay: %s sleeps and wakes tags%s, which this tool does not "
+        "replay (reservoir-replay does)\n",
+        o.trace.c_str(),
+        o.api == "c10"
+            ? ""
+            : ", or empties the cache or routes to private pools (--api c10 replays those)");
     return 2;
   }
+  for (const auto& ev : t.events)
+    if (ev.kind == EventKind::pool_retain && ev.size != 0) {
+      std::fprintf(stderr,
+                   "reservoir_c10_replay: %s makes a pool with options (use_on_oom, no_split), "
+                   "which this tool does not replay (reservoir-replay does)\n",
+                   o.trace.c_str());
+      return 2;
+    }
   if (!check(cudaSetDevice(0), "cudaSetDevice") || !check(cudaFree(nullptr), "CUDA init")) return 1;
   std::size_t free_bytes = 0, total = 0;
   if (!check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo")) return 1;
