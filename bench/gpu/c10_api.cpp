@@ -114,9 +114,9 @@ void restore(const std::shared_ptr<void>& state, std::vector<void*>* freed,
   for (void* p : delta.ptrs_freed) freed->push_back(p);
   for (c10::DataPtr& d : delta.dataptrs_allocd) {
     allocated->push_back(d.get());
-    // The trace's frees give these blocks back (raw_delete): their DataPtr must not.
-    auto context = d.release_context();
-    (void)context.release();
+    // The trace's frees give these blocks back (raw_delete): their DataPtr must not
+    // (release_context gives up the deleter without calling it).
+    (void)d.release_context();
   }
 }
 
