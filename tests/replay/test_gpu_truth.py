@@ -150,6 +150,16 @@ class GpuTruthTest(unittest.TestCase):
                     so_far = [c["pools_reserved_after"] for c in got["captures"]]
                     print(f"{label} ladder {so_far} live {ladder}")
                     self.assertEqual(so_far, ladder, label)
+                # PyTorch's allocator replaying the same trace, pools included: its peak,
+                # and its fit against Reservoir's.
+                if "c10" in cell:
+                    self.assertEqual(got["peak_reserved"], cell["c10"]["peak_reserved"], label)
+                if "c10_fit" in cell:
+                    fit = replay(path, [s], True)[s]["fit_capacity"]
+                    want = cell["c10_fit"]["fit_bytes"]
+                    d = (fit - want) / want
+                    print(f"{label} sim fit {fit:>12,}  c10 fit {want:,} ({d * 100:+.3f}%)")
+                    self.assertLessEqual(abs(d), FIT_TOLERANCE, label)
 
 
 if __name__ == "__main__":
