@@ -141,6 +141,34 @@ class RecordTraceTest(unittest.TestCase):
                  "f,1", "c", "w,1,1", "z,1,discard", "w,1", "f,0"],
             )
 
+    def test_pools_captures_checkpoints_and_restores_are_recorded(self):
+        """Trace v2's pool lines from Python (through the C API): a MemPool with its
+        options, a capture on a stream, a thread's route, a checkpoint and a restore, the
+        pool's releases; each request routed to its pool."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "pools.trace")
+            with reservoir.record_trace(path):
+                pool = reservoir.MemPool(use_on_oom=True)
+                with reservoir.capture_to_pool(pool, stream=5):
+                    a = reservoir.raw_alloc(1 << 20, stream=5)
+                    b = reservoir.raw_alloc(4096, stream=6)  # not the capture's stream
+                state = reservoir.checkpoint_pool(pool)
+                with reservoir.use_mem_pool(pool):
+                    c = reservoir.raw_alloc(8192, stream=5)
+                freed, allocated = reservoir.restore_pool(state)
+                self.assertEqual(sorted(freed), sorted([a, c]))
+                self.assertEqual(allocated, [a])
+                reservoir.raw_free(a)
+                reservoir.raw_free(b)
+                pool.release()
+            lines = read_trace(path)[1:]
+            self.assertEqual(
+                lines,
+                ["p,1,use_on_oom", "g,1,0", "a,0,1048576,0,0,1", "a,1,4096,1", "e,1", "x,1",
+                 "k,1,1", "t,1", "a,2,8192,0,0,1", "e,1", "x,1", "r,1", "y,0", "y,2", "o,3,0",
+                 "f,3", "f,1", "x,1"],
+            )
+
     def test_exception_in_block_still_closes_the_trace(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "boom.trace.gz")
