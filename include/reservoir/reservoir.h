@@ -260,6 +260,10 @@ RESERVOIR_C_API reservoir_status reservoir_pool_release(int device, reservoir_po
 RESERVOIR_C_API reservoir_status reservoir_pool_release_and_empty(int device, reservoir_pool_id id);
 RESERVOIR_C_API reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id,
                                                           int* count);
+/* The bytes the pool's segments hold (reserved) and those of its allocated blocks, now
+ * (a released pool's too, until it is forgotten); either out may be NULL. */
+RESERVOIR_C_API reservoir_status reservoir_pool_usage(int device, reservoir_pool_id id,
+                                                      size_t* reserved, size_t* allocated);
 /* Routes requests on stream (a capture: frees deferred, nothing returned to the
  * device until the end), or the calling thread's requests, to the pool until
  * reservoir_pool_end. */

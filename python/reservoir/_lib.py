@@ -243,6 +243,7 @@ _SIGNATURES = {
     "reservoir_pool_release": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "reservoir_pool_release_and_empty": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "reservoir_pool_use_count": (ctypes.c_int, [ctypes.c_int, PoolId, _c_int_p]),
+    "reservoir_pool_usage": (ctypes.c_int, [ctypes.c_int, PoolId, _c_size_p, _c_size_p]),
     "reservoir_pool_begin_capture": (ctypes.c_int, [ctypes.c_int, PoolId, _c_uintptr]),
     "reservoir_pool_begin_thread": (ctypes.c_int, [ctypes.c_int, PoolId]),
     "reservoir_pool_end": (ctypes.c_int, [ctypes.c_int, PoolId]),

@@ -86,6 +86,16 @@ def pool_use_count(pool_id, device=None):
     return count.value
 
 
+def pool_usage(pool, device=None):
+    """What the pool (a MemPool or an id) holds now: {"reserved_bytes": its segments'
+    device memory, "allocated_bytes": its allocated blocks'} (a released pool's too,
+    until its memory is gone)."""
+    reserved, allocated = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    _lib.check(_lib.load().reservoir_pool_usage(_device_of(pool, device), _id(_pair(pool)),
+                                                ctypes.byref(reserved), ctypes.byref(allocated)))
+    return {"reserved_bytes": reserved.value, "allocated_bytes": allocated.value}
+
+
 # The callbacks of every segment source given to a MemPool: kept for the life of the
 # process, since a released pool's segments go back through them later (empty_cache).
 _SOURCES = []

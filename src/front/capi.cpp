@@ -676,6 +676,15 @@ reservoir_status reservoir_pool_use_count(int device, reservoir_pool_id id, int*
   });
 }
 
+reservoir_status reservoir_pool_usage(int device, reservoir_pool_id id, size_t* reserved,
+                                      size_t* allocated) {
+  return guarded("reservoir_pool_usage", [&] {
+    const reservoir::PrivatePoolUsage u = Allocator::instance().pool_usage(pool_of(id), device);
+    if (reserved) *reserved = u.reserved_bytes;
+    if (allocated) *allocated = u.allocated_bytes;
+  });
+}
+
 reservoir_status reservoir_pool_begin_capture(int device, reservoir_pool_id id, uintptr_t stream) {
   return guarded("reservoir_pool_begin_capture",
                  [&] { Allocator::instance().begin_capture_to_pool(pool_of(id), stream, device); });

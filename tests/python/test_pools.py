@@ -50,6 +50,8 @@ class MemPoolTest(unittest.TestCase):
         self.assertTrue(base <= mine < base + segments[0]["total_size"])
         self.assertFalse(base <= other[0] < base + segments[0]["total_size"])
         self.assertTrue(reservoir.pool_live_allocations_are(pool, [mine]))
+        self.assertEqual(reservoir.pool_usage(pool),
+                         {"reserved_bytes": segments[0]["total_size"], "allocated_bytes": MiB})
         stats = reservoir.private_pool_stats()
         self.assertEqual(stats["private_pools"], 1)
         self.assertEqual(stats["private_pool_reserved_bytes"], segments[0]["total_size"])

@@ -856,6 +856,14 @@ TEST_F(BadInput, CPoolCallsReturnStatusCodes) {
   int count = 0;
   EXPECT_EQ(reservoir_pool_use_count(0, id, &count), RESERVOIR_OK);
   EXPECT_EQ(count, 1);
+  size_t reserved = 7, allocated = 7;
+  EXPECT_EQ(reservoir_pool_usage(0, id, &reserved, &allocated), RESERVOIR_OK);
+  EXPECT_EQ(reserved, 0u);
+  EXPECT_EQ(allocated, 0u);
+  EXPECT_EQ(reservoir_pool_usage(0, id, nullptr, nullptr), RESERVOIR_OK);
+  EXPECT_EQ(reservoir_pool_usage(0, reservoir_pool_id{0, 99999}, &reserved, nullptr),
+            RESERVOIR_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reservoir_last_error()).find("no such pool"), std::string::npos);
   EXPECT_EQ(reservoir_pool_end(0, id), RESERVOIR_ERROR_INVALID_ARGUMENT);
   reservoir_pool_checkpoint* checkpoint = nullptr;
   EXPECT_EQ(reservoir_pool_checkpoint_take(0, id, &checkpoint), RESERVOIR_OK);
