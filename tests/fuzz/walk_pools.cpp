@@ -163,10 +163,18 @@ void Walker::op_pool(std::uint8_t arg) {
     default: {
       if (!slot.exists) return;
       std::vector<void*> expected;
+      std::size_t bytes = 0;
       for (const Live& l : live_)
-        if (l.pool == index) expected.push_back(reinterpret_cast<void*>(l.address));
+        if (l.pool == index) {
+          expected.push_back(reinterpret_cast<void*>(l.address));
+          bytes += l.block;
+        }
       WALK_CHECK(alloc_->pool_live_allocations_are(slot.id, expected, slot.device),
                  "the pool's live blocks differ from the walk's");
+      // Its blocks lent out of memory (use_on_oom) count as its own too: at least these.
+      const PrivatePoolUsage usage = alloc_->pool_usage(slot.id, slot.device);
+      WALK_CHECK(usage.allocated_bytes >= bytes && usage.reserved_bytes >= usage.allocated_bytes,
+                 "pool_usage disagrees with the pool's live blocks");
       return;
     }
   }
