@@ -125,7 +125,7 @@ class ToolsTest(unittest.TestCase):
         env = dict(os.environ, GPU_DRY_RUN="1")
         parts = {"check.sh": "tests memcheck examples",
                  "bench.sh": "default expandable driver-calls replay-calls threads-ab",
-                 "truth.sh": "placement capture truth replays async",
+                 "truth.sh": "placement capture truth replays graphs async",
                  "torch.sh": "native memory-api graphs viewer cudnn train sources",
                  "ipc.sh": "pair memcheck cupy", "multi-gpu.sh": "ddp allreduce peer"}
         for name, every in parts.items():

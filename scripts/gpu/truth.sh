@@ -16,6 +16,13 @@
 #   replays    every bundled trace replayed on the GPU and on the simulated device under
 #              the default, expandable_segments:True and policy:compact; peak reserved
 #              must be equal                                      -> OUT/replay-TRACE-{cuda,sim}.json
+#   graphs     the programs that capture CUDA graphs (bench/python/workloads/graph_decode.py,
+#              compile_gpt2_train.py), each run under PyTorch's allocator and recorded
+#              under Reservoir (python3 -m reservoir.capture), under the default and
+#              expandable_segments:True; each recording replayed on the GPU and the
+#              simulated device, and through c10 with --fit; the live and replayed
+#              peaks, graph pools and capture ladders must be equal (traces/gpu_truth.json,
+#              key "graph_traces")                                -> OUT/graphs/
 #   async      every bundled trace replayed with backend:cudaMallocAsync on the GPU,
 #              within 1% of what cudaMallocAsync reserved under PyTorch
 #              (traces/gpu_truth.json, key "async"); the simulated pool's figure beside
@@ -28,7 +35,7 @@
 # CAPTURE_ARGS_NAME and CAPTURE_TIMEOUT (scripts/capture-traces.sh), and those of
 # scripts/gpu/common.sh (RESERVOIR_GPU_BUILD, CLI11_INCLUDE_DIR, GPU_RUN_SECONDS,
 # GPU_TARBALL, GPU_DRY_RUN, FUZZER).
-known_parts="placement capture truth replays async"
+known_parts="placement capture truth replays graphs async"
 default_parts="truth replays"
 source "$(dirname "$0")/common.sh"
 no_gpu=${TRUTH_NO_GPU:-0}
@@ -83,6 +90,53 @@ PY
   return $status
 }
 
+graphs() {
+  local dir=$out/graphs w k conf status=0
+  mkdir -p "$dir"
+  local c10=$gpu_b/bench/gpu/reservoir_c10_replay
+  export RESERVOIR_LIBRARY=$gpu_b/src/libreservoir.so PYTHONPATH=$PWD/python
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$gpu_b/inductor}
+  for w in graph_decode compile_gpt2_train; do
+    for k in default expandable; do
+      conf=""
+      [ $k = expandable ] && conf=expandable_segments:True
+      PYTORCH_CUDA_ALLOC_CONF=$conf python3 "bench/python/workloads/$w.py" \
+        --figures "$dir/$w-$k.c10.json" >"$dir/$w-$k.c10.log" 2>&1 || status=1
+      python3 -m reservoir.capture --out "$dir/$w-$k.trace.gz" ${conf:+--config $conf} \
+        "bench/python/workloads/$w.py" --figures "$dir/$w-$k.live.json" \
+        >"$dir/$w-$k.live.log" 2>&1 || status=1
+      "$replay" "$dir/$w-$k.trace.gz" --config "$conf" --json >"$dir/$w-$k.sim.json" || status=1
+      "$replay" "$dir/$w-$k.trace.gz" --config "$conf" --device cuda --json \
+        >"$dir/$w-$k.cuda.json" || status=1
+      [ -x "$c10" ] && PYTORCH_CUDA_ALLOC_CONF=$conf "$c10" "$dir/$w-$k.trace.gz" --fit \
+        >"$dir/$w-$k.c10replay.json" 2>/dev/null
+    done
+  done
+  python3 - "$dir" <<'PY' || status=1
+import json, os, sys
+d = sys.argv[1]
+ok = True
+for w in ("graph_decode", "compile_gpt2_train"):
+    for k in ("default", "expandable"):
+        load = lambda s: json.load(open(os.path.join(d, "%s-%s.%s.json" % (w, k, s))))
+        c10, live, sim, gpu = load("c10"), load("live"), load("sim")[0], load("cuda")[0]
+        peaks = {c10["max_memory_reserved"], live["max_memory_reserved"], sim["peak_reserved"],
+                 gpu["peak_reserved"]}
+        pools = {sum(c10["pools_reserved"].values()), sum(live["pools_reserved"].values()),
+                 sum(p["end_reserved"] for p in sim["pools"]),
+                 sum(p["end_reserved"] for p in gpu["pools"])}
+        same = len(peaks) == 1 and len(pools) == 1
+        if "graph_pool_after_capture" in live:
+            ladder = [live["graph_pool_after_capture"][str(b)] for b in live["ladder"]]
+            same &= ladder == [c["pools_reserved_after"] for c in sim["captures"]]
+        ok &= same
+        print("%s %-20s %-10s peak reserved %s, graph pools %s" % (
+            "PASS" if same else "FAIL", w, k, sorted(peaks), sorted(pools)))
+sys.exit(0 if ok else 1)
+PY
+  return $status
+}
+
 async() {
   local f t dev status=0
   for f in traces/*.trace.gz; do
@@ -121,14 +175,15 @@ gpu_fn "$@"
 
 gpu_begin truth "$@"
 if ((no_gpu)); then
-  for p in replays async capture; do wants $p && echo "truth: part $p needs a GPU (TRUTH_NO_GPU=1)" && exit 2; done
+  for p in replays graphs async capture; do wants $p && echo "truth: part $p needs a GPU (TRUTH_NO_GPU=1)" && exit 2; done
 fi
 targets=()
-{ wants truth || wants replays || wants async; } && targets+=(reservoir-replay)
+{ wants truth || wants replays || wants async || wants graphs; } && targets+=(reservoir-replay)
+wants graphs && targets+=(reservoir)
 wants truth && ! ((no_gpu)) && targets+=(reservoir_async_replay)
 wants placement && targets+=(reservoir_placement_probe)
 wants capture && targets+=(reservoir)
-if wants truth && ! ((no_gpu)); then
+if { wants truth || wants graphs; } && ! ((no_gpu)); then
   gpu_build --torch "${targets[@]}"
   # c10 on its own: if it does not build, the other columns are still measured.
   gpu_build --torch reservoir_c10_replay || echo "truth: reservoir_c10_replay did not build: no c10 figures"
@@ -147,5 +202,6 @@ if wants truth; then
   step truth truth "$budget"
 fi
 wants replays && step replays replays
+wants graphs && step graphs graphs
 wants async && step async async
 gpu_end
