@@ -20,9 +20,10 @@
 #              compile_gpt2_train.py), each run under PyTorch's allocator and recorded
 #              under Reservoir (python3 -m reservoir.capture), under the default and
 #              expandable_segments:True; each recording replayed on the GPU and the
-#              simulated device, and through c10 with --fit; the live and replayed
-#              peaks, graph pools and capture ladders must be equal (traces/gpu_truth.json,
-#              key "graph_traces")                                -> OUT/graphs/
+#              simulated device, and through c10 with --fit, after one warm-up run of
+#              each (torch.compile's first run compiles, and allocates otherwise); the
+#              live and replayed peaks, graph pools and capture ladders must be equal
+#              (traces/gpu_truth.json, key "graph_traces")      -> OUT/graphs/
 #   async      every bundled trace replayed with backend:cudaMallocAsync on the GPU,
 #              within 1% of what cudaMallocAsync reserved under PyTorch
 #              (traces/gpu_truth.json, key "async"); the simulated pool's figure beside
@@ -97,6 +98,9 @@ graphs() {
   export RESERVOIR_LIBRARY=$gpu_b/src/libreservoir.so PYTHONPATH=$PWD/python
   export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$gpu_b/inductor}
   for w in graph_decode compile_gpt2_train; do
+    # A first run compiles (torch.compile's caches are cold) and allocates otherwise
+    # than every later one: a warm-up run, so that each measured run is a later one.
+    python3 "bench/python/workloads/$w.py" >"$dir/$w-warmup.log" 2>&1 || status=1
     for k in default expandable; do
       conf=""
       [ $k = expandable ] && conf=expandable_segments:True
