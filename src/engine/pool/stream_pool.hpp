@@ -371,6 +371,7 @@ class alignas(64) StreamPool final : public BlockOwner {
                                    const std::string& where);
   void restore_expandable_segment(Segment* seg, const CheckpointSegment& record,
                                   std::vector<void*>* allocated);
+  void restore_allocated(Block* b, std::size_t requested, std::vector<void*>* allocated);
   void process_events(bool wait);
   void drop_empty_queues();  // and their entries in services_.waiting
   // Under the lock: a block the program has not given back for good (allocated,

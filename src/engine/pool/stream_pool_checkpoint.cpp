@@ -175,6 +175,22 @@ void StreamPool::restore(const std::vector<const CheckpointSegment*>& segments,
   finish_operation();
 }
 
+// b (out of every index) is the checkpoint's allocated block again: into the allocated
+// map, counted as handing it out counts it (StreamPool::issue, the hot path's), with no
+// change to the inactive splits.
+void StreamPool::restore_allocated(Block* b, std::size_t requested, std::vector<void*>* allocated) {
+  const PoolIndex pool = b->pool();
+  b->state = BlockState::allocated;
+  b->requested = requested;
+  allocated_.insert(b->address, b);
+  stats().on_allocate(pool, static_cast<std::int64_t>(b->size),
+                      static_cast<std::int64_t>(requested));
+  b->oversize = b->size >= policy().max_split_size();
+  if (b->oversize) stats().add<kOversizeAllocations>(pool, 1);
+  allocated->push_back(reinterpret_cast<void*>(b->address));
+  if (tracing()) trace(TraceAction::alloc, b->address, requested, nullptr);
+}
+
 // pre: every block of seg is free (so seg is one free block). Rebuilds the recorded
 // blocks in place of it.
 void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
@@ -200,15 +216,7 @@ void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
       seg->head = b;
     prev = b;
     if (r.allocated) {
-      b->state = BlockState::allocated;
-      b->requested = r.requested;
-      allocated_.insert(b->address, b);
-      stats().on_allocate(pool, static_cast<std::int64_t>(b->size),
-                          static_cast<std::int64_t>(b->requested));
-      b->oversize = b->size >= policy().max_split_size();
-      if (b->oversize) stats().add<kOversizeAllocations>(pool, 1);
-      allocated->push_back(reinterpret_cast<void*>(b->address));
-      if (tracing()) trace(TraceAction::alloc, b->address, b->requested, nullptr);
+      restore_allocated(b, r.requested, allocated);
     } else {
       b->requested = 0;
       index_free(b);
@@ -226,7 +234,6 @@ void StreamPool::restore_segment(Segment* seg, const CheckpointSegment& record,
 // segments.
 void StreamPool::restore_expandable_segment(Segment* seg, const CheckpointSegment& record,
                                             std::vector<void*>* allocated) {
-  const PoolIndex pool = seg->pool;
   Block* b = seg->head;
   for (const CheckpointBlock& r : record.blocks) {
     if (!r.allocated) continue;
@@ -241,15 +248,7 @@ void StreamPool::restore_expandable_segment(Segment* seg, const CheckpointSegmen
           block_list::split_front(block_nodes_, b, r.address - b->address, BlockState::free));
     if (b->size > r.size)
       index_free(block_list::split_back(block_nodes_, b, r.size, BlockState::free));
-    b->state = BlockState::allocated;
-    b->requested = r.requested;
-    allocated_.insert(b->address, b);
-    stats().on_allocate(pool, static_cast<std::int64_t>(b->size),
-                        static_cast<std::int64_t>(b->requested));
-    b->oversize = b->size >= policy().max_split_size();
-    if (b->oversize) stats().add<kOversizeAllocations>(pool, 1);
-    allocated->push_back(reinterpret_cast<void*>(b->address));
-    if (tracing()) trace(TraceAction::alloc, b->address, b->requested, nullptr);
+    restore_allocated(b, r.requested, allocated);
     b = b->next;
   }
 }
