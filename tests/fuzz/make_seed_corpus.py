@@ -176,6 +176,18 @@ def seeds():
     w.free(0xFF).free(0xFF).free(1).free(0xFF).alloc(SMALL, 100).free(0xFF)
     out["parked-free"] = w.op(QUERY, 0).free(0xFF).op(EMPTY, 0).free(0xFF).op(FREE_ALL, 0)
 
+    # policy:compact (a config row of 0xF0): a large block freed and asked for again on
+    # its stream waits in the stream's cache; a second one, another size, another
+    # stream, a use on another stream and empty_cache drain or bypass it.
+    w = Walk().op(CONFIG, 0xF0)
+    for _ in range(4):
+        w.alloc(LARGE, 40, stream=1).free(0)
+    w.alloc(LARGE, 40, stream=1).alloc(LARGE, 40, stream=1).free(0).free(0)
+    w.alloc(LARGE, 40, stream=1).alloc(LARGE, 41, stream=1).free(0).free(0)
+    w.alloc(LARGE, 40, stream=2).record(0, 1).free(0).alloc(LARGE, 40, stream=2)
+    w.op(EMPTY, 0).alloc(LARGE, 40, stream=1).free(0).alloc(MEDIUM, 20000, stream=1)
+    out["compact-large-reuse"] = w.op(FREE_ALL, 0).op(EMPTY, 0)
+
     w = Walk().alloc(MEDIUM, 10).op(RESET, 0).alloc(MEDIUM, 20).op(RESET, 2).free(0)
     out["stats-queries"] = w.op(QUERY, 2).op(QUERY, 3).op(RESET, 1).op(FREE_ALL, 0)
 

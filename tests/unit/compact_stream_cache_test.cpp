@@ -99,6 +99,103 @@ TEST(CompactStreamCache, KeepsOnlySizesTheStreamAskedForLately) {
   e.a.engine(0).validate();
 }
 
+// A large block freed and asked for again on its stream (a loop over one large buffer)
+// waits in the stream's cache, as one block: the same block each time, no device call,
+// no page bookkeeping, the statistics as for any free; another size drains it.
+TEST(CompactStreamCache, ALargeBlockAskedForAgainIsReusedWithNoDeviceCall) {
+  Engine e;
+  void* first = e.a.allocate(64 * MiB, 1, 0);
+  e.a.deallocate(first);
+  EXPECT_EQ(e.cached(), 1u);
+  const SimCounters before = e.sim.counters();
+  for (int i = 0; i < 100; ++i) {
+    void* p = e.a.allocate(64 * MiB, 1, 0);
+    EXPECT_EQ(p, first);
+    e.sim.submit_work(1);
+    e.a.deallocate(p);
+    EXPECT_EQ(e.cached(), 1u);
+  }
+  const SimCounters after = e.sim.counters();
+  EXPECT_EQ(after.events_recorded, before.events_recorded);
+  EXPECT_EQ(after.event_queries, before.event_queries);
+  EXPECT_EQ(after.maps, before.maps);
+  EXPECT_EQ(after.unmaps, before.unmaps);
+  DeviceStats st = e.a.engine(0).stats();
+  EXPECT_EQ(st.allocated_bytes.all().current, 0);
+  EXPECT_EQ(st.allocated_bytes.all().peak, static_cast<std::int64_t>(64 * MiB));
+  EXPECT_EQ(st.allocation.large().allocated, 101);
+  EXPECT_EQ(st.allocation.large().freed, 101);
+  e.a.engine(0).validate();
+  // One large block at most: a second one of the size goes to the pool.
+  void* p = e.a.allocate(64 * MiB, 1, 0);
+  void* q = e.a.allocate(64 * MiB, 1, 0);
+  e.a.deallocate(p);
+  e.a.deallocate(q);
+  EXPECT_EQ(e.cached(), 1u);
+  e.a.engine(0).validate();
+  // A request of another size is the pool's: every cache drains first.
+  void* r = e.a.allocate(3 * MiB, 1, 0);
+  EXPECT_EQ(e.cached(), 0u);
+  e.a.deallocate(r);
+  e.a.engine(0).validate();
+  st = e.a.engine(0).stats();
+  EXPECT_EQ(st.allocation.all().current, 0);
+}
+
+// A large block waits in the cache only where the pool would place the next request of
+// its size anyway: not when a free block precedes it (the merged hole starts there) or
+// another free block fits more tightly (the pool's best fit is elsewhere); a free block
+// after it merges into its hole, which starts at it.
+TEST(CompactStreamCache, ALargeBlockIsKeptOnlyWhereThePoolWouldPlaceItsSize) {
+  {  // a tighter hole elsewhere: same size, lower address
+    Engine e;
+    void* a = e.a.allocate(8 * MiB, 1, 0);
+    void* g1 = e.a.allocate(MiB, 1, 0);
+    void* b = e.a.allocate(8 * MiB, 1, 0);
+    void* g2 = e.a.allocate(MiB, 1, 0);
+    e.a.deallocate(a);
+    EXPECT_EQ(e.cached(), 1u);
+    e.a.empty_cache(0);  // a drains into the pool: an 8 MiB hole below b
+    EXPECT_EQ(e.cached(), 0u);
+    e.a.deallocate(b);
+    EXPECT_EQ(e.cached(), 0u);
+    e.a.engine(0).validate();
+    e.a.deallocate(g1);
+    e.a.deallocate(g2);
+    e.a.engine(0).validate();
+  }
+  {  // a free block before it
+    Engine e;
+    void* a = e.a.allocate(8 * MiB, 1, 0);
+    void* b = e.a.allocate(8 * MiB, 1, 0);
+    void* g = e.a.allocate(MiB, 1, 0);
+    e.a.deallocate(a);
+    e.a.empty_cache(0);
+    e.a.deallocate(b);
+    EXPECT_EQ(e.cached(), 0u);
+    e.a.deallocate(g);
+    e.a.engine(0).validate();
+  }
+  {  // a free block after it: the merged hole starts at it
+    Engine e;
+    void* a = e.a.allocate(8 * MiB, 1, 0);
+    void* b = e.a.allocate(8 * MiB, 1, 0);
+    void* g = e.a.allocate(MiB, 1, 0);
+    e.a.deallocate(a);  // kept
+    e.a.deallocate(b);  // the one large place is taken: b goes to the pool, a free hole
+    EXPECT_EQ(e.cached(), 1u);
+    void* again = e.a.allocate(8 * MiB, 1, 0);
+    EXPECT_EQ(again, a);
+    EXPECT_EQ(e.cached(), 0u);
+    e.a.deallocate(again);  // b's hole after it
+    EXPECT_EQ(e.cached(), 1u);
+    EXPECT_EQ(e.a.allocate(8 * MiB, 1, 0), a);
+    e.a.deallocate(a);
+    e.a.deallocate(g);
+    e.a.engine(0).validate();
+  }
+}
+
 // A cached block is freed for the program: freeing it again is refused, its sizes are
 // not answered, a snapshot shows it inactive, and empty_cache gives its memory back.
 TEST(CompactStreamCache, ACachedBlockIsFreedForTheProgram) {

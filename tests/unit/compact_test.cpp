@@ -72,8 +72,14 @@ TEST(Compact, StreamsTakingTurnsKeepBoundedMarkersAndWaits) {
   s.a.validate();
 }
 
-// Alternating allocations and frees on one stream, of blocks the stream caches do not
-// keep (larger than StreamCaches::kMaxBlock), record a marker (an event, ~0.4 us on an
+// Large sizes taking turns: the stream caches keep a large block only for the next
+// request of its size, so every request of these is the pool's.
+std::size_t turning_size(int i) {
+  return (4 + static_cast<std::size_t>(i % 2)) * MiB;
+}
+
+// Alternating allocations and frees on one stream that the stream caches do not serve
+// (large sizes taking turns) record a marker (an event, ~0.4 us on an
 // H200, and a query to retire it) only every StreamEvents::kSettleEvery-th
 // allocation, not at each; memory reused on another stream still waits for the work
 // before its free (the owed marker is recorded when the fence needs it).
@@ -81,7 +87,7 @@ TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
   SimAllocator s("policy:compact", sim());
   const SimCounters before = s.sim->counters();
   for (int i = 0; i < 64; ++i) {
-    void* p = s.a.allocate(4 * MiB, 1, 0);
+    void* p = s.a.allocate(turning_size(i), 1, 0);
     s.sim->submit_work(1);
     s.a.deallocate(p);
   }
@@ -108,7 +114,7 @@ TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
   int failed_at = 0;
   for (int i = 1; i <= 32 && failed_at == 0; ++i) {
     try {
-      void* p = s.a.allocate(4 * MiB, 1, 0);  // beyond the stream caches
+      void* p = s.a.allocate(turning_size(i), 1, 0);  // not the stream caches'
       s.sim->submit_work(1);
       s.a.deallocate(p);
     } catch (const DeviceError&) {
@@ -120,7 +126,7 @@ TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
   s.a.validate();
   s.sim->clear_faults();
   const std::uint64_t recorded = s.sim->counters().events_recorded;
-  void* p = s.a.allocate(4 * MiB, 1, 0);
+  void* p = s.a.allocate(turning_size(failed_at), 1, 0);  // the pool's again
   EXPECT_EQ(s.sim->counters().events_recorded, recorded + 1);
   s.a.deallocate(p);
   s.a.validate();

@@ -1,6 +1,8 @@
-// The engine's data structures on their own: AddressMap, SegmentMap, StatLedger, Lock.
+// The engine's data structures on their own: AddressMap, SegmentMap, StatLedger, Lock,
+// NodePool.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "util/address_map.hpp"
 #include "util/insertion_set.hpp"
 #include "util/lock.hpp"
+#include "util/node_pool.hpp"
 
 namespace reservoir::detail {
 namespace {
@@ -498,6 +501,34 @@ TEST(StatLedger, GuardedAllocationsKeepEveryPeakExact) {
       EXPECT_EQ(arrays[q]->pool[scope].current, value[q][scope]) << q << " " << scope;
       EXPECT_EQ(arrays[q]->pool[scope].peak, peak[q][scope]) << q << " " << scope;
     }
+}
+
+// Chunks asked for on cache lines are aligned to them and never share one (policy:compact
+// hands blocks of one pool to threads working on their own streams); the default packs
+// chunks at the platform's alignment.
+TEST(NodePool, ChunksOnCacheLinesShareNone) {
+  constexpr std::size_t kChunk = 104;  // a Block's size on x86-64: not a line's multiple
+  NodePool lines(kChunk, 8, 64);
+  NodePool packed(kChunk, 8);
+  std::vector<std::uintptr_t> got, dense;
+  for (int i = 0; i < 20; ++i) {  // over two slabs
+    got.push_back(reinterpret_cast<std::uintptr_t>(lines.get()));
+    dense.push_back(reinterpret_cast<std::uintptr_t>(packed.get()));
+  }
+  std::sort(got.begin(), got.end());
+  std::sort(dense.begin(), dense.end());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i] % 64, 0u);
+    if (i > 0) {
+      EXPECT_GE(got[i] / 64, (got[i - 1] + kChunk - 1) / 64 + 1) << "chunks share a line";
+    }
+  }
+  bool shared = false;  // packed chunks of 104 bytes at 112-byte strides do share lines
+  for (std::size_t i = 1; i < dense.size(); ++i)
+    shared = shared || (dense[i - 1] + kChunk - 1) / 64 == dense[i] / 64;
+  EXPECT_TRUE(shared);
+  for (std::uintptr_t c : got) lines.put(reinterpret_cast<void*>(c));
+  for (std::uintptr_t c : dense) packed.put(reinterpret_cast<void*>(c));
 }
 
 TEST(Lock, ExcludesConcurrentThreads) {

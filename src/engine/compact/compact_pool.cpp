@@ -13,6 +13,8 @@ namespace reservoir::detail {
 namespace {
 // Free blocks after the best fit examined for one whose memory is all there.
 constexpr int kPlacementProbes = 32;
+// A cache line (x86, Arm servers).
+constexpr std::size_t kCacheLine = 64;
 
 // The device's mapping granularity; throws when it has no virtual memory management.
 std::size_t device_page(PoolServices& services) {
@@ -29,7 +31,9 @@ std::size_t device_page(PoolServices& services) {
 
 CompactPool::CompactPool(PoolServices& services)
     : services_(services),
-      block_nodes_(sizeof(Block)),
+      // Every stream's blocks come from this one pool, and threads working on their own
+      // streams write their blocks at once: a block per cache line, none shared.
+      block_nodes_(sizeof(Block), 256, kCacheLine),
       fences_(services.backend, services.device, services.events),
       extents_(services, fences_, device_page(services)) {}
 
@@ -135,6 +139,22 @@ Block* CompactPool::choose(FreeIndex::iterator best, std::size_t size) const {
   return chosen;
 }
 
+// Whether a request of b's size, made right after b's free, would be placed at b by the
+// pool (b merged with its free neighbours; best fit by size, then address): then b may
+// wait in its stream's cache for that request, and the placement is the pool's. Only
+// when no free block precedes b (it would move the hole's start) and no other free
+// block fits the size more tightly than the merged hole.
+bool CompactPool::best_fit_stays(const Block* b) const {
+  if (b->prev && b->prev->state == BlockState::free) return false;
+  const Block* after = b->next && b->next->state == BlockState::free ? b->next : nullptr;
+  const std::size_t merged = b->size + (after ? after->size : 0);
+  auto it = free_.lower_bound(b->size);
+  if (it != free_.end() && *it == after) ++it;
+  if (it == free_.end()) return true;
+  const Block* other = *it;
+  return other->size > merged || (other->size == merged && other->address > b->address);
+}
+
 // ---------------------------------------------------------------- requests
 
 Block* CompactPool::pick(std::size_t size) {
@@ -231,6 +251,14 @@ bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& co
   Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
+  if (b->size > StreamCaches::kMaxBlock && cacheable(*b) && best_fit_stays(b)) {
+    StreamCaches::Cache* c = caches_.lock(b->stream);
+    std::unique_lock<Lock> held(c->lock, std::adopt_lock);
+    if (StreamCaches::wants(*c, b->size)) {
+      keep_cached(*c, b, traced, context);
+      return true;
+    }
+  }
   Arena& a = *arena_of(b);
   if (traced) trace_free(b, context);
   // The memory's users so far: its own stream and those record_stream named.
@@ -248,13 +276,10 @@ bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& co
 
 std::uintptr_t CompactPool::allocate_cached(std::size_t requested, StreamHandle stream,
                                             const Context& context) {
-  // Rounding only grows a size: a larger request needs no look at the cache.
-  if (!StreamCaches::fits(requested)) return 0;
   StreamCaches::Cache* c = caches_.lock(stream);
   std::unique_lock<Lock> held(c->lock, std::adopt_lock);
   // The settings change only while every cache is locked (DeviceEngine::update_config).
   const std::size_t size = services_.policy().round(requested);
-  if (!StreamCaches::fits(size)) return 0;
   Block* b = StreamCaches::take(*c, size);
   if (!b) return 0;
   // The statistics settle before the cache's lock goes (the validator holds it).
@@ -275,7 +300,7 @@ CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address,
   return allocated_.with_stripe(address, [&](AddressMap<Block>& map) {
     Block* b = map.find(address);
     if (!b) return CachedFree::not_allocated;
-    if (!cacheable(*b)) return CachedFree::declined;
+    if (!small_cacheable(*b)) return CachedFree::declined;
     StreamCaches::Cache* c = caches_.try_lock(b->stream);
     if (!c) return CachedFree::retry;
     std::unique_lock<Lock> held(c->lock, std::adopt_lock);
@@ -309,7 +334,7 @@ CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool tr
   {
     Block* b = allocated_.find(address);
     if (!b) return CachedFree::not_allocated;
-    if (!cacheable(*b)) return CachedFree::declined;
+    if (!small_cacheable(*b)) return CachedFree::declined;
     stream = b->stream;
     size = b->size;
   }

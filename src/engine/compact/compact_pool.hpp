@@ -16,8 +16,8 @@
 //     page's memory moves to another address only once the host knows the work that
 //     used it has completed (events queried, never waited for, short of the
 //     out-of-memory ladder);
-//   - a stream's frees of blocks up to StreamCaches::kMaxBlock wait in its own cache
-//     (stream_caches.hpp) for its next request of the same size, served without this
+//   - a stream's frees wait, a few, in its own cache (stream_caches.hpp) for its next
+//     request of the same size, served without this
 //     pool's lock; every cache drains back here before physical memory is taken.
 // Physical memory (extents, pages, ghosts, stitching) is ExtentMap's (extent_map.hpp);
 // this class keeps the arenas' blocks and serves requests.
@@ -157,11 +157,16 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::uintptr_t allocate_cached(std::size_t requested, StreamHandle stream,
                                  const Context& context);
   enum class CachedFree { kept, not_allocated, declined, retry };
-  // Whether a freed block may wait in its stream's cache: small enough, and used on its
-  // own stream only (memory other streams used needs the fences the pool's free gives).
-  static bool cacheable(const Block& b) {
-    return StreamCaches::fits(b.size) && (!b.extras || b.extras->uses.empty());
+  // Whether a freed block may wait in its stream's cache: used on its own stream only (memory other
+  // streams used needs the fences the pool's free gives).
+  static bool cacheable(const Block& b) { return !b.extras || b.extras->uses.empty(); }
+  // The free of a small block may keep it without the pool's lock; a large one is kept
+  // only under it, where the pool would place the next request of its size at it anyway
+  // (best_fit_stays: large blocks are where placement matters).
+  static bool small_cacheable(const Block& b) {
+    return b.size <= StreamCaches::kMaxBlock && cacheable(b);
   }
+  bool best_fit_stays(const Block* b) const;
   CachedFree free_cached(std::uintptr_t address, bool traced, const Context& context);
   // free() with history on (its context gathered first), and the free itself.
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);

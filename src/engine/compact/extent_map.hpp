@@ -160,7 +160,7 @@ class ExtentMap {
   std::vector<Extent*> spare_;  // unmapped extents, kept for the next request
   // Scratch of back_pages (kept to spare an allocation per request).
   std::vector<Extent*> unlisted_, placed_;
-  const std::size_t page_;  // mapping granularity
+  const std::size_t page_;      // mapping granularity
   std::size_t held_pages_ = 0;  // pages of every extent, mapped or spare
 };
 

@@ -30,6 +30,7 @@ StreamCaches::Cache* StreamCaches::lock(StreamHandle stream) {
       c->stream = stream;
       c->live = true;
       for (std::size_t& r : c->recent) r = 0;  // a new stream asked for nothing yet
+      c->recent_large = 0;
     }
     table_.insert(stream, c);
   }
@@ -39,7 +40,10 @@ StreamCaches::Cache* StreamCaches::lock(StreamHandle stream) {
 
 std::vector<Block*> StreamCaches::AllLocked::blocks() const {
   std::vector<Block*> out;
-  for (const auto& c : s_.all_) out.insert(out.end(), c->blocks, c->blocks + c->count);
+  for (const auto& c : s_.all_) {
+    out.insert(out.end(), c->blocks, c->blocks + c->count);
+    if (c->large) out.push_back(c->large);
+  }
   std::sort(out.begin(), out.end(),
             [](const Block* a, const Block* b) { return a->address < b->address; });
   return out;
@@ -52,7 +56,7 @@ std::string StreamCaches::AllLocked::problem() const {
     if (c->live) {
       ++live;
       if (s_.table_.find(c->stream) != c.get()) return which + " is not in the stream table";
-    } else if (c->count != 0 ||
+    } else if (c->count != 0 || c->large ||
                std::find(s_.recycled_.begin(), s_.recycled_.end(), c.get()) == s_.recycled_.end()) {
       return which + " was recycled but holds blocks or is not listed as recycled";
     }
@@ -68,6 +72,11 @@ std::string StreamCaches::AllLocked::problem() const {
                " of another stream, too large, not allocated or still requested";
       bytes += b->size;
     }
+    if (const Block* b = c->large; b && (b->stream != c->stream || b->size <= kMaxBlock ||
+                                         b->state != BlockState::allocated || b->requested != 0))
+      return which + " holds a large block at " +
+             format_pointer(reinterpret_cast<void*>(b->address)) +
+             " of another stream, too small, not allocated or still requested";
     if (bytes != c->bytes || bytes > kMaxBytes)
       return which + " counts " + std::to_string(c->bytes) + " bytes but holds " +
              std::to_string(bytes);
