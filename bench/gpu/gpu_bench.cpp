@@ -151,6 +151,11 @@ void c10_reset() {
 // Every column is measured the same way.
 constexpr double kRoundsTime = 0.25;  // seconds
 constexpr int kMaxRounds = 31;
+// At least three rounds: the median is then a warm round for every column (a round
+// slower than a quarter second alone was the cell, its memory grown from nothing:
+// compact's log-uniform cell, 1.8 us a step cold on an H100, against warm rounds of
+// the columns beside it).
+constexpr int kMinRounds = 3;
 // A cell's rounds: the median is reported; the spread goes to the cell log.
 struct Rounds {
   double median = 0;
@@ -172,7 +177,8 @@ Rounds measure_rounds(Round&& round) {
     auto t0 = clk::now();
     ns.push_back(round());
     spent += std::chrono::duration<double>(clk::now() - t0).count();
-  } while (spent < kRoundsTime && static_cast<int>(ns.size()) < kMaxRounds);
+  } while ((spent < kRoundsTime || static_cast<int>(ns.size()) < kMinRounds) &&
+           static_cast<int>(ns.size()) < kMaxRounds);
   const auto [lo, hi] = std::minmax_element(ns.begin(), ns.end());
   return {median_of(ns), *lo, *hi, static_cast<int>(ns.size())};
 }
@@ -482,7 +488,8 @@ void write_markdown(const std::string& path, const std::vector<Row>& rows,
       << "Measured " << date << " on " << device << " in one run of reservoir_gpu_bench.\n"
       << setup << "\n\n"
       << "Host ns per alloc+free pair (threads: total time / all pairs; each cell the median "
-         "of rounds repeated while they took under 0.25 s in all, at most 31; a single-thread "
+         "of rounds repeated while they took under 0.25 s in all, at least 3 and at most 31; a "
+         "single-thread "
          "pair or log-uniform cell the median of "
       << g_passes
       << " such passes spread over the "

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "engine/allocators/caching_allocator.hpp"
+#include "engine/compact/compact_pool.hpp"
 #include "engine/device/device_engine.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/errors.hpp"
@@ -140,6 +143,33 @@ TEST(CompactStreamCache, ALargeBlockAskedForAgainIsReusedWithNoDeviceCall) {
   e.a.engine(0).validate();
   st = e.a.engine(0).stats();
   EXPECT_EQ(st.allocation.all().current, 0);
+}
+
+// Once the pool has kept a large block, the loop over it runs without the pool's lock:
+// while no pool operation ran since, the pool's decision stands. Here another thread
+// holds the pool's lock throughout; the loop's pairs still complete.
+TEST(CompactStreamCache, ALargeLoopNeedsNotThePoolsLockOnceKept) {
+  Engine e;
+  void* first = e.a.allocate(64 * MiB, 1, 0);
+  e.a.deallocate(first);  // kept: the pool's decision, under its lock
+  ASSERT_EQ(e.cached(), 1u);
+  CompactPool& pool = *e.a.engine(0).compact_if_made();
+  std::unique_lock<Lock> held(pool.lock());
+  std::atomic<bool> done{false};
+  std::thread loop([&] {
+    for (int i = 0; i < 100; ++i) {
+      void* p = e.a.allocate(64 * MiB, 1, 0);
+      EXPECT_EQ(p, first);
+      e.a.deallocate(p);
+    }
+    done = true;
+  });
+  for (int waited = 0; waited < 200 && !done; ++waited)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(done) << "the pairs waited for the pool's lock";
+  held.unlock();
+  loop.join();
+  e.a.engine(0).validate();
 }
 
 // A large block waits in the cache only where the pool would place the next request of

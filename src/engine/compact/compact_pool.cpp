@@ -256,6 +256,8 @@ bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& co
     std::unique_lock<Lock> held(c->lock, std::adopt_lock);
     if (StreamCaches::wants(*c, b->size)) {
       keep_cached(*c, b, traced, context);
+      c->large_kept = b;
+      c->large_epoch = operations_.load(std::memory_order_relaxed);
       return true;
     }
   }
@@ -300,11 +302,12 @@ CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address,
   return allocated_.with_stripe(address, [&](AddressMap<Block>& map) {
     Block* b = map.find(address);
     if (!b) return CachedFree::not_allocated;
-    if (!small_cacheable(*b)) return CachedFree::declined;
+    if (!cacheable(*b)) return CachedFree::declined;
+    const bool small = b->size <= StreamCaches::kMaxBlock;
     StreamCaches::Cache* c = caches_.try_lock(b->stream);
-    if (!c) return CachedFree::retry;
+    if (!c) return small ? CachedFree::retry : CachedFree::declined;
     std::unique_lock<Lock> held(c->lock, std::adopt_lock);
-    if (!StreamCaches::wants(*c, b->size)) return CachedFree::declined;
+    if (!StreamCaches::wants(*c, b->size) || !kept_at_once(*c, *b)) return CachedFree::declined;
     map.erase(address);
     keep_cached(*c, b, traced, context);
     return CachedFree::kept;

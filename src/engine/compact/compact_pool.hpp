@@ -34,6 +34,7 @@
 // another pool's.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -129,7 +130,10 @@ class alignas(64) CompactPool final : public BlockOwner {
   // before the lock goes).
   struct Guard : std::unique_lock<Lock> {
     explicit Guard(CompactPool& pool)
-        : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {}
+        : std::unique_lock<Lock>(pool.lock_), stats(pool.services_.ledger) {
+      pool.operations_.store(pool.operations_.load(std::memory_order_relaxed) + 1,
+                             std::memory_order_release);
+    }
     StatScope stats;
   };
   // The calling thread's shard (inside an operation: its Guard's scope settles it).
@@ -161,12 +165,18 @@ class alignas(64) CompactPool final : public BlockOwner {
   // streams used needs the fences the pool's free gives).
   static bool cacheable(const Block& b) { return !b.extras || b.extras->uses.empty(); }
   // The free of a small block may keep it without the pool's lock; a large one is kept
-  // only under it, where the pool would place the next request of its size at it anyway
-  // (best_fit_stays: large blocks are where placement matters).
+  // where the pool would place the next request of its size at it anyway
+  // (best_fit_stays, under the lock: large blocks are where placement matters), or
+  // without the lock when that was decided for it and no pool operation ran since.
   static bool small_cacheable(const Block& b) {
     return b.size <= StreamCaches::kMaxBlock && cacheable(b);
   }
   bool best_fit_stays(const Block* b) const;
+  // pre: c locked, b of c's stream, wants(c, b.size).
+  bool kept_at_once(const StreamCaches::Cache& c, const Block& b) const {
+    return b.size <= StreamCaches::kMaxBlock ||
+           (c.large_kept == &b && c.large_epoch == operations_.load(std::memory_order_acquire));
+  }
   CachedFree free_cached(std::uintptr_t address, bool traced, const Context& context);
   // free() with history on (its context gathered first), and the free itself.
   RESERVOIR_COLD bool free_traced(std::uintptr_t address);
@@ -192,7 +202,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   AllocatedStripes allocated_;
   StreamCaches caches_;
   StreamEvents fences_;
-  ExtentMap extents_;  // after fences_, which it uses
+  ExtentMap extents_;                         // after fences_, which it uses
+  std::atomic<std::uint64_t> operations_{0};  // operations under lock_ so far (Guard)
   std::vector<std::unique_ptr<Arena>> arenas_;
 };
 

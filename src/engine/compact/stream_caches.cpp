@@ -31,6 +31,7 @@ StreamCaches::Cache* StreamCaches::lock(StreamHandle stream) {
       c->live = true;
       for (std::size_t& r : c->recent) r = 0;  // a new stream asked for nothing yet
       c->recent_large = 0;
+      c->large_kept = nullptr;
     }
     table_.insert(stream, c);
   }

@@ -63,6 +63,11 @@ class StreamCaches {
     Block* blocks[kMaxBlocks] = {};      // the most recently freed last
     std::size_t recent_large = 0;        // size of the last request over kMaxBlock (0: none)
     Block* large = nullptr;              // a freed block of that size, or nullptr
+    // The large block last kept by the pool's decision, and the pool's operation count
+    // then: while no pool operation has run since, the pool would decide the same, so
+    // its next free is kept at once (a hint: compared, never followed).
+    const Block* large_kept = nullptr;
+    std::uint64_t large_epoch = 0;
   };
 
   StreamCaches() = default;
