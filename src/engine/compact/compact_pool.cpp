@@ -276,16 +276,18 @@ bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& co
 
 // ---------------------------------------------------------------- stream caches
 
-std::uintptr_t CompactPool::allocate_cached(std::size_t requested, StreamHandle stream,
-                                            const Context& context) {
+RESERVOIR_INLINE std::uintptr_t CompactPool::allocate_cached(std::size_t requested,
+                                                             StreamHandle stream,
+                                                             const Context& context) {
   StreamCaches::Cache* c = caches_.lock(stream);
   std::unique_lock<Lock> held(c->lock, std::adopt_lock);
   // The settings change only while every cache is locked (DeviceEngine::update_config).
   const std::size_t size = services_.policy().round(requested);
   Block* b = StreamCaches::take(*c, size);
   if (!b) return 0;
-  // The statistics settle before the cache's lock goes (the validator holds it).
-  StatScope scope(services_.ledger);
+  // The statistics settle before the cache's lock goes (the validator holds it); the
+  // thread's shard found once.
+  ShardScope scope(services_.ledger.mine());
   b->requested = requested;
   allocated_.insert(b->address, b);
   scope->on_allocate(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
@@ -297,8 +299,9 @@ std::uintptr_t CompactPool::allocate_cached(std::size_t requested, StreamHandle 
 // The common way: under the block's stripe, its stream's cache taken without waiting
 // (the stripe comes after the caches in the lock order), the block moved from the
 // one to the other at once. retry: the cache was busy or not made yet.
-CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address, bool traced,
-                                                         const Context& context) {
+RESERVOIR_INLINE CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address,
+                                                                          bool traced,
+                                                                          const Context& context) {
   return allocated_.with_stripe(address, [&](AddressMap<Block>& map) {
     Block* b = map.find(address);
     if (!b) return CachedFree::not_allocated;
@@ -314,9 +317,9 @@ CompactPool::CachedFree CompactPool::free_cached_at_once(std::uintptr_t address,
   });
 }
 
-void CompactPool::keep_cached(StreamCaches::Cache& c, Block* b, bool traced,
-                              const Context& context) {
-  StatScope scope(services_.ledger);  // settled before the cache's lock goes
+RESERVOIR_INLINE void CompactPool::keep_cached(StreamCaches::Cache& c, Block* b, bool traced,
+                                               const Context& context) {
+  ShardScope scope(services_.ledger.mine());  // settled before the cache's lock goes
   if (traced) trace_free(b, context);
   scope->on_free(SizePolicy::pool_for(b->size), static_cast<std::int64_t>(b->size),
                  static_cast<std::int64_t>(b->requested));
@@ -325,8 +328,9 @@ void CompactPool::keep_cached(StreamCaches::Cache& c, Block* b, bool traced,
   caches_.put(c, b);
 }
 
-CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address, bool traced,
-                                                 const Context& context) {
+RESERVOIR_INLINE CompactPool::CachedFree CompactPool::free_cached(std::uintptr_t address,
+                                                                  bool traced,
+                                                                  const Context& context) {
   if (CachedFree r = free_cached_at_once(address, traced, context); r != CachedFree::retry)
     return r;
   // A look at the block first (its stream names the cache); the block is taken out

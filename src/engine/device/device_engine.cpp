@@ -54,8 +54,7 @@ DeviceEngine::~DeviceEngine() {
   compact_.reset();
 }
 
-CompactPool& DeviceEngine::compact() {
-  if (CompactPool* c = compact_ptr_.load(std::memory_order_acquire)) return *c;
+CompactPool& DeviceEngine::make_compact() {
   std::lock_guard<std::mutex> guard(create_mutex_);
   if (!compact_) {
     compact_ = std::make_unique<CompactPool>(services_);

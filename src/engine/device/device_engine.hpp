@@ -279,7 +279,12 @@ class DeviceEngine {
                                   const Context& context);
   std::uintptr_t allocate_default(std::size_t requested, StreamHandle stream,
                                   const Context& context);
-  CompactPool& compact();
+  // Made on first use; the pointer's load alone after that (every compact request).
+  CompactPool& compact() {
+    if (CompactPool* c = compact_ptr_.load(std::memory_order_acquire)) return *c;
+    return make_compact();
+  }
+  RESERVOIR_COLD CompactPool& make_compact();
   [[noreturn]] void raise_out_of_memory(StreamHandle stream, std::size_t requested,
                                         std::size_t alloc_size, std::size_t largest_small,
                                         std::size_t largest_large, std::size_t cached_elsewhere);
