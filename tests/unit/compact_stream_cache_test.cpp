@@ -272,8 +272,9 @@ TEST(CompactStreamCache, ReleasingAStreamDrainsItsCache) {
   EXPECT_EQ(e.a.engine(0).stats().reserved_bytes.all().current, 0);
 }
 
-// Threads on their own streams, each reusing its blocks, while the main thread
-// validates and reads the statistics: every walk sees one consistent state.
+// Threads on their own streams, each reusing its blocks (small ones, and large ones the
+// pool kept), while the main thread validates and reads the statistics: every walk
+// sees one consistent state.
 TEST(CompactStreamCache, ThreadsOnTheirOwnStreamsBesideTheValidator) {
   Engine e;
   std::atomic<bool> stop{false};
@@ -283,7 +284,12 @@ TEST(CompactStreamCache, ThreadsOnTheirOwnStreamsBesideTheValidator) {
       const StreamHandle stream = 10 + static_cast<StreamHandle>(t);
       int i = 0;
       while (!stop.load(std::memory_order_relaxed)) {
-        void* p = e.a.allocate((1 + (i++ % 3)) * 256 * 1024, stream, 0);
+        // Two threads loop over small sizes, two over a large one that changes every 50
+        // pairs (kept by the pool's decision, then at once, then drained).
+        const std::size_t size =
+            t < 2 ? (1 + (i % 3)) * 256 * 1024 : ((i / 50) % 2 ? 4 : 6) * MiB + t * 4096;
+        ++i;
+        void* p = e.a.allocate(size, stream, 0);
         e.a.deallocate(p);
       }
     });

@@ -251,10 +251,10 @@ bool CompactPool::free_as(std::uintptr_t address, bool traced, const Context& co
   Guard guard(*this);
   Block* b = allocated_.erase(address);
   if (!b) return false;
-  if (b->size > StreamCaches::kMaxBlock && cacheable(*b) && best_fit_stays(b)) {
+  if (b->size > StreamCaches::kMaxBlock && cacheable(*b)) {
     StreamCaches::Cache* c = caches_.lock(b->stream);
     std::unique_lock<Lock> held(c->lock, std::adopt_lock);
-    if (StreamCaches::wants(*c, b->size)) {
+    if (StreamCaches::wants(*c, b->size) && best_fit_stays(b)) {
       keep_cached(*c, b, traced, context);
       c->large_kept = b;
       c->large_epoch = operations_.load(std::memory_order_relaxed);
