@@ -17,8 +17,8 @@
 //     used it has completed (events queried, never waited for, short of the
 //     out-of-memory ladder);
 //   - a stream's frees wait, a few, in its own cache (stream_caches.hpp) for its next
-//     request of the same size, served without this
-//     pool's lock; every cache drains back here before physical memory is taken.
+//     request of the same size, served without this pool's lock; every cache drains
+//     back here before physical memory is taken.
 // Physical memory (extents, pages, ghosts, stitching) is ExtentMap's (extent_map.hpp);
 // this class keeps the arenas' blocks and serves requests.
 // Invariants (validate()):
@@ -161,8 +161,8 @@ class alignas(64) CompactPool final : public BlockOwner {
   std::uintptr_t allocate_cached(std::size_t requested, StreamHandle stream,
                                  const Context& context);
   enum class CachedFree { kept, not_allocated, declined, retry };
-  // Whether a freed block may wait in its stream's cache: used on its own stream only (memory other
-  // streams used needs the fences the pool's free gives).
+  // Whether a freed block may wait in its stream's cache: used on its own stream only
+  // (memory other streams used needs the fences the pool's free gives).
   static bool cacheable(const Block& b) { return !b.extras || b.extras->uses.empty(); }
   // The free of a small block may keep it without the pool's lock; a large one is kept
   // where the pool would place the next request of its size at it anyway
