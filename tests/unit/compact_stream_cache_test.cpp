@@ -66,12 +66,41 @@ TEST(CompactStreamCache, AStreamReusesItsOwnFreedBlockWithNoDeviceCall) {
   e.a.engine(0).validate();
 }
 
-// Another stream's request is not served from stream 1's cache, but the pool drains
-// every cache first: it gets stream 1's freed block (no new memory), ordered after
-// stream 1's work on the device.
-TEST(CompactStreamCache, AnotherStreamsRequestGetsTheCachedBlockWithAWait) {
+// Another stream's request of the size stream 1 keeps takes other memory that is mapped
+// already (the rest of the page), and stream 1 keeps its block: two streams taking turns
+// with one size each reuse their own block, with no device-side wait at any turn (they
+// handed one block back and forth, a wait and an event each turn, while every miss
+// drained every cache).
+TEST(CompactStreamCache, StreamsTakingTurnsWithOneSizeKeepTheirOwnBlocks) {
   SimAllocator s("policy:compact", sim());
   void* p = s.a.allocate(MiB, 1, 0);
+  s.a.deallocate(p);
+  const std::int64_t reserved = s.a.stats(0).reserved_bytes.all().current;
+  void* q = s.a.allocate(MiB, 2, 0);
+  EXPECT_NE(q, p);
+  s.a.deallocate(q);
+  const SimCounters before = s.sim->counters();
+  for (int i = 0; i < 100; ++i) {
+    const StreamHandle stream = 1 + static_cast<StreamHandle>(i % 2);
+    void* r = s.a.allocate(MiB, stream, 0);
+    EXPECT_EQ(r, stream == 1 ? p : q);
+    s.sim->submit_work(stream);
+    s.a.deallocate(r);
+  }
+  const SimCounters after = s.sim->counters();
+  EXPECT_EQ(after.stream_waits, before.stream_waits);
+  EXPECT_EQ(after.events_recorded, before.events_recorded);
+  EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, reserved);
+  s.a.validate();
+}
+
+// Before the pool takes physical memory it drains every cache, the blocks of the
+// request's size too: with no other mapped memory for it, stream 2 gets stream 1's
+// freed block (no new memory), ordered after stream 1's work on the device.
+TEST(CompactStreamCache, AnotherStreamsRequestGetsTheCachedBlockBeforeNewMemory) {
+  SimAllocator s("policy:compact", sim());
+  void* p = s.a.allocate(MiB, 1, 0);
+  void* fill = s.a.allocate(MiB, 1, 0);  // the rest of the page
   s.sim->submit_work(1);
   const std::uint64_t used_until = s.sim->submitted(1);
   s.a.deallocate(p);
@@ -81,6 +110,7 @@ TEST(CompactStreamCache, AnotherStreamsRequestGetsTheCachedBlockWithAWait) {
   EXPECT_EQ(s.a.stats(0).reserved_bytes.all().current, reserved);
   EXPECT_TRUE(s.sim->ordered_after(2, 1, used_until));
   s.a.deallocate(q);
+  s.a.deallocate(fill);
   s.a.validate();
 }
 

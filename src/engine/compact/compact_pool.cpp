@@ -174,12 +174,19 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   // device error): the guard's scope settles the ledger on the way out all the same.
   const std::size_t size = services_.policy().round(requested);
   fences_.settle(stream);  // frees on this stream before now are fenced from here
-  // The pool decides only over every block the program has freed: a request no cache
+  // The pool decides over every block the program has freed: a request no cache
   // serves first returns every cached block (a cache holds blocks only between
   // requests that caches serve; what differs from a pool without caches is that such
-  // a request gets the block its stream freed last, not the best fit at that moment).
-  drain_caches();
+  // a request gets the block its stream freed last, not the best fit at that moment),
+  // but for blocks of the request's own size, which other streams' caches keep while
+  // the pool has memory for it where it is mapped already: streams taking turns with
+  // one size would otherwise hand one block back and forth, a device-side wait a turn.
+  caches_.drain_all_but(size, [this](Block* c) { return_cached(c); });
   Block* b = pick(size);
+  if (caches_.any() && (!b || unbacked_pages(b, taken_of(b, size)) > 0)) {
+    drain_caches();  // before any physical memory is taken: every freed block counts
+    b = pick(size);
+  }
   if (!b) {
     // More than the device has can never be backed: out of memory, not a device error.
     MemoryInfo info;

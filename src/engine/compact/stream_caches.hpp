@@ -12,10 +12,13 @@
 //
 // A cached block stays where it is in its arena: allocated for its neighbours and
 // its pages (ExtentMap still counts its bytes live), but freed for the statistics and
-// for the program. The pool drains every cache back into its free blocks (coalesced,
-// fenced) before it takes physical memory (a mapping, a move or a new arena), at the
-// ladder and empty_cache, and drains a stream's cache when the stream is released: a
-// cache never makes the device hold more memory than the pool would without it.
+// for the program. A request no cache serves drains every cache back into the pool's
+// free blocks (coalesced, fenced) but for blocks of its own size (drain_all_but: their
+// streams are likely to ask again, and handing one to another stream costs a wait on
+// the device); the pool drains those too before it takes physical memory (a mapping, a
+// move or a new arena), at the ladder and empty_cache, and drains a stream's cache when
+// the stream is released: a cache never makes the device hold more memory than the
+// pool would without it.
 //
 // Invariants (problem(), every cache locked): a live cache serves one stream and the
 // table finds it; a recycled cache is empty and in recycled_; a cache holds at most
@@ -145,6 +148,33 @@ class StreamCaches {
       std::lock_guard<Lock> cache_guard(c->lock);
       drain_locked(*c, drain);
     }
+  }
+  // The same, but for blocks of exactly keep bytes, which stay (another stream's request
+  // of their size takes other memory first: their streams are likely to ask again).
+  template <typename F>
+  void drain_all_but(std::size_t keep, F&& drain) {
+    if (!any()) return;
+    std::lock_guard<std::mutex> guard(writers_);
+    any_.store(false, std::memory_order_relaxed);
+    bool kept = false;
+    for (auto& c : all_) {
+      if (!c->live) continue;
+      std::lock_guard<Lock> cache_guard(c->lock);
+      std::size_t n = 0;
+      for (std::size_t i = 0; i < c->count; ++i) {
+        if (c->sizes[i] == keep) {
+          c->sizes[n] = c->sizes[i];
+          c->blocks[n++] = c->blocks[i];
+        } else {
+          c->bytes -= c->sizes[i];
+          drain(c->blocks[i]);
+        }
+      }
+      c->count = n;
+      if (c->large && c->large->size != keep) drain(std::exchange(c->large, nullptr));
+      kept = kept || n > 0 || c->large;
+    }
+    if (kept) any_.store(true, std::memory_order_relaxed);
   }
   // stream's blocks handed to drain(Block*), and its cache recycled (the stream is
   // about to be destroyed). The caller holds the pool's lock.
