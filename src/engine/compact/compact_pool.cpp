@@ -181,7 +181,7 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   // but for blocks of the request's own size, which other streams' caches keep while
   // the pool has memory for it where it is mapped already: streams taking turns with
   // one size would otherwise hand one block back and forth, a device-side wait a turn.
-  caches_.drain_all_but(size, [this](Block* c) { return_cached(c); });
+  caches_.drain_all([this](Block* c) { return_cached(c); }, size);
   Block* b = pick(size);
   if (caches_.any() && (!b || unbacked_pages(b, taken_of(b, size)) > 0)) {
     drain_caches();  // before any physical memory is taken: every freed block counts

@@ -13,7 +13,7 @@
 // A cached block stays where it is in its arena: allocated for its neighbours and
 // its pages (ExtentMap still counts its bytes live), but freed for the statistics and
 // for the program. A request no cache serves drains every cache back into the pool's
-// free blocks (coalesced, fenced) but for blocks of its own size (drain_all_but: their
+// free blocks (coalesced, fenced) but for blocks of its own size (drain_all with a size: their
 // streams are likely to ask again, and handing one to another stream costs a wait on
 // the device); the pool drains those too before it takes physical memory (a mapping, a
 // move or a new arena), at the ladder and empty_cache, and drains a stream's cache when
@@ -135,30 +135,19 @@ class StreamCaches {
 
   // Whether a cache may hold a block (false: none does, but for a put under way).
   bool any() const noexcept { return any_.load(std::memory_order_relaxed); }
-  // Every block of every cache handed to drain(Block*), the caches emptied. The caller
-  // holds the pool's lock.
+  // Every block of every cache handed to drain(Block*), the caches emptied, but for
+  // blocks of exactly keep bytes (0: none), which stay (another stream's request of
+  // their size takes other memory first: their streams are likely to ask again). The
+  // caller holds the pool's lock.
   template <typename F>
-  void drain_all(F&& drain) {
+  void drain_all(F&& drain, std::size_t keep = 0) {
     if (!any()) return;
     std::lock_guard<std::mutex> guard(writers_);
     // Cleared first: a put after this point sets it again.
     any_.store(false, std::memory_order_relaxed);
-    for (auto& c : all_) {
-      if (!c->live) continue;  // recycled caches are empty
-      std::lock_guard<Lock> cache_guard(c->lock);
-      drain_locked(*c, drain);
-    }
-  }
-  // The same, but for blocks of exactly keep bytes, which stay (another stream's request
-  // of their size takes other memory first: their streams are likely to ask again).
-  template <typename F>
-  void drain_all_but(std::size_t keep, F&& drain) {
-    if (!any()) return;
-    std::lock_guard<std::mutex> guard(writers_);
-    any_.store(false, std::memory_order_relaxed);
     bool kept = false;
     for (auto& c : all_) {
-      if (!c->live) continue;
+      if (!c->live) continue;  // recycled caches are empty
       std::lock_guard<Lock> cache_guard(c->lock);
       std::size_t n = 0;
       for (std::size_t i = 0; i < c->count; ++i) {
