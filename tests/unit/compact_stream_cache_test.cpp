@@ -1,8 +1,9 @@
 // policy:compact's stream caches (engine/compact/stream_caches.hpp): a stream's frees
-// wait for its next request of the same size, served without the device-wide pool; a
-// request no cache serves first returns every cached block, so the pool decides over
-// all freed memory; cached blocks are freed for the program, its statistics and
-// snapshots; a released stream's cache drains.
+// wait for its next request of the same size, served without the device-wide pool (one
+// large block too, where the pool would place it); a request no cache serves first
+// returns every cached block but those of its size, and those too before the pool
+// takes physical memory, so the pool decides over all freed memory; cached blocks are
+// freed for the program, its statistics and snapshots; a released stream's cache drains.
 #include <gtest/gtest.h>
 
 #include <atomic>
