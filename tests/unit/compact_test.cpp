@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/streams/stream_events.hpp"
 #include "reservoir/allocator.hpp"
 #include "reservoir/sim_backend.hpp"
 #include "support/sim_allocator.hpp"
@@ -86,14 +87,15 @@ std::size_t turning_size(int i) {
 TEST(Compact, MarkersAreRecordedEveryFewAllocationsNotAtEach) {
   SimAllocator s("policy:compact", sim());
   const SimCounters before = s.sim->counters();
-  for (int i = 0; i < 64; ++i) {
+  constexpr int kEvery = static_cast<int>(detail::StreamEvents::kSettleEvery);
+  for (int i = 0; i < 4 * kEvery; ++i) {
     void* p = s.a.allocate(turning_size(i), 1, 0);
     s.sim->submit_work(1);
     s.a.deallocate(p);
   }
   const std::uint64_t recorded = s.sim->counters().events_recorded - before.events_recorded;
-  EXPECT_LE(recorded, 64u / 8 + 1);
-  EXPECT_GE(recorded, 64u / 8 - 1);
+  EXPECT_LE(recorded, 4u + 1);
+  EXPECT_GE(recorded, 4u - 1);
   s.a.validate();
   // The last frees' marker is owed: a request on stream 2 records it and waits for it.
   const std::uint64_t used_until = s.sim->submitted(1);
@@ -112,7 +114,8 @@ TEST(Compact, AMarkerWhoseRecordFailedIsRecordedByTheNextAllocation) {
   SimAllocator s("policy:compact", sim());
   s.sim->fail_operation(SimOp::record_event, DeviceStatus::error);
   int failed_at = 0;
-  for (int i = 1; i <= 32 && failed_at == 0; ++i) {
+  for (int i = 1; i <= 4 * static_cast<int>(detail::StreamEvents::kSettleEvery) && failed_at == 0;
+       ++i) {
     try {
       void* p = s.a.allocate(turning_size(i), 1, 0);  // not the stream caches'
       s.sim->submit_work(1);

@@ -29,6 +29,7 @@
 #include "engine/pool/pool_services.hpp"
 #include "engine/stats/stat_ledger.hpp"
 #include "engine/streams/stream_events.hpp"
+#include "util/compiler.hpp"
 
 namespace reservoir::detail {
 
@@ -83,7 +84,10 @@ class ExtentMap {
   // page: the device's mapping granularity. counters: the pool's (reserved bytes);
   // fences: the pool's stream markers.
   ExtentMap(PoolServices& services, StreamEvents& fences, std::size_t page)
-      : services_(services), fences_(fences), page_(page) {}
+      : services_(services),
+        fences_(fences),
+        page_(page),
+        page_shift_((page & (page - 1)) == 0 ? __builtin_ctzll(page) : -1) {}
   ~ExtentMap();  // every spare extent's memory goes back to the device
   ExtentMap(const ExtentMap&) = delete;
   ExtentMap& operator=(const ExtentMap&) = delete;
@@ -94,9 +98,10 @@ class ExtentMap {
   // Pages [first, end) of a under [address, address + size).
   std::pair<std::size_t, std::size_t> page_span(const Arena& a, std::uintptr_t address,
                                                 std::size_t size) const {
-    const std::size_t first = (address - a.segment->base) / page_;
-    const std::size_t end = (address - a.segment->base + size + page_ - 1) / page_;
-    return {first, end};
+    const std::size_t from = address - a.segment->base, to = from + size + page_ - 1;
+    // Every CUDA granularity is a power of two: a shift, not two divisions per block.
+    if (RESERVOIR_LIKELY(page_shift_ >= 0)) return {from >> page_shift_, to >> page_shift_};
+    return {from / page_, to / page_};
   }
   // Books for pages [0, end) of a (and their entries in the segment map).
   void grow_pages(Arena& a, std::size_t end);
@@ -161,6 +166,7 @@ class ExtentMap {
   // Scratch of back_pages (kept to spare an allocation per request).
   std::vector<Extent*> unlisted_, placed_;
   const std::size_t page_;      // mapping granularity
+  const int page_shift_;        // log2(page_), or -1 when page_ is no power of two
   std::size_t held_pages_ = 0;  // pages of every extent, mapped or spare
 };
 

@@ -10,9 +10,10 @@
 // a burst of frees shares one event. An allocation records the owed marker only every
 // kSettleEvery-th time it finds one owed (an event and its query cost ~0.9 us on an
 // H200, more than the rest of an allocation; alloc/free alternation would record one
-// per allocation), so a marker covers at most that many allocations' work more than it
-// must. A marker recorded later than the free it stands for only covers more work: it
-// may wait longer, never too little.
+// per allocation, and one every 8th was still a sixth of a log-uniform step), so a
+// marker covers at most that many allocations' work more than it must. A marker
+// recorded later than the free it stands for only covers more work: it may wait
+// longer, never too little.
 //
 // A marker is recorded on its stream when a fence first needs it, whichever stream's
 // request that is: so a stream must exist until nothing is owed on it — the program
@@ -26,9 +27,10 @@
 // marks never wait for the new stream's work.
 //
 // Invariants: per timeline, pending_ holds at most kMaxPending recorded, not yet known
-//   complete markers in increasing seq order, all > completed; wanted > completed means a marker is owed
-//   (its seq is wanted, not yet recorded), and then 0 <= deferred < kSettleEvery
-//   (deferred == 0 when nothing is owed); a Fence holds at most one mark per stream.
+//   complete markers in increasing seq order, all > completed; wanted > completed
+//   means a marker is owed (its seq is wanted, not yet recorded), and then
+//   0 <= deferred < kSettleEvery (deferred == 0 when nothing is owed); a Fence holds
+//   at most one mark per stream.
 // Not thread-safe: used under its owner's lock.
 #pragma once
 
@@ -40,6 +42,7 @@
 
 #include "engine/streams/event_pool.hpp"
 #include "reservoir/backend.hpp"
+#include "util/compiler.hpp"
 
 namespace reservoir::detail {
 
@@ -56,20 +59,15 @@ class Fence {
   const Mark& operator[](std::size_t i) const noexcept {
     return i < kInline ? inline_[i] : more_[i - kInline];
   }
-  // Keeps the later of two marks on one stream.
-  void add(StreamHandle stream, std::uint64_t seq) {
-    for (std::size_t i = 0; i < size_; ++i) {
-      Mark& m = at(i);
-      if (m.stream == stream) {
-        if (seq > m.seq) m.seq = seq;
-        return;
-      }
+  // Keeps the later of two marks on one stream. Inline for the common case, memory
+  // used again on the stream of its first mark (a call per page freed cost a tenth
+  // of a policy:compact free).
+  RESERVOIR_INLINE void add(StreamHandle stream, std::uint64_t seq) {
+    if (size_ != 0 && inline_[0].stream == stream) {
+      if (seq > inline_[0].seq) inline_[0].seq = seq;
+      return;
     }
-    if (size_ < kInline)
-      inline_[size_] = Mark{stream, seq};
-    else
-      more_.push_back(Mark{stream, seq});
-    ++size_;
+    add_other(stream, seq);
   }
   void merge(const Fence& other) {
     for (std::size_t i = 0; i < other.size_; ++i) add(other[i].stream, other[i].seq);
@@ -90,13 +88,29 @@ class Fence {
     more_.resize(kept > kInline ? kept - kInline : 0);
   }
   // Whether every mark is on stream (nothing to order or wait for there).
-  bool only_on(StreamHandle stream) const noexcept {
+  RESERVOIR_INLINE bool only_on(StreamHandle stream) const noexcept {
+    if (size_ <= 1) return size_ == 0 || inline_[0].stream == stream;
     for (std::size_t i = 0; i < size_; ++i)
       if ((*this)[i].stream != stream) return false;
     return true;
   }
 
  private:
+  // add() for a stream other than the first mark's: found among the others, or new.
+  void add_other(StreamHandle stream, std::uint64_t seq) {
+    for (std::size_t i = 1; i < size_; ++i) {
+      Mark& m = at(i);
+      if (m.stream == stream) {
+        if (seq > m.seq) m.seq = seq;
+        return;
+      }
+    }
+    if (size_ < kInline)
+      inline_[size_] = Mark{stream, seq};
+    else
+      more_.push_back(Mark{stream, seq});
+    ++size_;
+  }
   static constexpr std::size_t kInline = 2;
   Mark& at(std::size_t i) noexcept { return i < kInline ? inline_[i] : more_[i - kInline]; }
   Mark inline_[kInline] = {};
@@ -118,7 +132,7 @@ class StreamEvents {
   // At an allocation on stream: records its owed marker, if any, every kSettleEvery-th
   // time (the others leave it owed; a fence that needs it records it).
   void settle(StreamHandle stream);
-  static constexpr std::uint32_t kSettleEvery = 8;
+  static constexpr std::uint32_t kSettleEvery = 64;
   // Recorded, incomplete markers kept per stream at most: beyond, the newest is
   // recorded again for the next (order_after and complete walk them: a device that
   // never caught up made every turn of two streams slower than the last).
@@ -167,7 +181,7 @@ class StreamEvents {
   Timeline& timeline(StreamHandle stream);  // made when first seen
   // Records the owed marker; may_query false: no completed marker is retired first.
   void record(Timeline& t, bool may_query = true);
-  void poll(Timeline& t);                   // retires completed markers (queries)
+  void poll(Timeline& t);  // retires completed markers (queries)
   bool done(Timeline& t, std::uint64_t seq);
   EventHandle event_of(Timeline& t, std::uint64_t seq);  // the first marker >= seq
   void forget_released();  // drops released timelines whose markers have completed
