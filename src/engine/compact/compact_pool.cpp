@@ -80,12 +80,6 @@ Block* CompactPool::coalesce_free(Block* b) {
   return block_list::coalesce(b, BlockState::free, hooks);
 }
 
-CompactPool::Arena* CompactPool::arena_of(const Block* b) const {
-  for (const auto& a : arenas_)
-    if (a->segment == b->segment) return a.get();
-  return nullptr;  // unreachable: every block is in an arena
-}
-
 // Twice the device's memory of address space (pages are mapped only where blocks
 // live, so the range costs nothing); a request larger than that gets its own.
 CompactPool::Arena* CompactPool::new_arena(std::size_t at_least) {

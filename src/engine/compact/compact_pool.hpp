@@ -140,7 +140,12 @@ class alignas(64) CompactPool final : public BlockOwner {
   ShardCounters& stats() { return services_.ledger.mine(); }
   using Arena = ExtentMap::Arena;
 
-  Arena* arena_of(const Block* b) const;
+  // Few arenas (one until a request outgrows it): a look at each, inline.
+  RESERVOIR_INLINE Arena* arena_of(const Block* b) const {
+    for (const auto& a : arenas_)
+      if (a->segment == b->segment) return a.get();
+    return nullptr;  // unreachable: every block is in an arena
+  }
   void index_free(Block* b);
   void reposition_free(Block* b);
   Block* coalesce_free(Block* b);

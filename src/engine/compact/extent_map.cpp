@@ -131,6 +131,8 @@ void ExtentMap::take_place(Arena& a, std::size_t at, Extent* x, bool accessible)
   x->arena = &a;
   x->first = at;
   x->accessible = accessible;
+  a.mapped_pages += x->pages;
+  if (!accessible) a.unready_pages += x->pages;
   a.segment->mapped_bytes += x->pages * page_;
   a.mapped_end = std::max(a.mapped_end, at + x->pages);
 }
@@ -147,6 +149,8 @@ void ExtentMap::leave_place(Extent* x, Extent* ghost) {
     a.mapped_end = x->first;
     while (a.mapped_end > 0 && !a.pages[a.mapped_end - 1].extent) --a.mapped_end;
   }
+  a.mapped_pages -= x->pages;
+  if (!x->accessible) a.unready_pages -= x->pages;
   a.segment->mapped_bytes -= x->pages * page_;
   x->arena = nullptr;
   x->accessible = false;

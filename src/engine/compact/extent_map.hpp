@@ -66,10 +66,18 @@ class ExtentMap {
   // pages covers [base, base + pages.size() * page) — the part of the range that may
   // hold blocks in use, registered in the segment map; beyond it the arena is one free
   // block of address space.
+  // Invariants (validate_arena): mapped_pages == |{i : pages[i].extent}|,
+  //   unready_pages == |{i : pages[i].extent && !pages[i].extent->accessible}|; so
+  //   mapped_pages == mapped_end && unready_pages == 0 => every page below mapped_end
+  //   has memory it may use (ready(): a request's pages checked in O(1)).
   struct Arena {
     Segment* segment = nullptr;
     std::vector<Page> pages;
-    std::size_t mapped_end = 0;  // 1 + the last page with memory (0: none)
+    std::size_t mapped_end = 0;     // 1 + the last page with memory (0: none)
+    std::size_t mapped_pages = 0;   // pages naming an extent
+    std::size_t unready_pages = 0;  // of those, pages whose extent has no access yet
+    // No page below mapped_end lacks memory or access.
+    bool ready() const noexcept { return mapped_pages == mapped_end && unready_pages == 0; }
   };
   // What validate_arena() counts across arenas, for validate_end().
   struct Audit {

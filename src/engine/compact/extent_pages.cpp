@@ -37,6 +37,7 @@ bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
   // again, as a whole, when the block is (a page at an end may hold a neighbour too).
   const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
   const std::size_t inner_end = (address - a.segment->base + size) / page_;
+  if (end <= a.mapped_end && a.ready()) return true;  // the common case, in O(1)
   const std::size_t total = pages_total(a);
   bool ready = true;
   for (std::size_t i = first; i < end && ready; ++i)
@@ -152,6 +153,7 @@ bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
   }
   for (std::size_t i = first; i < end;) {
     Extent* x = a.pages[i].extent;
+    if (!x->accessible) a.unready_pages -= x->pages;
     x->accessible = true;
     i = x->first + x->pages;
   }
@@ -200,6 +202,9 @@ void ExtentMap::remove_live(Arena& a, const Block& b) {
 std::size_t ExtentMap::unbacked_pages(const Arena& a, std::uintptr_t address,
                                       std::size_t size) const {
   auto [first, end] = page_span(a, address, size);
+  // No hole below the frontier: only pages past it lack memory.
+  if (a.mapped_pages == a.mapped_end)
+    return end > a.mapped_end ? end - std::max(first, a.mapped_end) : 0;
   std::size_t missing = end > a.pages.size() ? end - std::max(first, a.pages.size()) : 0;
   for (std::size_t i = first; i < std::min(end, a.pages.size()); ++i)
     if (!a.pages[i].extent) ++missing;
@@ -212,7 +217,7 @@ void ExtentMap::validate_arena(const Arena& a, const std::vector<std::uint64_t>&
                                Audit* audit) const {
   auto at = [](std::uintptr_t x) { return format_pointer(reinterpret_cast<void*>(x)); };
   const Segment* seg = a.segment;
-  std::size_t mapped_here = 0;
+  std::size_t mapped_here = 0, unready_here = 0;
   for (std::size_t i = 0; i < a.pages.size(); ++i) {
     const Page& p = a.pages[i];
     // Built only when a check fails: the checks build validates after every operation.
@@ -233,6 +238,7 @@ void ExtentMap::validate_arena(const Arena& a, const std::vector<std::uint64_t>&
     if (!p.extent) continue;
     ++mapped_here;
     const Extent& x = *p.extent;
+    if (!x.accessible) ++unready_here;
     RESERVOIR_CHECK(x.arena == &a && x.first <= i && i < x.first + x.pages,
                     page() + " names an extent mapped elsewhere");
     if (x.first != i) continue;
@@ -250,6 +256,11 @@ void ExtentMap::validate_arena(const Arena& a, const std::vector<std::uint64_t>&
     audit->held_pages += x.pages;
     if (x.listed) ++audit->listed;
   }
+  RESERVOIR_CHECK(a.mapped_pages == mapped_here && a.unready_pages == unready_here,
+                  "arena " + at(seg->base) + " counts " + std::to_string(a.mapped_pages) +
+                      " pages with memory and " + std::to_string(a.unready_pages) +
+                      " of them without access, its pages " + std::to_string(mapped_here) +
+                      " and " + std::to_string(unready_here));
   std::size_t mapped_end = a.pages.size();
   while (mapped_end > 0 && !a.pages[mapped_end - 1].extent) --mapped_end;
   RESERVOIR_CHECK(a.mapped_end == mapped_end,

@@ -8,13 +8,7 @@
 
 namespace reservoir::detail {
 
-StreamCaches::Cache* StreamCaches::lock(StreamHandle stream) {
-  // The table is a hint without writers_: confirmed under the cache's own lock.
-  if (Cache* c = table_.find(stream)) {
-    c->lock.lock();
-    if (c->live && c->stream == stream) return c;
-    c->lock.unlock();
-  }
+StreamCaches::Cache* StreamCaches::lock_made(StreamHandle stream) {
   std::lock_guard<std::mutex> guard(writers_);
   Cache* c = table_.find(stream);
   if (!c) {

@@ -42,6 +42,7 @@
 
 #include "engine/books/block.hpp"
 #include "engine/streams/stream_table.hpp"
+#include "util/compiler.hpp"
 #include "util/lock.hpp"
 
 namespace reservoir::detail {
@@ -78,7 +79,15 @@ class StreamCaches {
   StreamCaches& operator=(const StreamCaches&) = delete;
 
   // stream's cache (made on its first use), locked: the caller adopts the lock.
-  Cache* lock(StreamHandle stream);
+  RESERVOIR_INLINE Cache* lock(StreamHandle stream) {
+    // The table is a hint without writers_: confirmed under the cache's own lock.
+    if (Cache* c = table_.find(stream)) {
+      c->lock.lock();
+      if (RESERVOIR_LIKELY(c->live && c->stream == stream)) return c;
+      c->lock.unlock();
+    }
+    return lock_made(stream);
+  }
   // stream's cache if it has one, locked, or nullptr: without waiting (the caller may
   // hold a lock that comes after the caches' in the lock order) nor making one.
   Cache* try_lock(StreamHandle stream) {
@@ -204,6 +213,8 @@ class StreamCaches {
   };
 
  private:
+  // lock() when the table did not name the stream's cache: found or made under writers_.
+  RESERVOIR_COLD Cache* lock_made(StreamHandle stream);
   template <typename F>
   static void drain_locked(Cache& c, F& drain) {
     for (std::size_t i = 0; i < c.count; ++i) drain(c.blocks[i]);
