@@ -5,8 +5,5 @@
 #define RESERVOIR_INLINE inline __attribute__((always_inline))
 // Keeps rarely taken code out of the hot path's instruction stream.
 #define RESERVOIR_COLD __attribute__((cold, noinline))
-// Keeps a less common path in its own function, so that the caller's common path
-// saves no registers for it (not cold: it may still run often).
-#define RESERVOIR_NOINLINE __attribute__((noinline))
 #define RESERVOIR_LIKELY(x) __builtin_expect(!!(x), 1)
 #define RESERVOIR_UNLIKELY(x) __builtin_expect(!!(x), 0)

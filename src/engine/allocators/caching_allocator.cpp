@@ -77,14 +77,7 @@ void CachingAllocator::free_routed(void* ptr) {
   const std::uint64_t generation = segments_.generation();  // before the lookup
   if (BlockOwner* hinted = SegmentMap::hinted_owner(generation, address)) {
     if (hinted->free(address)) return;
-    return free_slow(ptr);
-  }
-  free_unhinted(ptr, generation);
-}
-
-void CachingAllocator::free_unhinted(void* ptr, std::uint64_t generation) {
-  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
-  if (Segment* seg = segments_.find(address)) {
+  } else if (Segment* seg = segments_.find(address)) {
     if (BlockOwner* owner = seg->owner_now(); owner && owner->free(address)) {
       SegmentMap::remember(generation, address, seg, owner);
       return;

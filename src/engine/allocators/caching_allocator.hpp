@@ -103,9 +103,6 @@ class CachingAllocator final : public BlockResource {
   // Several owners: this thread's last segment, then the map (remembered for the
   // next free); out of line, so that the one-owner path stays short.
   void free_routed(void* ptr);
-  // No hint for ptr: the map, then the hint remembered (apart: the hinted path then
-  // saves no registers, a tenth of a free there).
-  RESERVOIR_NOINLINE void free_unhinted(void* ptr, std::uint64_t generation);
   void free_slow(void* ptr);  // the lookup protocol, after the fast path was refused
   template <typename Op>
   void retry(void* ptr, const char* action, Op&& op);
