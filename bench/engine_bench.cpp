@@ -3,10 +3,10 @@
 // 512 B / 1 MiB / 64 MiB, log-uniform 256 B-64 MiB with 512 live blocks, and 1 MiB
 // pairs with 2 and 8 threads each on its own stream (time per pair = total time /
 // all pairs, as the anchors count it), and one thread taking turns between 1, 2, 8,
-// 128 and 512 streams. BM_GlibcPair is the host peer timed in the
-// same run: the host-cost target bounds a 512 B Reservoir pair on the simulated device
-// at 4x a glibc malloc+free pair of 512 B (BM_PairOverGlibc: that ratio, from alternated
-// slices). CI runs it with --benchmark_min_time=0.002 as a smoke test.
+// 128 and 512 streams, and mixed sizes taking turns between 1, 8 and 64 streams. BM_GlibcPair is
+// the host peer timed in the same run: the host-cost target bounds a 512 B Reservoir pair on the
+// simulated device at 4x a glibc malloc+free pair of 512 B (BM_PairOverGlibc: that ratio, from
+// alternated slices). CI runs it with --benchmark_min_time=0.002 as a smoke test.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -170,6 +170,33 @@ void BM_PairInterleavedStreams(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_PairInterleavedStreams)->Arg(1)->Arg(2)->Arg(8)->Arg(128)->Arg(512);
+
+// Mixed sizes (log-uniform 256 B-4 MiB, 512 live) taking turns between N streams: each
+// request on the next stream, freeing a random live block (of any stream). Under
+// policy:compact the memory of one stream's frees serves the others, after device-side
+// waits for their work: the waits and the bookkeeping of the streams' marks per
+// request. Streams 2000.. are this benchmark's own.
+void BM_LogUniformInterleavedStreams(benchmark::State& state) {
+  Allocator& a = shared_allocator();
+  const auto n = static_cast<reservoir::StreamHandle>(state.range(0));
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> pick(0, 511);
+  std::uniform_real_distribution<double> lg(8.0, 22.0);
+  std::vector<std::size_t> sizes(1 << 16);
+  for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
+  std::vector<void*> live(512);
+  for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], 2000 + i % n, 0);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const int k = pick(rng);
+    a.deallocate(live[k]);
+    live[k] = a.allocate(sizes[i & (sizes.size() - 1)], 2000 + i % n, 0);
+    ++i;
+  }
+  for (void* p : live) a.deallocate(p);
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_LogUniformInterleavedStreams)->Arg(1)->Arg(8)->Arg(64);
 
 // A host wait (Stream.synchronize) on one stream while N other streams each have a
 // free pending on a busy stream: the wait should visit only the pools waiting on the

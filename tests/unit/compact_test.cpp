@@ -175,6 +175,42 @@ TEST(Compact, NoWaitWhenTheOtherStreamsWorkHasCompleted) {
   s.a.deallocate(q);
 }
 
+// A block used on hundreds of streams (record_stream), their work not complete: its
+// memory, taken again on another stream, makes that stream wait once for each of them
+// and for its own stream, after each one's latest use. Then half of the streams are released and
+// forgotten once their work completes (the stream index keeps up: the validator checks it), and
+// their blocks' memory serves the others without a wait.
+TEST(Compact, MemoryUsedOnManyStreamsIsWaitedForOncePerStream) {
+  SimAllocator s("policy:compact", sim());
+  constexpr StreamHandle kUsers = 300;
+  void* p = s.a.allocate(4 * MiB, 1, 0);
+  for (StreamHandle u = 2; u < 2 + kUsers; ++u) {
+    s.a.record_stream(p, u);
+    s.sim->submit_work(u);
+  }
+  std::vector<std::uint64_t> used_until;
+  for (StreamHandle u = 2; u < 2 + kUsers; ++u) {
+    s.sim->submit_work(u);  // a later use on each: the wait is for this one
+    used_until.push_back(s.sim->submitted(u));
+  }
+  s.a.deallocate(p);
+  const std::int64_t waits = s.a.stats(0).num_stream_waits;
+  void* q = s.a.allocate(4 * MiB, 1000, 0);
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(s.a.stats(0).num_stream_waits - waits, static_cast<std::int64_t>(kUsers + 1));
+  for (StreamHandle u = 2; u < 2 + kUsers; ++u)
+    EXPECT_TRUE(s.sim->ordered_after(1000, u, used_until[u - 2])) << "stream " << u;
+  s.a.validate();
+  s.a.deallocate(q);
+  for (StreamHandle u = 2; u < 2 + kUsers; u += 2) s.a.release_stream(u);
+  s.sim->advance_all();
+  s.a.empty_cache();  // a device-wide wait: released timelines are forgotten
+  s.a.validate();
+  void* r = s.a.allocate(4 * MiB, 3, 0);
+  s.a.deallocate(r);
+  s.a.validate();
+}
+
 // record_stream: the block's memory waits for every stream that used it.
 TEST(Compact, RecordedStreamsAreWaitedForToo) {
   SimAllocator s("policy:compact", sim());

@@ -200,10 +200,10 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   bool foreign = false;
   for (std::size_t i = first; i < end && !foreign; ++i) foreign = !a.pages[i].fence.only_on(stream);
   if (foreign) {
-    Fence before;
-    for (std::size_t i = first; i < end; ++i) before.merge(a.pages[i].fence);
-    if (int waits = fences_.order_after(stream, before))
-      DeviceCounters::bump(services_.counters.stream_waits, waits);
+    const int waits = fences_.order_after_all(stream, [&](auto&& visit) {
+      for (std::size_t i = first; i < end; ++i) visit(a.pages[i].fence);
+    });
+    if (waits) DeviceCounters::bump(services_.counters.stream_waits, waits);
   }
   if (!extents_.back_pages(a, address, taken)) return 0;
   Block* out;

@@ -14,6 +14,7 @@ StreamEvents::~StreamEvents() {
 
 StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
   if (Timeline* t = find(stream)) return *t;
+  index_.emplace(stream, timelines_.size());
   timelines_.emplace_back();
   timelines_.back().stream = stream;
   // Marks numbered so far on this handle are a forgotten stream's: all completed.
@@ -59,12 +60,6 @@ void StreamEvents::record(Timeline& t, bool may_query) {
   t.pending.emplace_back(t.wanted, e);
   t.wanted = 0;
   t.deferred = 0;
-}
-
-StreamEvents::Timeline* StreamEvents::find(StreamHandle stream) {
-  for (Timeline& t : timelines_)
-    if (t.stream == stream) return &t;
-  return nullptr;
 }
 
 void StreamEvents::settle(StreamHandle stream) {
@@ -124,14 +119,11 @@ EventHandle StreamEvents::event_of(Timeline& t, std::uint64_t seq) {
   return 0;  // unreachable when done(t, seq) is false
 }
 
-int StreamEvents::order_after(StreamHandle stream, const Fence& fence) {
+int StreamEvents::wait_for_scratch(StreamHandle stream) {
   int waits = 0;
-  for (std::size_t i = 0; i < fence.size(); ++i) {
-    const Fence::Mark& m = fence[i];
-    if (m.stream == stream) continue;
-    Timeline* t = find(m.stream);
-    if (!t || done(*t, m.seq)) continue;
-    EventHandle e = event_of(*t, m.seq);
+  for (Timeline* t : scratch_) {
+    if (done(*t, t->stamp_seq)) continue;
+    EventHandle e = event_of(*t, t->stamp_seq);
     if (backend_.stream_wait_event(device_, stream, e) != DeviceStatus::ok)
       throw DeviceError("reservoir: making a stream wait for another on device " +
                         std::to_string(device_) + " failed: " + backend_.last_error());
@@ -145,6 +137,12 @@ std::string StreamEvents::problem() const {
                                       [](const Timeline& t) { return t.released; });
   if (static_cast<std::size_t>(released) != released_)
     return std::to_string(released) + " released timelines, counted " + std::to_string(released_);
+  if (index_.size() != timelines_.size())
+    return "the stream index lists " + std::to_string(index_.size()) + " streams, the timelines " +
+           std::to_string(timelines_.size());
+  for (std::size_t i = 0; i < timelines_.size(); ++i)
+    if (auto it = index_.find(timelines_[i].stream); it == index_.end() || it->second != i)
+      return "stream " + std::to_string(timelines_[i].stream) + ": not indexed at its timeline";
   for (const Timeline& t : timelines_) {
     auto stream = [&] { return "stream " + std::to_string(t.stream) + ": "; };
     std::uint64_t last = t.completed;
@@ -197,7 +195,11 @@ void StreamEvents::forget_released() {
       continue;
     }
     --released_;
-    if (i + 1 != timelines_.size()) t = std::move(timelines_.back());
+    index_.erase(t.stream);
+    if (i + 1 != timelines_.size()) {
+      t = std::move(timelines_.back());
+      index_[t.stream] = i;
+    }
     timelines_.pop_back();
   }
 }

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -68,9 +69,6 @@ class Fence {
       return;
     }
     add_other(stream, seq);
-  }
-  void merge(const Fence& other) {
-    for (std::size_t i = 0; i < other.size_; ++i) add(other[i].stream, other[i].seq);
   }
   void clear() noexcept {
     size_ = 0;
@@ -148,7 +146,34 @@ class StreamEvents {
   void drop_completed(Fence& fence);
   // Makes stream wait on the device for every incomplete mark of fence on other
   // streams; returns the number of waits inserted. Throws DeviceError.
-  int order_after(StreamHandle stream, const Fence& fence);
+  int order_after(StreamHandle stream, const Fence& fence) {
+    return order_after_all(stream, [&](auto&& visit) { visit(fence); });
+  }
+  // The same for the marks of several fences (each_fence(visit) calls visit(fence) for
+  // each), as if merged into one first: one wait per other stream, for the latest of its
+  // marks. O(marks): a block whose pages hundreds of streams used costs no search per
+  // mark (merging the pages' fences one mark at a time was O(marks^2)).
+  template <typename EachFence>
+  int order_after_all(StreamHandle stream, EachFence&& each_fence) {
+    ++stamp_;
+    scratch_.clear();
+    each_fence([&](const Fence& fence) {
+      for (std::size_t i = 0; i < fence.size(); ++i) {
+        const Fence::Mark& m = fence[i];
+        if (m.stream == stream) continue;
+        Timeline* t = find(m.stream);
+        if (!t) continue;  // forgotten: complete
+        if (t->stamp != stamp_) {
+          t->stamp = stamp_;
+          t->stamp_seq = m.seq;
+          scratch_.push_back(t);
+        } else if (m.seq > t->stamp_seq) {
+          t->stamp_seq = m.seq;
+        }
+      }
+    });
+    return wait_for_scratch(stream);
+  }
   // The host waited for stream: its markers are checked (queried) now.
   void host_waited(StreamHandle stream);
   // The program is about to destroy stream: the marker owed there is recorded now,
@@ -176,8 +201,24 @@ class StreamEvents {
     std::uint32_t deferred = 0;   // allocations that left the owed marker unrecorded
     bool released = false;        // release() since its last want_marker()
     std::deque<std::pair<std::uint64_t, EventHandle>> pending;
+    // order_after_all's scratch: the latest mark seen on this stream in the call
+    // stamped stamp.
+    std::uint64_t stamp = 0;
+    std::uint64_t stamp_seq = 0;
   };
-  Timeline* find(StreamHandle stream);      // nullptr: never seen
+  // nullptr: never seen (or forgotten). A look at each timeline while they are few, the
+  // index beyond.
+  Timeline* find(StreamHandle stream) {
+    if (timelines_.size() <= kScanned) {
+      for (Timeline& t : timelines_)
+        if (t.stream == stream) return &t;
+      return nullptr;
+    }
+    auto it = index_.find(stream);
+    return it == index_.end() ? nullptr : &timelines_[it->second];
+  }
+  // Waits for the marks scratch_ collected (order_after_all).
+  int wait_for_scratch(StreamHandle stream);
   Timeline& timeline(StreamHandle stream);  // made when first seen
   // Records the owed marker; may_query false: no completed marker is retired first.
   void record(Timeline& t, bool may_query = true);
@@ -189,7 +230,13 @@ class StreamEvents {
   Backend& backend_;
   const int device_;
   EventPool& events_;
-  std::vector<Timeline> timelines_;  // few streams: a linear search is cheapest
+  // Timelines, and where each stream's is: index_[t.stream] == i for every
+  // timelines_[i], and nothing else (problem() checks it).
+  std::vector<Timeline> timelines_;
+  std::unordered_map<StreamHandle, std::size_t> index_;
+  static constexpr std::size_t kScanned = 8;  // up to this many: a linear search
+  std::vector<Timeline*> scratch_;            // order_after_all's timelines of the call
+  std::uint64_t stamp_ = 0;                   // order_after_all's calls so far
   std::uint64_t next_seq_ = 1;
   std::size_t released_ = 0;  // timelines with released set
 };
