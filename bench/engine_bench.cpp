@@ -116,23 +116,31 @@ void BM_PairOverGlibc(benchmark::State& state) {
 }
 BENCHMARK(BM_PairOverGlibc)->Arg(512);
 
-void BM_LogUniform512Live(benchmark::State& state) {
+// 512 live blocks of log-uniform sizes 256 B-2^max_log2 B: each step frees a random
+// one and allocates on the next of n streams from first (seeded: the same sequence
+// every run).
+void log_uniform_steps(benchmark::State& state, std::uint64_t seed, double max_log2,
+                       reservoir::StreamHandle first, reservoir::StreamHandle n) {
   Allocator& a = shared_allocator();
-  std::mt19937_64 rng(42);
+  std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> pick(0, 511);
-  std::uniform_real_distribution<double> lg(8.0, 26.0);
+  std::uniform_real_distribution<double> lg(8.0, max_log2);
   std::vector<std::size_t> sizes(1 << 16);
   for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
   std::vector<void*> live(512);
-  for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], 2, 0);
+  for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], first + i % n, 0);
   std::size_t i = 0;
   for (auto _ : state) {
-    int k = pick(rng);
+    const int k = pick(rng);
     a.deallocate(live[k]);
-    live[k] = a.allocate(sizes[i++ & (sizes.size() - 1)], 2, 0);
+    live[k] = a.allocate(sizes[i & (sizes.size() - 1)], first + i % n, 0);
+    ++i;
   }
   for (void* p : live) a.deallocate(p);
   state.SetItemsProcessed(state.iterations());
+}
+void BM_LogUniform512Live(benchmark::State& state) {
+  log_uniform_steps(state, 42, 26.0, 2, 1);
 }
 BENCHMARK(BM_LogUniform512Live);
 
@@ -177,24 +185,7 @@ BENCHMARK(BM_PairInterleavedStreams)->Arg(1)->Arg(2)->Arg(8)->Arg(128)->Arg(512)
 // waits for their work: the waits and the bookkeeping of the streams' marks per
 // request. Streams 2000.. are this benchmark's own.
 void BM_LogUniformInterleavedStreams(benchmark::State& state) {
-  Allocator& a = shared_allocator();
-  const auto n = static_cast<reservoir::StreamHandle>(state.range(0));
-  std::mt19937_64 rng(7);
-  std::uniform_int_distribution<int> pick(0, 511);
-  std::uniform_real_distribution<double> lg(8.0, 22.0);
-  std::vector<std::size_t> sizes(1 << 16);
-  for (auto& z : sizes) z = static_cast<std::size_t>(std::pow(2.0, lg(rng)));
-  std::vector<void*> live(512);
-  for (std::size_t i = 0; i < live.size(); ++i) live[i] = a.allocate(sizes[i], 2000 + i % n, 0);
-  std::size_t i = 0;
-  for (auto _ : state) {
-    const int k = pick(rng);
-    a.deallocate(live[k]);
-    live[k] = a.allocate(sizes[i & (sizes.size() - 1)], 2000 + i % n, 0);
-    ++i;
-  }
-  for (void* p : live) a.deallocate(p);
-  state.SetItemsProcessed(state.iterations());
+  log_uniform_steps(state, 7, 22.0, 2000, static_cast<reservoir::StreamHandle>(state.range(0)));
 }
 BENCHMARK(BM_LogUniformInterleavedStreams)->Arg(1)->Arg(8)->Arg(64);
 
