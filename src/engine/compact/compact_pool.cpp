@@ -200,8 +200,9 @@ std::uintptr_t CompactPool::allocate(std::size_t requested, StreamHandle stream,
   bool foreign = false;
   for (std::size_t i = first; i < end && !foreign; ++i) foreign = !a.pages[i].fence.only_on(stream);
   if (foreign) {
+    const std::size_t from = first, to = end;  // (structured bindings: not captured)
     const int waits = fences_.order_after_all(stream, [&](auto&& visit) {
-      for (std::size_t i = first; i < end; ++i) visit(a.pages[i].fence);
+      for (std::size_t i = from; i < to; ++i) visit(a.pages[i].fence);
     });
     if (waits) DeviceCounters::bump(services_.counters.stream_waits, waits);
   }
