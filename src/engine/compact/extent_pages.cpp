@@ -33,11 +33,11 @@ void ExtentMap::grow_pages(Arena& a, std::size_t end) {
 // this call mapped is unmapped again and kept as spare extents.
 bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
   const auto [first, end] = page_span(a, address, size);
+  if (end <= a.mapped_end && a.ready()) return true;  // the common case, in O(1)
   // Pages wholly inside the block: only they share extents, so that the extent is free
   // again, as a whole, when the block is (a page at an end may hold a neighbour too).
   const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
   const std::size_t inner_end = (address - a.segment->base + size) / page_;
-  if (end <= a.mapped_end && a.ready()) return true;  // the common case, in O(1)
   const std::size_t total = pages_total(a);
   bool ready = true;
   for (std::size_t i = first; i < end && ready; ++i)
