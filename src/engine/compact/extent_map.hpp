@@ -112,7 +112,9 @@ class ExtentMap {
     return {from / page_, to / page_};
   }
   // Books for pages [0, end) of a (and their entries in the segment map).
-  void grow_pages(Arena& a, std::size_t end);
+  RESERVOIR_INLINE void grow_pages(Arena& a, std::size_t end) {
+    if (RESERVOIR_UNLIKELY(end > a.pages.size())) grow_pages_to(a, end);
+  }
   // Pages of [address, address + size) of a that have no memory.
   std::size_t unbacked_pages(const Arena& a, std::uintptr_t address, std::size_t size) const;
   // Physical memory for the unmapped pages under [address, address + size) of a, and
@@ -145,6 +147,7 @@ class ExtentMap {
  private:
   // Memory for the unmapped pages from s on (need of them): a spare or reclaimed extent
   // (already unmapped from where it was), else a new one; nullptr when none can be had.
+  void grow_pages_to(Arena& a, std::size_t end);  // grow_pages past the books' end
   Extent* take_extent(Arena& a, std::size_t s, std::size_t need);
   Extent* create_extent(std::size_t pages);
   void map_extent(Arena& a, std::size_t at, Extent* x);  // throws with nothing changed
@@ -164,8 +167,8 @@ class ExtentMap {
   bool fences_complete(const Extent& x);
   void list_push(Extent* x);
   void list_remove(Extent* x);
-  std::size_t overlap(const Arena& a, std::size_t i, std::uintptr_t address,
-                      std::size_t size) const;
+  template <typename F>
+  void for_pages(const Arena& a, std::uintptr_t address, std::size_t size, F&& f) const;
 
   PoolServices& services_;
   StreamEvents& fences_;

@@ -19,9 +19,8 @@ constexpr std::size_t kMinPublishedPages = 512;
 
 // Books for pages [0, end) of a (and their entries in the segment map), grown by
 // doubling so that a request far into the arena costs one registration.
-void ExtentMap::grow_pages(Arena& a, std::size_t end) {
+void ExtentMap::grow_pages_to(Arena& a, std::size_t end) {
   const std::size_t have = a.pages.size();
-  if (end <= have) return;
   const std::size_t total = pages_total(a);
   const std::size_t want = std::min(total, std::max({end, 2 * have, kMinPublishedPages}));
   a.pages.resize(want);
@@ -160,43 +159,50 @@ bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
   return true;
 }
 
-// The bytes of [address, address + size) that lie on page i of a.
-std::size_t ExtentMap::overlap(const Arena& a, std::size_t i, std::uintptr_t address,
-                               std::size_t size) const {
-  const std::uintptr_t lo = std::max(address, a.segment->base + i * page_);
-  const std::uintptr_t hi = std::min(address + size, a.segment->base + (i + 1) * page_);
-  return hi - lo;
+// f(i, bytes) for each page i of a under [address, address + size) with the bytes of
+// the range on it: interior pages are whole, only the two ends need the arithmetic.
+template <typename F>
+RESERVOIR_INLINE void ExtentMap::for_pages(const Arena& a, std::uintptr_t address, std::size_t size,
+                                           F&& f) const {
+  const auto [first, end] = page_span(a, address, size);
+  if (end - first == 1) {
+    f(first, size);
+    return;
+  }
+  const std::uintptr_t base = a.segment->base;
+  f(first, base + (first + 1) * page_ - address);
+  for (std::size_t i = first + 1; i + 1 < end; ++i) f(i, page_);
+  f(end - 1, address + size - (base + (end - 1) * page_));
 }
 
-// A block of [address, address + size) was handed out: its bytes are live on their
-// pages (interior pages are whole: only the two ends need the arithmetic).
+// A block of [address, address + size) was handed out: its bytes are live on their pages.
 void ExtentMap::add_live(Arena& a, std::uintptr_t address, std::size_t size) {
-  auto [first, end] = page_span(a, address, size);
-  for (std::size_t i = first; i < end; ++i) {
+  for_pages(a, address, size, [&](std::size_t i, std::uint64_t bytes) {
     Page& p = a.pages[i];
     if (p.live == 0 && p.extent->live_pages++ == 0 && p.extent->listed) list_remove(p.extent);
-    p.live += (i == first || i + 1 == end) ? overlap(a, i, address, size) : page_;
-  }
+    p.live += bytes;
+  });
 }
 
 // A block was freed: its pages learn the marks of its users (its stream, and those
 // record_stream named), lose its bytes, and join the reclaimable list when empty.
 void ExtentMap::remove_live(Arena& a, const Block& b) {
   const std::uint64_t own = fences_.want_marker(b.stream);
-  auto [first, end] = page_span(a, b.address, b.size);
-  for (std::size_t i = first; i < end; ++i) {
+  for_pages(a, b.address, b.size, [&](std::size_t i, std::uint64_t bytes) {
     Page& p = a.pages[i];
     // Marks of b's stream alone are replaced by the newer one: nothing to drop.
     if (!p.fence.only_on(b.stream)) fences_.drop_completed(p.fence);
     p.fence.add(b.stream, own);
-    p.live -= (i == first || i + 1 == end) ? overlap(a, i, b.address, b.size) : page_;
+    p.live -= bytes;
     if (p.live == 0 && --p.extent->live_pages == 0) list_push(p.extent);
-  }
-  if (b.extras)
+  });
+  if (b.extras) {
+    const auto [first, end] = page_span(a, b.address, b.size);
     for (StreamHandle s : b.extras->uses) {
       const std::uint64_t seq = fences_.want_marker(s);
       for (std::size_t i = first; i < end; ++i) a.pages[i].fence.add(s, seq);
     }
+  }
 }
 
 std::size_t ExtentMap::unbacked_pages(const Arena& a, std::uintptr_t address,

@@ -22,7 +22,7 @@ StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
   return timelines_.back();
 }
 
-std::uint64_t StreamEvents::want_marker(StreamHandle stream) {
+std::uint64_t StreamEvents::want_new_marker(StreamHandle stream) {
   Timeline& t = timeline(stream);
   if (t.released) {  // the handle is a new stream's
     t.released = false;
@@ -60,19 +60,6 @@ void StreamEvents::record(Timeline& t, bool may_query) {
   t.pending.emplace_back(t.wanted, e);
   t.wanted = 0;
   t.deferred = 0;
-}
-
-void StreamEvents::settle(StreamHandle stream) {
-  Timeline* t = find(stream);
-  if (!t || t->wanted == 0) return;
-  if (t->deferred + 1 < kSettleEvery) {
-    ++t->deferred;
-    return;
-  }
-  // Counted only once recorded: a record that throws (a device error) leaves deferred
-  // below kSettleEvery, and the next allocation tries again (an increment first left it
-  // at kSettleEvery, past which it was never recorded here again).
-  record(*t);
 }
 
 void StreamEvents::poll(Timeline& t) {

@@ -126,10 +126,25 @@ class StreamEvents {
 
   // The seq of a marker after all work submitted to stream so far (owed: recorded
   // lazily). For a Fence.
-  std::uint64_t want_marker(StreamHandle stream);
+  // Inline when one is owed already (a stream freeing again before its next marker).
+  RESERVOIR_INLINE std::uint64_t want_marker(StreamHandle stream) {
+    const Timeline* t = find(stream);
+    if (RESERVOIR_LIKELY(t && t->wanted != 0 && !t->released)) return t->wanted;
+    return want_new_marker(stream);
+  }
   // At an allocation on stream: records its owed marker, if any, every kSettleEvery-th
   // time (the others leave it owed; a fence that needs it records it).
-  void settle(StreamHandle stream);
+  RESERVOIR_INLINE void settle(StreamHandle stream) {
+    Timeline* t = find(stream);
+    if (!t || t->wanted == 0) return;
+    if (RESERVOIR_LIKELY(t->deferred + 1 < kSettleEvery)) {
+      ++t->deferred;
+      return;
+    }
+    // Counted only once recorded: a record that throws (a device error) leaves
+    // deferred below kSettleEvery, and the next allocation tries again.
+    record(*t);
+  }
   static constexpr std::uint32_t kSettleEvery = 64;
   // Recorded, incomplete markers kept per stream at most: beyond, the newest is
   // recorded again for the next (order_after and complete walk them: a device that
@@ -219,7 +234,8 @@ class StreamEvents {
   }
   // Waits for the marks scratch_ collected (order_after_all).
   int wait_for_scratch(StreamHandle stream);
-  Timeline& timeline(StreamHandle stream);  // made when first seen
+  Timeline& timeline(StreamHandle stream);             // made when first seen
+  std::uint64_t want_new_marker(StreamHandle stream);  // want_marker's other cases
   // Records the owed marker; may_query false: no completed marker is retired first.
   void record(Timeline& t, bool may_query = true);
   void poll(Timeline& t);  // retires completed markers (queries)
