@@ -111,6 +111,15 @@ class ExtentMap {
     if (RESERVOIR_LIKELY(page_shift_ >= 0)) return {from >> page_shift_, to >> page_shift_};
     return {from / page_, to / page_};
   }
+  // Pages [first, end) of a wholly inside [address, address + size) (first >= end:
+  // none).
+  std::pair<std::size_t, std::size_t> inner_span(const Arena& a, std::uintptr_t address,
+                                                 std::size_t size) const {
+    const std::size_t from = address - a.segment->base, to = from + size;
+    if (RESERVOIR_LIKELY(page_shift_ >= 0))
+      return {(from + page_ - 1) >> page_shift_, to >> page_shift_};
+    return {(from + page_ - 1) / page_, to / page_};
+  }
   // Books for pages [0, end) of a (and their entries in the segment map).
   RESERVOIR_INLINE void grow_pages(Arena& a, std::size_t end) {
     if (RESERVOIR_UNLIKELY(end > a.pages.size())) grow_pages_to(a, end);

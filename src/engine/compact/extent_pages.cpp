@@ -35,8 +35,7 @@ bool ExtentMap::back_pages(Arena& a, std::uintptr_t address, std::size_t size) {
   if (end <= a.mapped_end && a.ready()) return true;  // the common case, in O(1)
   // Pages wholly inside the block: only they share extents, so that the extent is free
   // again, as a whole, when the block is (a page at an end may hold a neighbour too).
-  const std::size_t inner_first = (address - a.segment->base + page_ - 1) / page_;
-  const std::size_t inner_end = (address - a.segment->base + size) / page_;
+  const auto [inner_first, inner_end] = inner_span(a, address, size);
   const std::size_t total = pages_total(a);
   bool ready = true;
   for (std::size_t i = first; i < end && ready; ++i)
