@@ -106,19 +106,15 @@ class ExtentMap {
   // Pages [first, end) of a under [address, address + size).
   std::pair<std::size_t, std::size_t> page_span(const Arena& a, std::uintptr_t address,
                                                 std::size_t size) const {
-    const std::size_t from = address - a.segment->base, to = from + size + page_ - 1;
-    // Every CUDA granularity is a power of two: a shift, not two divisions per block.
-    if (RESERVOIR_LIKELY(page_shift_ >= 0)) return {from >> page_shift_, to >> page_shift_};
-    return {from / page_, to / page_};
+    const std::size_t from = address - a.segment->base;
+    return {page_of(from), page_of(from + size + page_ - 1)};
   }
   // Pages [first, end) of a wholly inside [address, address + size) (first >= end:
   // none).
   std::pair<std::size_t, std::size_t> inner_span(const Arena& a, std::uintptr_t address,
                                                  std::size_t size) const {
-    const std::size_t from = address - a.segment->base, to = from + size;
-    if (RESERVOIR_LIKELY(page_shift_ >= 0))
-      return {(from + page_ - 1) >> page_shift_, to >> page_shift_};
-    return {(from + page_ - 1) / page_, to / page_};
+    const std::size_t from = address - a.segment->base;
+    return {page_of(from + page_ - 1), page_of(from + size)};
   }
   // Books for pages [0, end) of a (and their entries in the segment map).
   RESERVOIR_INLINE void grow_pages(Arena& a, std::size_t end) {
@@ -178,6 +174,12 @@ class ExtentMap {
   void list_remove(Extent* x);
   template <typename F>
   void for_pages(const Arena& a, std::uintptr_t address, std::size_t size, F&& f) const;
+
+  // The page holding byte offset of an arena. Every CUDA granularity is a power of
+  // two: a shift, not a division per block end.
+  std::size_t page_of(std::size_t offset) const noexcept {
+    return RESERVOIR_LIKELY(page_shift_ >= 0) ? offset >> page_shift_ : offset / page_;
+  }
 
   PoolServices& services_;
   StreamEvents& fences_;

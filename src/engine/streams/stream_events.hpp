@@ -125,8 +125,8 @@ class StreamEvents {
   StreamEvents& operator=(const StreamEvents&) = delete;
 
   // The seq of a marker after all work submitted to stream so far (owed: recorded
-  // lazily). For a Fence.
-  // Inline when one is owed already (a stream freeing again before its next marker).
+  // lazily). For a Fence. Inline when one is owed already (a stream freeing again
+  // before its next marker).
   RESERVOIR_INLINE std::uint64_t want_marker(StreamHandle stream) {
     const Timeline* t = find(stream);
     if (RESERVOIR_LIKELY(t && t->wanted != 0 && !t->released)) return t->wanted;
