@@ -14,6 +14,10 @@ StreamEvents::~StreamEvents() {
 
 StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
   if (Timeline* t = find(stream)) return *t;
+  return add_timeline(stream);
+}
+
+StreamEvents::Timeline& StreamEvents::add_timeline(StreamHandle stream) {
   index_.emplace(stream, timelines_.size());
   timelines_.emplace_back();
   timelines_.back().stream = stream;
@@ -22,8 +26,7 @@ StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
   return timelines_.back();
 }
 
-std::uint64_t StreamEvents::want_new_marker(StreamHandle stream) {
-  Timeline& t = timeline(stream);
+std::uint64_t StreamEvents::want_new_marker(Timeline& t) {
   if (t.released) {  // the handle is a new stream's
     t.released = false;
     --released_;
