@@ -12,11 +12,6 @@ StreamEvents::~StreamEvents() {
     for (auto& [seq, event] : t.pending) events_.release(event);
 }
 
-StreamEvents::Timeline& StreamEvents::timeline(StreamHandle stream) {
-  if (Timeline* t = find(stream)) return *t;
-  return add_timeline(stream);
-}
-
 StreamEvents::Timeline& StreamEvents::add_timeline(StreamHandle stream) {
   index_.emplace(stream, timelines_.size());
   timelines_.emplace_back();
@@ -26,7 +21,8 @@ StreamEvents::Timeline& StreamEvents::add_timeline(StreamHandle stream) {
   return timelines_.back();
 }
 
-std::uint64_t StreamEvents::want_new_marker(Timeline& t) {
+std::uint64_t StreamEvents::want_new_marker(Timeline* found, StreamHandle stream) {
+  Timeline& t = found ? *found : add_timeline(stream);
   if (t.released) {  // the handle is a new stream's
     t.released = false;
     --released_;

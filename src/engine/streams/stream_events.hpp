@@ -130,7 +130,7 @@ class StreamEvents {
   RESERVOIR_INLINE std::uint64_t want_marker(StreamHandle stream) {
     Timeline* t = find(stream);
     if (RESERVOIR_LIKELY(t && t->wanted != 0 && !t->released)) return t->wanted;
-    return want_new_marker(t ? *t : add_timeline(stream));
+    return want_new_marker(t, stream);
   }
   // At an allocation on stream: records its owed marker, if any, every kSettleEvery-th
   // time (the others leave it owed; a fence that needs it records it).
@@ -234,9 +234,9 @@ class StreamEvents {
   }
   // Waits for the marks scratch_ collected (order_after_all).
   int wait_for_scratch(StreamHandle stream);
-  Timeline& timeline(StreamHandle stream);      // made when first seen
   Timeline& add_timeline(StreamHandle stream);  // pre: find(stream) == nullptr
-  std::uint64_t want_new_marker(Timeline& t);   // want_marker's other cases
+  // want_marker's other cases; t: find(stream), nullptr when never seen.
+  std::uint64_t want_new_marker(Timeline* t, StreamHandle stream);
   // Records the owed marker; may_query false: no completed marker is retired first.
   void record(Timeline& t, bool may_query = true);
   void poll(Timeline& t);  // retires completed markers (queries)
