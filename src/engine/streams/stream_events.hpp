@@ -235,8 +235,8 @@ class StreamEvents {
   // Waits for the marks scratch_ collected (order_after_all).
   int wait_for_scratch(StreamHandle stream);
   Timeline& add_timeline(StreamHandle stream);  // pre: find(stream) == nullptr
-  // want_marker's other cases; t: find(stream), nullptr when never seen.
-  std::uint64_t want_new_marker(Timeline* t, StreamHandle stream);
+  // want_marker's other cases; found: find(stream), nullptr when never seen.
+  std::uint64_t want_new_marker(Timeline* found, StreamHandle stream);
   // Records the owed marker; may_query false: no completed marker is retired first.
   void record(Timeline& t, bool may_query = true);
   void poll(Timeline& t);  // retires completed markers (queries)
